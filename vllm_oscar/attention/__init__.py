@@ -1,0 +1,1 @@
+"""The OSCAR attention backend for vLLM."""

@@ -1,0 +1,1 @@
+"""Calibration of OSCAR rotations from a real model, and rotation files."""

@@ -1,0 +1,1 @@
+"""Subcommands of `vllm-oscar` (see vllm_oscar.cli.COMMANDS)."""

@@ -1,0 +1,148 @@
+"""OSCAR configuration: every method constant is named here, once.
+
+The numbers come from ``shared/spec/method.md`` (the OSCAR design). Modules import
+these names instead of repeating literals, so a change of default happens in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+
+# --- quantizer -------------------------------------------------------------------
+#: Bits per code of the quantized body.
+CODE_BITS: int = 2
+#: Number of levels of a code (2 ** CODE_BITS).
+NUM_LEVELS: int = 1 << CODE_BITS
+#: Codes packed into one byte.
+CODES_PER_BYTE: int = 8 // CODE_BITS
+#: Smallest range a group may have, so the scale never becomes 0 (constant groups).
+SCALE_EPS: float = 1e-6
+#: Gaussian 4-level Lloyd-Max decision boundaries, in standard deviations (method.md 3).
+LLOYD_MAX_BOUNDARY: float = 0.9811
+#: Storage dtypes allowed for per-group scale and offset, with their bit width.
+SCALE_DTYPE_BITS: dict[torch.dtype, int] = {
+    torch.float16: 16,
+    torch.bfloat16: 16,
+    torch.float32: 32,
+}
+
+# --- clipping ----------------------------------------------------------------------
+#: Reference clip ratios (quantile of |x| per rotated row) for keys and values.
+DEFAULT_CLIP_RATIO_K: float = 0.96
+DEFAULT_CLIP_RATIO_V: float = 0.92
+
+# --- serving layout ----------------------------------------------------------------
+#: First tokens of every sequence kept in BF16 (attention sink).
+DEFAULT_SINK_TOKENS: int = 64
+#: Most recent tokens of every sequence kept in BF16.
+DEFAULT_RECENT_TOKENS: int = 256
+#: Bits per element of the BF16 windows.
+WINDOW_BITS: int = 16
+
+# --- names users type -----------------------------------------------------------------
+#: Attention backend name (``VLLM_ATTENTION_BACKEND=OSCAR``, ``--attention-backend OSCAR``).
+BACKEND_NAME: str = "OSCAR"
+#: KV-cache dtype name (``--kv-cache-dtype oscar``).
+KV_CACHE_DTYPE_NAME: str = "oscar"
+
+
+def is_power_of_two(value: int) -> bool:
+    """True for 1, 2, 4, 8, ...; False for 0, negatives and non-integers."""
+    return isinstance(value, int) and value > 0 and (value & (value - 1)) == 0
+
+
+def check_head_dim(head_dim: int) -> None:
+    """Raise ValueError unless ``head_dim`` is a power of two >= CODES_PER_BYTE.
+
+    The Hadamard factor of the rotation needs a power of two, and the packed layout
+    needs head_dim divisible by the codes per byte.
+    """
+    if not is_power_of_two(head_dim) or head_dim < CODES_PER_BYTE:
+        raise ValueError(
+            f"head_dim={head_dim!r} is not supported: OSCAR needs a power of two >= "
+            f"{CODES_PER_BYTE} (e.g. 64, 128 or 256) for its Hadamard rotation."
+        )
+
+
+def check_group_size(head_dim: int, group_size: int) -> None:
+    """Raise ValueError unless ``group_size`` is a multiple of CODES_PER_BYTE dividing head_dim."""
+    if (
+        not isinstance(group_size, int)
+        or group_size <= 0
+        or head_dim % group_size != 0
+        or group_size % CODES_PER_BYTE != 0
+    ):
+        allowed = [g for g in range(CODES_PER_BYTE, head_dim + 1, CODES_PER_BYTE) if head_dim % g == 0]
+        raise ValueError(
+            f"group_size={group_size!r} must divide head_dim={head_dim} and be a multiple of "
+            f"{CODES_PER_BYTE}; allowed values: {allowed}."
+        )
+
+
+def check_clip_ratio(name: str, ratio: float) -> None:
+    """Raise ValueError unless ``ratio`` lies in (0, 1] (1 means no clipping)."""
+    if not isinstance(ratio, (int, float)) or math.isnan(ratio) or not 0.0 < ratio <= 1.0:
+        raise ValueError(f"{name}={ratio!r} must lie in (0, 1]; 1.0 disables clipping.")
+
+
+def check_scale_dtype(scale_dtype: torch.dtype) -> None:
+    """Raise ValueError unless ``scale_dtype`` is one of SCALE_DTYPE_BITS."""
+    if scale_dtype not in SCALE_DTYPE_BITS:
+        allowed = ", ".join(str(d) for d in SCALE_DTYPE_BITS)
+        raise ValueError(f"scale_dtype={scale_dtype} is not supported; allowed: {allowed}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class OscarConfig:
+    """What a user can choose about the OSCAR KV cache.
+
+    Attributes:
+        group_size: channels sharing one (scale, offset); None means one group per
+            head vector (group = head_dim), the validated setting.
+        scale_dtype: storage dtype of the per-group scale and offset.
+        sink_tokens: first tokens of a sequence kept in BF16.
+        recent_tokens: last tokens of a sequence kept in BF16.
+        clip_ratio_k / clip_ratio_v: defaults used when a rotation file has none.
+        rotation_path: a rotation file (safetensors, or RotationZoo .pt); None means
+            "find the shipped file for this model".
+        hadamard_only: data-free mode: no calibrated rotation, Hadamard only (lower
+            quality, must be asked for explicitly).
+    """
+
+    group_size: Optional[int] = None
+    scale_dtype: torch.dtype = torch.float16
+    sink_tokens: int = DEFAULT_SINK_TOKENS
+    recent_tokens: int = DEFAULT_RECENT_TOKENS
+    clip_ratio_k: float = DEFAULT_CLIP_RATIO_K
+    clip_ratio_v: float = DEFAULT_CLIP_RATIO_V
+    rotation_path: Optional[str] = None
+    hadamard_only: bool = False
+
+    def __post_init__(self) -> None:
+        check_scale_dtype(self.scale_dtype)
+        check_clip_ratio("clip_ratio_k", self.clip_ratio_k)
+        check_clip_ratio("clip_ratio_v", self.clip_ratio_v)
+        for name in ("sink_tokens", "recent_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an integer >= 0.")
+        if self.group_size is not None and (
+            not isinstance(self.group_size, int) or self.group_size <= 0
+        ):
+            raise ValueError(f"group_size={self.group_size!r} must be a positive integer or None.")
+
+    @property
+    def window_tokens(self) -> int:
+        """Tokens per sequence held in BF16 (sink + recent)."""
+        return self.sink_tokens + self.recent_tokens
+
+    def resolved_group_size(self, head_dim: int) -> int:
+        """The group size for a head dimension (checks that it divides head_dim)."""
+        check_head_dim(head_dim)
+        group = head_dim if self.group_size is None else self.group_size
+        check_group_size(head_dim, group)
+        return group

@@ -1,0 +1,1 @@
+"""Triton kernels for OSCAR: fused INT2 write, paged decode, prefill over a cached prefix."""
