@@ -1,0 +1,1 @@
+"""Small real models for tests, calibration examples and evaluation."""
