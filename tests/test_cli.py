@@ -1,5 +1,6 @@
 """The `vllm-oscar` console script and its dispatcher."""
 
+import shutil
 import subprocess
 import sys
 
@@ -14,10 +15,9 @@ def test_bits_command_prints_method_md_figures(capsys) -> None:
 
 
 def test_console_script_is_installed() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_oscar.cli", "bits", "--head-dim", "64"],
-        capture_output=True, text=True, check=True,
-    )
+    script = shutil.which("vllm-oscar")
+    assert script is not None, "`vllm-oscar` is not on PATH: install the package (scripts/install-cpu.sh)"
+    result = subprocess.run([script, "bits", "--head-dim", "64"], capture_output=True, text=True, check=True)
     assert "body 2.5000" in result.stdout
 
 
