@@ -1,0 +1,114 @@
+"""Which KV heads (and so which rotations) a tensor-parallel rank owns.
+
+OSCAR rotations are per (layer, KV head), stored for all ``Hkv_total`` heads of a layer
+([Hkv_total, D, D] per layer). Under tensor parallelism vLLM gives each rank a contiguous
+run of KV heads (``QKVParallelLinear``):
+
+- ``tp_size <= Hkv_total``: each rank holds ``Hkv_total // tp_size`` heads, starting at
+  ``tp_rank * heads_per_rank``;
+- ``tp_size > Hkv_total`` (replicated): each rank holds ONE head,
+  ``tp_rank // (tp_size // Hkv_total)``, shared by ``tp_size // Hkv_total`` ranks.
+
+A rank loads only its slice, so the local KV head ``i`` of the attention layer uses the
+rotation of global head ``slice.start + i``. That also keeps the V rotation right when
+W_v / W_o are sharded: the rank's W_v rows and W_o columns belong to exactly these heads
+(and their query heads).
+
+Pipeline parallelism needs nothing here: a stage only builds (and loads rotations for)
+its own layers, identified by ``layer.layer_name``.
+
+This module does not import vLLM at module level; ``current_kv_head_slice`` imports it
+lazily to read the rank of the calling worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def kv_head_slice(total_kv_heads: int, tp_size: int, tp_rank: int) -> slice:
+    """The global KV heads held by ``tp_rank`` of ``tp_size`` (vLLM's QKV sharding).
+
+    Raises ValueError for the layouts vLLM itself rejects: ``tp_size`` must divide
+    ``total_kv_heads``, or be a multiple of it (replicated heads).
+    """
+    for name, value in (("total_kv_heads", total_kv_heads), ("tp_size", tp_size)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive integer.")
+    if not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank={tp_rank!r} must lie in [0, {tp_size}).")
+    if tp_size >= total_kv_heads:
+        if tp_size % total_kv_heads:
+            raise ValueError(
+                f"tensor parallel size {tp_size} is not a multiple of the {total_kv_heads} "
+                "KV heads: vLLM cannot replicate them evenly."
+            )
+        first = tp_rank // (tp_size // total_kv_heads)
+        return slice(first, first + 1)
+    if total_kv_heads % tp_size:
+        raise ValueError(
+            f"{total_kv_heads} KV heads cannot be split evenly over tensor parallel size "
+            f"{tp_size}."
+        )
+    per_rank = total_kv_heads // tp_size
+    return slice(tp_rank * per_rank, (tp_rank + 1) * per_rank)
+
+
+def current_kv_head_slice(total_kv_heads: int) -> slice:
+    """``kv_head_slice`` for the calling vLLM worker (reads its tensor-parallel group).
+
+    Call it inside a worker, e.g. from ``Impl.process_weights_after_loading``.
+    """
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
+
+    return kv_head_slice(
+        total_kv_heads,
+        get_tensor_model_parallel_world_size(),
+        get_tensor_model_parallel_rank(),
+    )
+
+
+def slice_rotations(rotations: T, kv_slice: slice) -> T:
+    """Keep only the KV heads of ``kv_slice`` in per-head rotation data.
+
+    ``rotations`` may be a tensor whose first axis is the global KV head
+    ([Hkv_total, D, D] rotations, [Hkv_total] per-head clip ratios), a Mapping (e.g.
+    ``{"k_rotation": ..., "v_rotation": ..., "clip_k": 0.96}``) or a dataclass; these
+    are walked recursively. Every tensor with at least one axis is sliced on axis 0;
+    scalars, 0-d tensors, strings and other values pass through unchanged. A per-layer
+    rotation shared by all heads (RotationZoo v1, [D, D]) must be expanded to
+    [Hkv_total, D, D] before slicing.
+
+    Raises ValueError when a tensor has fewer heads than ``kv_slice.stop``.
+    """
+    if isinstance(rotations, torch.Tensor):
+        if rotations.dim() == 0:
+            return rotations
+        if rotations.shape[0] < kv_slice.stop:
+            raise ValueError(
+                f"per-head tensor of shape {tuple(rotations.shape)} has fewer than "
+                f"{kv_slice.stop} KV heads; cannot take heads [{kv_slice.start}, "
+                f"{kv_slice.stop})."
+            )
+        return rotations[kv_slice].contiguous()  # type: ignore[return-value]
+    if isinstance(rotations, Mapping):
+        return type(rotations)(  # type: ignore[call-arg]
+            {key: slice_rotations(value, kv_slice) for key, value in rotations.items()}
+        )
+    if dataclasses.is_dataclass(rotations) and not isinstance(rotations, type):
+        changes: dict[str, Any] = {
+            field.name: slice_rotations(getattr(rotations, field.name), kv_slice)
+            for field in dataclasses.fields(rotations)
+            if field.init
+        }
+        return dataclasses.replace(rotations, **changes)
+    return rotations
