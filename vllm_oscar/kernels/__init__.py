@@ -1,1 +1,132 @@
-"""Triton kernels for OSCAR: fused INT2 write, paged decode, prefill over a cached prefix."""
+"""OSCAR kernels: fused INT2 write, paged decode, prefill over a cached prefix.
+
+Public ops (contract: docs/design.md, "Kernel API"): ``oscar_write``, ``oscar_decode``,
+``oscar_prefill``, plus ``rotate_rows`` (q @ R_K, out_rot @ R_V^T) and the page layout.
+
+Dispatch is by platform, decided by the device of the cache tensor: CUDA tensors run the
+Triton kernels (vllm_oscar.kernels.triton_ops), CPU tensors run the plain-torch
+implementation (vllm_oscar.kernels.torch_ops). Both compute the same function; neither
+falls back to the other. Any other device is an error. Triton is imported only when a CUDA
+tensor arrives, so the CPU path needs no GPU toolchain.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+from vllm_oscar.kernels import torch_ops
+from vllm_oscar.kernels.layout import PLANES, PageLayout, PageViews, page_views
+from vllm_oscar.kernels.rotate import rotate_rows
+
+
+def implementation_for(tensor: torch.Tensor) -> ModuleType:
+    """The module implementing the ops for ``tensor``'s device: triton_ops (cuda) or torch_ops (cpu)."""
+    if tensor.device.type == "cuda":
+        from vllm_oscar.kernels import triton_ops
+
+        return triton_ops
+    if tensor.device.type == "cpu":
+        return torch_ops
+    raise ValueError(f"OSCAR kernels run on CUDA (Triton) or CPU (torch); got a tensor on {tensor.device}.")
+
+
+def oscar_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_rotation: torch.Tensor,
+    v_rotation: Optional[torch.Tensor],
+    clip_k: float,
+    clip_v: float,
+    int2_cache: torch.Tensor,
+    layout: PageLayout,
+    slot_mapping: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    window_slot_mapping: torch.Tensor,
+    value_prerotated: bool = False,
+) -> None:
+    """Write new K/V rows: INT2 into the paged cache, rotated BF16 copies into the window store.
+
+    CUDA -> Triton kernel, CPU -> torch. Arguments: torch_ops.oscar_write.
+    """
+    impl = implementation_for(int2_cache)
+    impl.oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
+                     slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
+
+
+def oscar_decode(
+    query_rot: torch.Tensor,
+    int2_cache: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+    out: Optional[torch.Tensor] = None,
+    max_seq_len: Optional[int] = None,
+) -> torch.Tensor:
+    """Paged decode over INT2 history + BF16 windows -> out_rot [B, Hq, D].
+
+    CUDA -> Triton kernel (split-K sized from ``max_seq_len``, a Python int upper bound of
+    seq_lens; default: block_table.shape[1] * block_size; CUDA-graph safe), CPU -> torch
+    (``max_seq_len`` unused). Other arguments: torch_ops.oscar_decode.
+    """
+    impl = implementation_for(int2_cache)
+    if impl is torch_ops:
+        return torch_ops.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
+                                      window_block_table, seq_lens, sink, recent, softmax_scale, out)
+    return impl.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
+                             window_block_table, seq_lens, sink, recent, softmax_scale, out, max_seq_len)
+
+
+def oscar_prefill(
+    query_rot: torch.Tensor,
+    key_rot: torch.Tensor,
+    value_rot: torch.Tensor,
+    int2_cache: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+    out: Optional[torch.Tensor] = None,
+    max_query_len: Optional[int] = None,
+) -> torch.Tensor:
+    """Chunked prefill over a cached prefix (varlen) -> out_rot [T, Hq, D].
+
+    CUDA -> Triton kernel (grid sized from ``max_query_len``, a Python int >= every chunk
+    length; default: T), CPU -> torch. Other arguments: torch_ops.oscar_prefill.
+    """
+    impl = implementation_for(int2_cache)
+    if impl is torch_ops:
+        return torch_ops.oscar_prefill(query_rot, key_rot, value_rot, int2_cache, window_k, window_v, layout,
+                                       block_table, window_block_table, query_start_loc, seq_lens, sink,
+                                       recent, softmax_scale, out)
+    return impl.oscar_prefill(query_rot, key_rot, value_rot, int2_cache, window_k, window_v, layout,
+                              block_table, window_block_table, query_start_loc, seq_lens, sink, recent,
+                              softmax_scale, out, max_query_len)
+
+
+__all__ = [
+    "PLANES",
+    "PageLayout",
+    "PageViews",
+    "implementation_for",
+    "oscar_decode",
+    "oscar_prefill",
+    "oscar_write",
+    "page_views",
+    "rotate_rows",
+]

@@ -1,0 +1,205 @@
+"""Float64 references and random fixtures for the kernel tests (torch ops and Triton).
+
+Written from the formulas of method.md / docs/design.md, not from the kernels' helpers:
+rotation x @ R in float64, clip at torch.quantile(|x|, r, interpolation="higher"),
+uniform INT2 with scale = max(max - min, eps) / 3 and offset = min rounded to the storage
+dtype, codes unpacked bit by bit from the documented byte layout, attention by an explicit
+per-position read rule and a float64 softmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vllm_oscar.config import SCALE_EPS
+from vllm_oscar.kernels.layout import PageLayout, page_views
+from vllm_oscar.quant import rotation_from_covariance
+
+
+def random_rotations(heads: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """[heads, D, D] float32 OSCAR-like rotations (U H P_br of a random covariance)."""
+    base = torch.randn(heads, dim, 2 * dim, generator=generator, dtype=torch.float64)
+    rotation, _ = rotation_from_covariance(base @ base.transpose(-1, -2))
+    return rotation.to(torch.float32)
+
+
+def rows_with_outliers(n: int, heads: int, dim: int, generator: torch.Generator, dtype=torch.bfloat16) -> torch.Tensor:
+    """[n, heads, D] random rows with a few planted outlier channels (x20) and a mean shift."""
+    rows = torch.randn(n, heads, dim, generator=generator) + 0.3
+    channels = torch.randperm(dim, generator=generator)[:3]
+    rows[..., channels] *= 20.0
+    return rows.to(dtype)
+
+
+def ref_quantize(rows: torch.Tensor, ratio: float, group: int, scale_dtype: torch.dtype):
+    """Reference INT2 of rotated rows [..., D] (float64).
+
+    Returns (codes int64 [..., D], scale [..., D/G] scale_dtype, offset [..., D/G],
+    position float64 [..., D] = (clipped - offset) / scale before rounding).
+    """
+    x = rows.to(torch.float64)
+    tau = torch.quantile(x.abs(), ratio, dim=-1, keepdim=True, interpolation="higher")
+    x = torch.clamp(x, -tau, tau)
+    grouped = x.reshape(*x.shape[:-1], -1, group)
+    low = grouped.amin(-1)
+    high = grouped.amax(-1)
+    scale = (torch.clamp(high - low, min=SCALE_EPS) / 3).to(scale_dtype)
+    offset = low.to(scale_dtype)
+    position = (grouped - offset.double()[..., None]) / scale.double()[..., None]
+    codes = torch.clamp(torch.round(position), 0, 3).to(torch.int64)
+    return codes.reshape(x.shape), scale, offset, position.reshape(x.shape)
+
+
+def ref_unpack(packed: torch.Tensor) -> torch.Tensor:
+    """[..., D/4] uint8 -> [..., D] int64: byte j holds channels j, j+D/4, j+D/2, j+3D/4."""
+    quarter = packed.shape[-1]
+    out = torch.empty(*packed.shape[:-1], 4 * quarter, dtype=torch.int64)
+    as_int = packed.to(torch.int64)
+    for plane in range(4):
+        out[..., plane * quarter : (plane + 1) * quarter] = (as_int >> (2 * plane)) & 3
+    return out
+
+
+def ref_dequantize_slot(cache: torch.Tensor, layout: PageLayout, block: int, offset: int, which: str) -> torch.Tensor:
+    """[Hkv, D] float64 dequantized K or V rows of one slot, read from the planes."""
+    views = page_views(cache, layout)
+    codes = ref_unpack(getattr(views, f"{which}_codes")[block, :, offset].cpu()).double()
+    scale = getattr(views, f"{which}_scale")[block, :, offset].cpu().double()
+    zero = getattr(views, f"{which}_offset")[block, :, offset].cpu().double()
+    grouped = codes.reshape(codes.shape[0], -1, layout.group_size)
+    return (grouped * scale[..., None] + zero[..., None]).reshape(codes.shape)
+
+
+@dataclasses.dataclass
+class PagedState:
+    """A random paged cache: INT2 planes and BF16 windows with different contents."""
+
+    layout: PageLayout
+    cache: torch.Tensor  # uint8 [num_blocks, Hkv, bytes]
+    window_k: torch.Tensor  # [num_window_blocks, bs, Hkv, D]
+    window_v: torch.Tensor
+    block_table: torch.Tensor  # int32 [B, max_blocks]
+    window_block_table: torch.Tensor  # int32 [B, max_blocks]
+    seq_lens: torch.Tensor  # int32 [B]
+
+
+def random_paged_state(
+    seq_lens: list[int],
+    num_kv_heads: int,
+    layout: PageLayout,
+    sink: int,
+    recent: int,
+    generator: torch.Generator,
+    drop_window_blocks: int = 0,
+    window_dtype: torch.dtype = torch.bfloat16,
+    extra_blocks: int = 3,
+) -> PagedState:
+    """Random codes/scales/offsets for every slot, random window rows, shuffled block ids.
+
+    Every logical block that holds a window position of its request (for a query at the
+    last position) gets a window block, except ``drop_window_blocks`` of them per request
+    chosen at random (fallback rows, read from INT2). Unused table entries are -1/garbage
+    ids that must not be read.
+    """
+    bs, dim = layout.block_size, layout.head_dim
+    blocks_per = [-(-n // bs) for n in seq_lens]
+    max_blocks = max(blocks_per) + 1
+    total = sum(blocks_per) + extra_blocks
+    cache = torch.randint(0, 256, layout.cache_shape(total, num_kv_heads), dtype=torch.uint8, generator=generator)
+    views = page_views(cache, layout)
+    for name in ("k_scale", "v_scale"):
+        plane = getattr(views, name)
+        plane.copy_((torch.rand(plane.shape, generator=generator) * 0.5 + 0.05).to(plane.dtype))
+    for name in ("k_offset", "v_offset"):
+        plane = getattr(views, name)
+        plane.copy_((torch.randn(plane.shape, generator=generator) * 0.5 - 0.4).to(plane.dtype))
+    ids = torch.randperm(total, generator=generator)
+    block_table = torch.full((len(seq_lens), max_blocks), total + 7, dtype=torch.int32)  # garbage past the end
+    window_table = torch.full((len(seq_lens), max_blocks), -1, dtype=torch.int32)
+    cursor, window_cursor = 0, 0
+    for b, n in enumerate(seq_lens):
+        block_table[b, : blocks_per[b]] = ids[cursor : cursor + blocks_per[b]].to(torch.int32)
+        cursor += blocks_per[b]
+        window_logical = [
+            j for j in range(blocks_per[b])
+            if any(s < sink or s > (n - 1) - recent for s in range(j * bs, min(n, (j + 1) * bs)))
+        ]
+        if drop_window_blocks and window_logical:
+            keep = torch.randperm(len(window_logical), generator=generator)[drop_window_blocks:].tolist()
+            window_logical = [window_logical[i] for i in sorted(keep)]
+        for j in window_logical:
+            window_table[b, j] = window_cursor
+            window_cursor += 1
+    shape = (window_cursor + 2, bs, num_kv_heads, dim)
+    window_k = (torch.randn(shape, generator=generator) * 1.5).to(window_dtype)
+    window_v = (torch.randn(shape, generator=generator) * 1.5 + 0.5).to(window_dtype)
+    return PagedState(layout, cache, window_k, window_v, block_table, window_table,
+                      torch.tensor(seq_lens, dtype=torch.int32))
+
+
+def ref_context(state: PagedState, request: int, length: int, position: int, sink: int, recent: int):
+    """K, V [length, Hkv, D] float64 as read by a query at ``position`` (explicit read rule)."""
+    bs = state.layout.block_size
+    ks, vs = [], []
+    for s in range(length):
+        logical = s // bs
+        window_block = int(state.window_block_table[request, logical])
+        if (s < sink or s > position - recent) and window_block >= 0:
+            ks.append(state.window_k[window_block, s % bs].double())
+            vs.append(state.window_v[window_block, s % bs].double())
+        else:
+            block = int(state.block_table[request, logical])
+            ks.append(ref_dequantize_slot(state.cache, state.layout, block, s % bs, "k"))
+            vs.append(ref_dequantize_slot(state.cache, state.layout, block, s % bs, "v"))
+    dim, hkv = state.layout.head_dim, state.cache.shape[1]
+    if not ks:
+        return torch.zeros(0, hkv, dim, dtype=torch.float64), torch.zeros(0, hkv, dim, dtype=torch.float64)
+    return torch.stack(ks), torch.stack(vs)
+
+
+def ref_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query [Hq, D] over k, v [S, Hkv, D] (GQA: head i uses KV head i // g), float64."""
+    hq, hkv = q.shape[0], k.shape[1]
+    group = hq // hkv
+    out = torch.empty(hq, q.shape[1], dtype=torch.float64)
+    for head in range(hq):
+        kv = head // group
+        logits = (k[:, kv] @ q[head].double()) * scale
+        weights = torch.softmax(logits, dim=0)
+        out[head] = weights @ v[:, kv]
+    return out
+
+
+def ref_decode(state: PagedState, query: torch.Tensor, sink: int, recent: int, scale: float) -> torch.Tensor:
+    """[B, Hq, D] float64 reference of oscar_decode."""
+    out = []
+    for b, n in enumerate(state.seq_lens.tolist()):
+        k, v = ref_context(state, b, n, n - 1, sink, recent)
+        out.append(ref_softmax_attention(query[b], k, v, scale))
+    return torch.stack(out)
+
+
+def ref_prefill(state: PagedState, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                query_start_loc: list[int], sink: int, recent: int, scale: float) -> torch.Tensor:
+    """[T, Hq, D] float64 reference of oscar_prefill (chunk rows exact, prefix by read rule)."""
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    for b, n in enumerate(state.seq_lens.tolist()):
+        begin, end = query_start_loc[b], query_start_loc[b + 1]
+        prefix = n - (end - begin)
+        for i in range(begin, end):
+            position = prefix + (i - begin)
+            k, v = ref_context(state, b, prefix, position, sink, recent)
+            k = torch.cat((k, key[begin : i + 1].double()))
+            v = torch.cat((v, value[begin : i + 1].double()))
+            out[i] = ref_softmax_attention(query[i], k, v, scale)
+    return out
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64 (NaN anywhere -> inf)."""
+    actual = actual.double().cpu()
+    if not bool(torch.isfinite(actual).all()):
+        return float("inf")
+    return float((actual - expected).norm() / expected.norm().clamp(min=1e-30))

@@ -1,0 +1,289 @@
+"""Plain-torch implementations of oscar_write / oscar_decode / oscar_prefill.
+
+The CPU path of the vLLM backend, and a readable statement of what the Triton kernels
+compute (contract: docs/design.md, "Kernel API"). Vectorised over tokens, heads and
+positions, looped over requests (each request has its own length); float32 math, not
+fast. The quantizer is the reference one (vllm_oscar.quant), so a CPU cache holds
+exactly the codes/scales/offsets the reference math gives for float32 rotated rows.
+
+Read rule for a query at position t and a cached position s < seq_len:
+BF16 (window store) iff ``(s < sink or s > t - recent)`` and the logical block of s has a
+window block (``window_block_table >= 0``); INT2 otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from vllm_oscar.kernels.checks import (
+    check_attention_common,
+    check_prefill_extra,
+    check_write_args,
+)
+from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
+from vllm_oscar.kernels.rotate import rotate_rows
+from vllm_oscar.quant import QuantizedRows, clip_rows, dequantize, pack_codes, quantize, unpack_codes
+
+
+def _store_int2(
+    rows: torch.Tensor,
+    clip_ratio: float,
+    layout: PageLayout,
+    blocks: torch.Tensor,
+    offsets: torch.Tensor,
+    codes_plane: torch.Tensor,
+    scale_plane: torch.Tensor,
+    offset_plane: torch.Tensor,
+) -> None:
+    """Clip, quantize and pack rows [n, Hkv, D] into slots (blocks[i], offsets[i])."""
+    quantized = quantize(clip_rows(rows, clip_ratio), layout.group_size, layout.scale_dtype)
+    codes_plane[blocks, :, offsets] = pack_codes(quantized.codes)
+    scale_plane[blocks, :, offsets] = quantized.scale
+    offset_plane[blocks, :, offsets] = quantized.offset
+
+
+def oscar_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_rotation: torch.Tensor,
+    v_rotation: Optional[torch.Tensor],
+    clip_k: float,
+    clip_v: float,
+    int2_cache: torch.Tensor,
+    layout: PageLayout,
+    slot_mapping: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    window_slot_mapping: torch.Tensor,
+    value_prerotated: bool = False,
+) -> None:
+    """Rotate, clip, quantize and pack new K/V rows into the INT2 cache; copy window rows.
+
+    Args:
+        key, value: [N, Hkv, D] bf16/fp16/fp32 (value already rotated if value_prerotated).
+        k_rotation, v_rotation: [Hkv, D, D] float rotations (x_rot = x @ R[h]);
+            v_rotation is unused (may be None) when value_prerotated.
+        clip_k, clip_v: clip ratios r in (0, 1]: rows are clamped to the r-quantile of |x|
+            (order statistic "higher").
+        int2_cache: uint8 layout.cache_shape(num_blocks, Hkv); written in place.
+        slot_mapping: [N] int, block * block_size + offset, -1 = skip the token.
+        window_k, window_v: [num_window_blocks, block_size, Hkv, D] (bf16); the rotated rows
+            are stored where window_slot_mapping >= 0.
+        window_slot_mapping: [N] int, window_block * block_size + offset, -1 = no BF16 copy.
+    """
+    check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
+                     slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
+    k_rot = rotate_rows(key, k_rotation, out_dtype=torch.float32)
+    v_rot = value.to(torch.float32) if value_prerotated else rotate_rows(value, v_rotation, out_dtype=torch.float32)
+    bs = layout.block_size
+
+    keep = slot_mapping >= 0
+    if bool(keep.any()):
+        slots = slot_mapping[keep].long()
+        blocks, offsets = slots // bs, slots % bs
+        if int(blocks.max()) >= int2_cache.shape[0]:
+            raise ValueError(f"slot_mapping addresses block {int(blocks.max())} but int2_cache has {int2_cache.shape[0]}.")
+        views = page_views(int2_cache, layout)
+        _store_int2(k_rot[keep], clip_k, layout, blocks, offsets, views.k_codes, views.k_scale, views.k_offset)
+        _store_int2(v_rot[keep], clip_v, layout, blocks, offsets, views.v_codes, views.v_scale, views.v_offset)
+
+    in_window = window_slot_mapping >= 0
+    if bool(in_window.any()):
+        slots = window_slot_mapping[in_window].long()
+        if int(slots.max()) >= window_k.shape[0] * bs:
+            raise ValueError(f"window_slot_mapping addresses slot {int(slots.max())} but the window store has {window_k.shape[0] * bs}.")
+        window_k[slots // bs, slots % bs] = k_rot[in_window].to(window_k.dtype)
+        window_v[slots // bs, slots % bs] = v_rot[in_window].to(window_v.dtype)
+
+
+def _dequantized(views: PageViews, which: str, blocks: torch.Tensor, length: int, layout: PageLayout) -> torch.Tensor:
+    """Dequantized rows of K or V ('k'/'v') for logical positions [0, length): [Hkv, length, D] fp32."""
+    codes = getattr(views, f"{which}_codes")[blocks]  # [nb, Hkv, bs, D/4]
+    scale = getattr(views, f"{which}_scale")[blocks]  # [nb, Hkv, bs, n]
+    offset = getattr(views, f"{which}_offset")[blocks]
+    hkv = codes.shape[1]
+
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(0, 1).reshape(hkv, -1, t.shape[-1])[:, :length]
+
+    rows = QuantizedRows(unpack_codes(flat(codes)), flat(scale), flat(offset), layout.group_size)
+    return dequantize(rows, torch.float32)
+
+
+def _prefix_rows(
+    request: int,
+    length: int,
+    views: PageViews,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both readings of a request's first ``length`` cached positions.
+
+    Returns (k_int2, v_int2, k_bf16, v_bf16 : [Hkv, length, D] fp32, has_copy [length] bool).
+    """
+    bs = layout.block_size
+    num_blocks = -(-length // bs)
+    blocks = block_table[request, :num_blocks].long()
+    window_blocks = window_block_table[request, :num_blocks].long()
+    k_int2 = _dequantized(views, "k", blocks, length, layout)
+    v_int2 = _dequantized(views, "v", blocks, length, layout)
+    has_copy = (window_blocks >= 0).repeat_interleave(bs)[:length]
+    picked = window_blocks.clamp(min=0)
+    hkv, dim = k_int2.shape[0], layout.head_dim
+
+    def flat(store: torch.Tensor) -> torch.Tensor:  # [nb, bs, Hkv, D] -> [Hkv, length, D]
+        rows = store[picked].reshape(num_blocks * bs, hkv, dim)[:length]
+        return rows.transpose(0, 1).to(torch.float32)
+
+    return k_int2, v_int2, flat(window_k), flat(window_v), has_copy
+
+
+def _attend(
+    query: torch.Tensor,
+    positions: torch.Tensor,
+    prefix: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    new_k: Optional[torch.Tensor],
+    new_v: Optional[torch.Tensor],
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """Attention of queries [T, Hq, D] at ``positions`` [T] over a cached prefix and new rows.
+
+    prefix: _prefix_rows output for positions [0, P) (P may be 0). new_k/new_v: [T, Hkv, D]
+    rows at positions P..P+T-1, attended causally in full precision (None in decode).
+    Returns [T, Hq, D] float32.
+    """
+    k_int2, v_int2, k_bf16, v_bf16, has_copy = prefix
+    t, hq, d = query.shape
+    hkv, length = k_int2.shape[0], k_int2.shape[1]
+    q = query.to(torch.float32).reshape(t, hkv, hq // hkv, d)
+    s = torch.arange(length, device=query.device)
+    window = (s[None, :] < sink) | (s[None, :] > positions[:, None] - recent)  # [T, P]
+    use_bf16 = (window & has_copy[None, :])[:, None, None, :]  # [T, 1, 1, P]
+    logits = torch.where(
+        use_bf16,
+        torch.einsum("thgd,hsd->thgs", q, k_bf16),
+        torch.einsum("thgd,hsd->thgs", q, k_int2),
+    )
+    if new_k is not None:
+        own = torch.einsum("thgd,jhd->thgj", q, new_k.to(torch.float32))
+        causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
+        own = own.masked_fill(~causal[:, None, None, :], float("-inf"))
+        logits = torch.cat((logits, own), dim=-1)
+    probs = torch.softmax(logits * softmax_scale, dim=-1)
+    p_prefix = probs[..., :length]
+    out = torch.einsum("thgs,hsd->thgd", p_prefix * use_bf16, v_bf16)
+    out = out + torch.einsum("thgs,hsd->thgd", p_prefix * ~use_bf16, v_int2)
+    if new_v is not None:
+        out = out + torch.einsum("thgj,jhd->thgd", probs[..., length:], new_v.to(torch.float32))
+    return out.reshape(t, hq, d)
+
+
+def _finish(result: torch.Tensor, query_rot: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+    if out is None:
+        return result.to(query_rot.dtype)
+    out.copy_(result)
+    return out
+
+
+def oscar_decode(
+    query_rot: torch.Tensor,
+    int2_cache: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One new token per request attends to its whole cached sequence (itself included).
+
+    Args:
+        query_rot: [B, Hq, D] rotated queries (q @ R_K of the query head's KV head).
+        int2_cache / window_k / window_v / layout: the caches (see oscar_write).
+        block_table, window_block_table: [B, max_blocks] int; the window table gives the
+            window block of each logical block, -1 where it has no BF16 copy.
+        seq_lens: [B] int >= 1, including the current token (already written).
+        sink, recent: BF16 window sizes in tokens; softmax_scale: logit multiplier.
+        out: optional [B, Hq, D] result buffer (query dtype).
+    Returns:
+        out_rot [B, Hq, D] in query dtype: attention output in the rotated V basis.
+    """
+    _, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
+                                      window_block_table, seq_lens, sink, recent, softmax_scale, out)
+    if query_rot.shape[0] != batch:
+        raise ValueError(f"query_rot has {query_rot.shape[0]} rows but block_table has {batch} requests.")
+    views = page_views(int2_cache, layout)
+    lengths = seq_lens.tolist()
+    if any(n < 1 or -(-n // layout.block_size) > block_table.shape[1] for n in lengths):
+        raise ValueError(f"seq_lens must be >= 1 and fit block_table ({block_table.shape[1]} blocks); got {lengths}.")
+    results = []
+    for request, length in enumerate(lengths):
+        prefix = _prefix_rows(request, length, views, window_k, window_v, layout, block_table, window_block_table)
+        position = torch.tensor([length - 1], device=query_rot.device)
+        results.append(_attend(query_rot[request : request + 1], position, prefix, None, None, sink, recent, softmax_scale))
+    return _finish(torch.cat(results, dim=0), query_rot, out)
+
+
+def oscar_prefill(
+    query_rot: torch.Tensor,
+    key_rot: torch.Tensor,
+    value_rot: torch.Tensor,
+    int2_cache: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """A chunk of new tokens per request attends causally to itself and to its cached prefix.
+
+    Args:
+        query_rot: [T, Hq, D] rotated queries of all requests' chunks, concatenated.
+        key_rot, value_rot: [T, Hkv, D] the chunk's own rotated K/V rows (read exactly).
+        query_start_loc: [B+1] int, request b owns rows [qsl[b], qsl[b+1]).
+        seq_lens: [B] int: cached prefix + chunk length; the prefix is read from the caches
+            by the read rule, position of chunk row i of request b = prefix_b + i.
+        Other arguments as oscar_decode.
+    Returns:
+        out_rot [T, Hq, D] in query dtype.
+    """
+    hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
+                                        window_block_table, seq_lens, sink, recent, softmax_scale, out)
+    check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim)
+    views = page_views(int2_cache, layout)
+    starts = query_start_loc.tolist()
+    lengths = seq_lens.tolist()
+    result = torch.zeros(query_rot.shape, dtype=torch.float32, device=query_rot.device)  # rows of no request stay 0
+    for request in range(batch):
+        begin, end = starts[request], starts[request + 1]
+        chunk, length = end - begin, lengths[request]
+        prefix_len = length - chunk
+        if chunk < 0 or prefix_len < 0 or end > query_rot.shape[0] or -(-length // layout.block_size) > block_table.shape[1]:
+            raise ValueError(
+                f"request {request}: query_start_loc [{begin}, {end}) and seq_len {length} are inconsistent "
+                f"(need 0 <= chunk <= seq_len, rows within {query_rot.shape[0]}, blocks within {block_table.shape[1]})."
+            )
+        if chunk == 0:
+            continue
+        prefix = _prefix_rows(request, prefix_len, views, window_k, window_v, layout, block_table, window_block_table)
+        positions = torch.arange(prefix_len, length, device=query_rot.device)
+        result[begin:end] = _attend(query_rot[begin:end], positions, prefix, key_rot[begin:end],
+                                    value_rot[begin:end], sink, recent, softmax_scale)
+    return _finish(result, query_rot, out)
