@@ -146,3 +146,19 @@ class OscarConfig:
         group = head_dim if self.group_size is None else self.group_size
         check_group_size(head_dim, group)
         return group
+
+# --- evaluation (vllm_oscar.evaluation) ---------------------------------------------
+#: Stress windows that isolate the quantizer (issue 6): few BF16 tokens per sequence.
+EVAL_STRESS_SINK_TOKENS: int = 4
+EVAL_STRESS_RECENT_TOKENS: int = 16
+#: KIVI-2 (Liu et al. 2024): tokens per key group (per-channel scales) and channels per
+#: value group (per-token scales); scale and zero in fp16.
+KIVI_GROUP_SIZE: int = 32
+#: vLLM's TurboQuant presets (model_executor/layers/quantization/turboquant/config.py in
+#: vLLM 0.32): key Lloyd-Max bits, value uniform bits; all with norm correction.
+TURBOQUANT_PRESETS: dict[str, tuple[int, int]] = {"turboquant_4bit_nc": (4, 4), "turboquant_3bit_nc": (3, 3)}
+#: vLLM keeps the first and last N attention layers of a dense model unquantized for
+#: every TurboQuant preset (TurboQuantConfig.get_boundary_skip_layers, n=2).
+TURBOQUANT_BOUNDARY_SKIP_LAYERS: int = 2
+#: Query positions per chunk of the evaluation attention (bounds its score memory).
+EVAL_QUERY_CHUNK: int = 1024
