@@ -48,6 +48,47 @@ WINDOW_BITS: int = 16
 BACKEND_NAME: str = "OSCAR"
 #: KV-cache dtype name (``--kv-cache-dtype oscar``).
 KV_CACHE_DTYPE_NAME: str = "oscar"
+#: Key of the OSCAR options in vLLM's ``additional_config`` (``--additional-config``).
+ADDITIONAL_CONFIG_KEY: str = "oscar"
+#: Environment variable that selects the backend (vLLM removed it; the plugin honours it).
+ATTENTION_BACKEND_ENV: str = "VLLM_ATTENTION_BACKEND"
+#: Kernel block sizes the OSCAR backend accepts: any multiple of this many tokens.
+KERNEL_BLOCK_MULTIPLE: int = 16
+
+# --- calibration (vllm_oscar.calibration) -------------------------------------------
+#: Fraction at the END of every text corpus (by characters) held out for evaluation:
+#: calibration reads only the first CALIBRATION_TEXT_FRACTION of each file, evaluation
+#: only the last CORPUS_HELDOUT_FRACTION (vllm_oscar.calibration.data.split_corpus_text).
+CORPUS_HELDOUT_FRACTION: float = 0.2
+CALIBRATION_TEXT_FRACTION: float = 1.0 - CORPUS_HELDOUT_FRACTION
+#: Default calibration size: tokens of prefill and tokens per calibration sequence.
+DEFAULT_CALIBRATION_TOKENS: int = 32768
+DEFAULT_CALIBRATION_SEQ_LEN: int = 1024
+#: Calibration sequences whose post-RoPE Q/K/V are kept for the clip-ratio search
+#: (half select the ratios, the other half judge per-layer against per-model ratios).
+DEFAULT_CLIP_SEARCH_SEQUENCES: int = 4
+#: Clip ratios tried by the search (1.0 = no clipping).
+CLIP_RATIO_GRID: tuple[float, ...] = (0.80, 0.84, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98, 1.0)
+#: Per-layer clip ratios are kept only if they lower the held-out attention-output error
+#: of one ratio pair per model by at least this relative amount.
+CLIP_PER_LAYER_MIN_GAIN: float = 0.01
+#: Value targets (method.md 2): the paper's score-weighted output second moment
+#: V^T S^T S V, and the reference code's logit-energy-weighted V^T W V.
+VALUE_FORM_OUTPUT: str = "attention_output"
+VALUE_FORM_LOGIT_ENERGY: str = "logit_energy"
+VALUE_FORMS: tuple[str, ...] = (VALUE_FORM_OUTPUT, VALUE_FORM_LOGIT_ENERGY)
+DEFAULT_VALUE_FORM: str = VALUE_FORM_OUTPUT
+
+# --- rotation files -----------------------------------------------------------------
+#: ``format`` metadata value of our safetensors rotation files, and its version.
+ROTATION_FILE_FORMAT: str = "vllm_oscar.rotations"
+ROTATION_FILE_VERSION: int = 1
+#: Largest max|R^T R - I| accepted when loading a rotation.
+ORTHOGONALITY_TOLERANCE: float = 1e-3
+#: ``format_version`` values of the published RotationZoo .pt files we import.
+ROTATIONZOO_VERSIONS: tuple[int, ...] = (1, 2)
+#: Folder (at the repository root, installed under share/vllm_oscar/) of shipped files.
+SHIPPED_ROTATIONS_DIR: str = "rotations"
 
 
 def is_power_of_two(value: int) -> bool:

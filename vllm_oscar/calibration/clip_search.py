@@ -1,0 +1,241 @@
+"""Clip-ratio search for the smallest attention-OUTPUT error (not reconstruction error).
+
+For one layer and one calibration sequence (post-RoPE q [T, Hq, D], k/v [T, Hkv, D]),
+with the layer's rotations and the serving windows (sink S, recent W):
+
+    exact:      O = softmax(q k^T * scaling, causal) v                    per query head
+    quantized:  position s is read exactly when s < S or t - s < W (BF16 windows), and
+                from fake_quantize(x @ R, r) (clip, INT2, dequantize) otherwise
+    error(r)  = sum ||O^ - O||^2 / sum ||O||^2   over query heads and positions t >= S + W
+
+(positions t < S + W have no INT2 history, so no error). Rotations are orthogonal, so the
+error is the same in the rotated basis, where it is computed.
+
+Search: r_K over the grid with V exact, r_V over the grid with K exact (the two errors
+are nearly additive; the final pair is then measured jointly). The sample sequences are
+split: even-numbered ones select the ratios (one pair per model = minimum of the summed
+relative errors over layers; one pair per layer), odd-numbered ones judge: the per-model
+pair falls back to the reference pair (DEFAULT_CLIP_RATIO_K/V) if that has the smaller
+held-out joint error, and per-layer ratios are kept only if their held-out joint error
+beats the per-model pair by CLIP_PER_LAYER_MIN_GAIN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from vllm_oscar.calibration.rotations import RotationSet
+from vllm_oscar.calibration.statistics import ActivationSamples
+from vllm_oscar.config import (
+    CLIP_PER_LAYER_MIN_GAIN,
+    CLIP_RATIO_GRID,
+    DEFAULT_CLIP_RATIO_K,
+    DEFAULT_CLIP_RATIO_V,
+    DEFAULT_RECENT_TOKENS,
+    DEFAULT_SINK_TOKENS,
+    check_clip_ratio,
+)
+from vllm_oscar.quant.quantizer import fake_quantize
+
+
+def window_masks(tokens: int, sink: int, recent: int, device: torch.device | str = "cpu"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact [T, T] bool, history [T, T] bool) for query t (row) and key s (column).
+
+    exact: causal and (s < sink or t - s < recent); history: causal and not exact.
+    """
+    t = torch.arange(tokens, device=device)[:, None]
+    s = torch.arange(tokens, device=device)[None, :]
+    causal = s <= t
+    exact = causal & ((s < sink) | (t - s < recent))
+    return exact, causal & ~exact
+
+
+@dataclasses.dataclass
+class LayerSample:
+    """One layer's rotated sample: q [S, Hq, T, D], k/v [S, Hq, T, D] (GQA-expanded), float32."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scaling: float
+
+
+def rotated_sample(samples: ActivationSamples, rotation_set: RotationSet, layer: int,
+                   sequences: Sequence[int]) -> LayerSample:
+    """Rotate a layer's sample rows into its K/V bases and expand KV heads to query heads."""
+    ident = rotation_set.identity
+    rot = rotation_set.layers[layer]
+    index = torch.tensor(list(sequences), dtype=torch.long)
+    q = samples.query[layer][index].transpose(1, 2)  # [S, Hq, T, D]
+    k = samples.key[layer][index].transpose(1, 2)  # [S, Hkv, T, D]
+    v = samples.value[layer][index].transpose(1, 2)
+    head_of = torch.arange(ident.num_query_heads) // ident.group_size
+    k_rot = k @ rot.k_rotation[None]
+    v_rot = v @ rot.v_rotation[None]
+    q_rot = q @ rot.k_rotation[head_of][None]
+    return LayerSample(q_rot, k_rot, v_rot, samples.scaling[layer])
+
+
+class LayerErrorModel:
+    """Attention-output error of one layer's sample as a function of (r_K, r_V)."""
+
+    def __init__(self, sample: LayerSample, group_size: int, num_query_heads: int, sink: int, recent: int,
+                 scale_dtype: torch.dtype) -> None:
+        self.sample = sample
+        self.group_size = group_size
+        self.scale_dtype = scale_dtype
+        tokens = sample.query.shape[2]
+        self.exact_mask, self.history_mask = window_masks(tokens, sink, recent)
+        self.rows = slice(sink + recent, tokens)
+        self.head_of = torch.arange(num_query_heads) // (num_query_heads // sample.key.shape[1])
+        self.logits = (sample.query @ sample.key[:, self.head_of].transpose(-1, -2)) * sample.scaling
+        self.reference = self._output(self.logits, sample.value, sample.value)
+        self.norm = float(self.reference[:, :, self.rows].double().pow(2).sum())
+        self._cache: dict[tuple[str, float], torch.Tensor] = {}
+
+    def _quantized(self, which: str, ratio: float) -> torch.Tensor:
+        key = (which, ratio)
+        if key not in self._cache:
+            rows = self.sample.key if which == "k" else self.sample.value
+            self._cache[key] = fake_quantize(rows, ratio, self.group_size, self.scale_dtype)
+        return self._cache[key]
+
+    def _output(self, logits: torch.Tensor, value_exact: torch.Tensor, value_history: torch.Tensor) -> torch.Tensor:
+        masked = logits.masked_fill(~(self.exact_mask | self.history_mask), float("-inf"))
+        probs = torch.softmax(masked, dim=-1)
+        exact = (probs * self.exact_mask) @ value_exact[:, self.head_of]
+        history = (probs * self.history_mask) @ value_history[:, self.head_of]
+        return exact + history
+
+    def error(self, clip_k: Optional[float], clip_v: Optional[float]) -> float:
+        """Relative output error with K clipped at clip_k and V at clip_v (None: exact)."""
+        if self.rows.start >= self.rows.stop or self.norm == 0.0:
+            return 0.0
+        logits = self.logits
+        if clip_k is not None:
+            k_hat = self._quantized("k", clip_k)
+            quant_logits = (self.sample.query @ k_hat[:, self.head_of].transpose(-1, -2)) * self.sample.scaling
+            logits = torch.where(self.history_mask, quant_logits, logits)
+        value_history = self.sample.value if clip_v is None else self._quantized("v", clip_v)
+        output = self._output(logits, self.sample.value, value_history)
+        diff = (output - self.reference)[:, :, self.rows].double().pow(2).sum()
+        return float(diff) / self.norm
+
+
+@dataclasses.dataclass
+class ClipSearchResult:
+    """Outcome of search_clip_ratios.
+
+    Attributes:
+        grid: candidate ratios.
+        key_errors / value_errors: [L, len(grid)] relative output errors on the selection
+            sequences (K quantized with V exact / V quantized with K exact).
+        per_model: (r_K, r_V) minimising the summed relative errors over layers (or the
+            reference pair when that is better on the held-out sequences).
+        per_layer: [(r_K, r_V)] per layer.
+        heldout: joint held-out relative error summed over layers for "per_model",
+            "per_layer" and "reference" (DEFAULT_CLIP_RATIO_K/V) ratios.
+        use_per_layer: whether per-layer ratios won by CLIP_PER_LAYER_MIN_GAIN.
+    """
+
+    grid: tuple[float, ...]
+    key_errors: torch.Tensor
+    value_errors: torch.Tensor
+    per_model: tuple[float, float]
+    per_layer: list[tuple[float, float]]
+    heldout: dict[str, float]
+    use_per_layer: bool
+    sink: int
+    recent: int
+
+    @property
+    def chosen(self) -> list[tuple[float, float]]:
+        """The (r_K, r_V) pair stored for each layer."""
+        return self.per_layer if self.use_per_layer else [self.per_model] * len(self.per_layer)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-serialisable record for the rotation file's metadata."""
+        return {
+            "objective": "attention_output_relative_mse",
+            "grid": list(self.grid),
+            "sink": self.sink,
+            "recent": self.recent,
+            "per_model": list(self.per_model),
+            "use_per_layer": self.use_per_layer,
+            "heldout_error_sum": {k: round(v, 6) for k, v in self.heldout.items()},
+            "key_errors": [[round(float(e), 6) for e in row] for row in self.key_errors],
+            "value_errors": [[round(float(e), 6) for e in row] for row in self.value_errors],
+        }
+
+    def apply(self, rotation_set: RotationSet) -> RotationSet:
+        """``rotation_set`` with the chosen clip ratios and this search in its metadata."""
+        clip_k = [pair[0] for pair in self.chosen]
+        clip_v = [pair[1] for pair in self.chosen]
+        return rotation_set.with_clip_ratios(clip_k, clip_v, self.summary())
+
+
+def search_clip_ratios(
+    rotation_set: RotationSet,
+    samples: ActivationSamples,
+    grid: Sequence[float] = CLIP_RATIO_GRID,
+    group_size: Optional[int] = None,
+    scale_dtype: torch.dtype = torch.float16,
+    sink: int = DEFAULT_SINK_TOKENS,
+    recent: int = DEFAULT_RECENT_TOKENS,
+    progress: bool = True,
+) -> ClipSearchResult:
+    """Search r_K and r_V (per model and per layer) for the smallest attention-output error.
+
+    Args:
+        rotation_set: rotations to evaluate (their clip ratios are ignored).
+        samples: from collect_statistics(sample_sequences >= 2); sequences longer than
+            sink + recent (else there is no INT2 history to measure).
+        grid: candidate ratios in (0, 1].
+        group_size: quantization group (default head_dim, the validated setting).
+        scale_dtype: storage dtype of scale/offset (fp16 as served).
+        sink / recent: BF16 windows of the serving layout.
+    """
+    for ratio in grid:
+        check_clip_ratio("grid ratio", ratio)
+    ident = rotation_set.identity
+    if samples.num_sequences < 2:
+        raise ValueError(
+            f"the clip search needs >= 2 sample sequences (one half selects, the other judges); got "
+            f"{samples.num_sequences}. Keep more with sample_sequences / --clip-sequences."
+        )
+    if samples.seq_len <= sink + recent:
+        raise ValueError(
+            f"sample sequences of {samples.seq_len} tokens have no INT2 history with windows sink={sink} + "
+            f"recent={recent}; use --seq-len > {sink + recent} or smaller --clip-sink/--clip-recent."
+        )
+    grid = tuple(float(r) for r in grid)
+    group = group_size or ident.head_dim
+    select = range(0, samples.num_sequences, 2)
+    judge = range(1, samples.num_sequences, 2)
+    key_errors = torch.zeros(ident.num_layers, len(grid), dtype=torch.float64)
+    value_errors = torch.zeros_like(key_errors)
+    args = (group, ident.num_query_heads, sink, recent, scale_dtype)
+    for layer in tqdm(range(ident.num_layers), desc="clip search", unit="layer", disable=not progress):
+        selector = LayerErrorModel(rotated_sample(samples, rotation_set, layer, select), *args)
+        for column, ratio in enumerate(grid):
+            key_errors[layer, column] = selector.error(ratio, None)
+            value_errors[layer, column] = selector.error(None, ratio)
+    per_model = (grid[int(key_errors.sum(0).argmin())], grid[int(value_errors.sum(0).argmin())])
+    per_layer = [(grid[int(k.argmin())], grid[int(v.argmin())]) for k, v in zip(key_errors, value_errors)]
+    candidates = {"per_model": [per_model] * ident.num_layers, "per_layer": per_layer,
+                  "reference": [(DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)] * ident.num_layers}
+    heldout = dict.fromkeys(candidates, 0.0)
+    for layer in tqdm(range(ident.num_layers), desc="clip check", unit="layer", disable=not progress):
+        judge_model = LayerErrorModel(rotated_sample(samples, rotation_set, layer, judge), *args)
+        for name, pairs in candidates.items():
+            heldout[name] += judge_model.error(*pairs[layer])
+    if heldout["reference"] < heldout["per_model"]:
+        per_model = candidates["reference"][0]
+    best_model_level = min(heldout["per_model"], heldout["reference"])
+    use_per_layer = heldout["per_layer"] < (1.0 - CLIP_PER_LAYER_MIN_GAIN) * best_model_level
+    return ClipSearchResult(grid, key_errors, value_errors, per_model, per_layer, heldout, use_per_layer, sink, recent)
