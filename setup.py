@@ -41,6 +41,7 @@ setup(
     },
     entry_points={
         "console_scripts": ["vllm-oscar = vllm_oscar.cli:main"],
+        "vllm.general_plugins": ["oscar = vllm_oscar:register"],
     },
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
 )

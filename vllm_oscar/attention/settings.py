@@ -1,0 +1,82 @@
+"""OSCAR serving options as vLLM users pass them: ``additional_config={"oscar": {...}}``.
+
+vLLM carries ``VllmConfig.additional_config`` (``--additional-config`` on the command
+line, ``additional_config=`` for ``LLM``) to every process it starts, including spawned
+workers and Ray actors, so the options reach each attention layer without environment
+variables. Keys (all optional):
+
+    rotations        path of a rotation file (ours: safetensors; or a RotationZoo .pt)
+    hadamard_only    true: data-free mode, Hadamard rotation only (lower quality)
+    sink_tokens      BF16 sink window, tokens (default 64)
+    recent_tokens    BF16 recent window, tokens (default 256)
+    group_size       channels per scale/offset group (default: one group per head vector)
+    scale_dtype      "float16" (default), "bfloat16" or "float32"
+
+Unknown keys are an error (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from vllm_oscar.config import ADDITIONAL_CONFIG_KEY, OscarConfig
+
+_SCALE_DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+}
+_KEYS: dict[str, str] = {
+    "rotations": "rotation_path",
+    "hadamard_only": "hadamard_only",
+    "sink_tokens": "sink_tokens",
+    "recent_tokens": "recent_tokens",
+    "group_size": "group_size",
+    "scale_dtype": "scale_dtype",
+}
+
+
+def oscar_options(additional_config: Any) -> Mapping[str, Any]:
+    """The ``"oscar"`` entry of a vLLM ``additional_config`` ({} when absent)."""
+    if not isinstance(additional_config, Mapping):
+        return {}
+    options = additional_config.get(ADDITIONAL_CONFIG_KEY) or {}
+    if not isinstance(options, Mapping):
+        raise ValueError(
+            f'additional_config["{ADDITIONAL_CONFIG_KEY}"] must be a mapping of OSCAR options; '
+            f"got {type(options).__name__}."
+        )
+    return options
+
+
+def config_from_options(options: Mapping[str, Any]) -> OscarConfig:
+    """An OscarConfig from the user's options (see module docstring for the keys)."""
+    unknown = sorted(set(options) - set(_KEYS))
+    if unknown:
+        raise ValueError(
+            f"unknown OSCAR option(s) {unknown} in additional_config[\"{ADDITIONAL_CONFIG_KEY}\"]; "
+            f"known: {sorted(_KEYS)}."
+        )
+    kwargs: dict[str, Any] = {}
+    for key, field in _KEYS.items():
+        if key not in options or options[key] is None:
+            continue
+        value = options[key]
+        if key == "scale_dtype":
+            if value not in _SCALE_DTYPES:
+                raise ValueError(f"scale_dtype={value!r} is not supported; use one of {sorted(_SCALE_DTYPES)}.")
+            value = _SCALE_DTYPES[value]
+        elif key == "rotations":
+            value = str(value)
+        elif key == "hadamard_only":
+            if not isinstance(value, bool):
+                raise ValueError(f"hadamard_only={value!r} must be true or false.")
+        kwargs[field] = value
+    return OscarConfig(**kwargs)
+
+
+def current_oscar_config(vllm_config: Any) -> OscarConfig:
+    """The OscarConfig of a running vLLM (from ``vllm_config.additional_config``)."""
+    return config_from_options(oscar_options(getattr(vllm_config, "additional_config", None)))

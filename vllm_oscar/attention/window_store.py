@@ -1,0 +1,250 @@
+"""The BF16 window store: which paged KV blocks have a BF16 copy, and where it lives.
+
+Every token is written to the paged INT2 cache. Tokens that attention will read in BF16
+(the sink, the first ``sink`` positions of a sequence, and the recent window, the last
+``recent`` positions before the query) also get a copy of their *rotated* K/V rows in a
+window store: per layer two tensors ``[num_window_blocks, block_size, Hkv, D]`` (K and
+V), owned by the attention layer and allocated when the model is loaded, so vLLM counts
+them before it sizes its KV pool.
+
+Window blocks are keyed by the *physical* KV block id: a block's content is the same
+for every request that shares it (prefix caching), so its BF16 copy is too. This module
+is the host-side bookkeeping, ``WindowBlockManager``, run once per scheduler step by the
+metadata builder; it has no vLLM import.
+
+Invariants (they make stale BF16 impossible):
+  1. While physical block ``b`` is mapped to window block ``w``, every write to ``b``
+     also writes its BF16 copy into ``w`` (the write slot mapping always points there).
+     So ``w`` holds the BF16 of every offset of ``b`` written since ``w`` was mapped; a
+     block freed by vLLM and reused for other content overwrites its copy as it is
+     rewritten, and positions not yet rewritten are never read (reads stop at seq_len).
+  2. ``valid_from[w]``: the first offset of ``b`` written after the mapping. When it is
+     > 0 (the block already held tokens with no copy: only after an eviction) the block
+     is served from INT2 (window table -1) and its window positions count as fallbacks.
+  3. A token at position p of a request whose sequence is L tokens long after this step
+     gets a copy iff p < sink or p >= copy_start(L) = floor(max(0, L - recent) / bs) * bs.
+     copy_start is block aligned, so within one block the copies are all-or-nothing, and
+     every later query t >= L reads in BF16 only positions s > t - recent >= copy_start(L).
+
+Sizing (``window_capacity_blocks``): per running request, the sink blocks, the blocks of
+its recent window plus one partial block at each end, plus one more window of blocks
+for a prefill chunk whose copies start beyond the previous window. Blocks of finished
+requests stay mapped (a later request that hits the same prefix reads their sink in
+BF16) until their window block is needed: the least recently used unneeded block is
+evicted. A window position served from INT2 is never silent: ``fallback_positions``
+counts them, and the first one is logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+
+def window_capacity_blocks(max_num_seqs: int, block_size: int, sink: int, recent: int) -> int:
+    """Window blocks that hold the windows of ``max_num_seqs`` requests at once.
+
+    Per request: ceil(sink / bs) sink blocks; the recent window read by the step's first
+    query spans ceil(recent / bs) + 1 blocks; a prefill chunk writes copies of its last
+    ``recent`` tokens, another ceil(recent / bs) + 1 blocks at most.
+    """
+    per_request = cdiv(sink, block_size) + 2 * (cdiv(recent, block_size) + 1)
+    return max(1, max_num_seqs * per_request)
+
+
+def window_store_bytes(num_window_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> int:
+    """Bytes of one layer's window store (K and V)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_window_blocks * block_size * num_kv_heads * head_dim * item
+
+
+@dataclasses.dataclass
+class WindowPlan:
+    """What one scheduler step needs from the window store.
+
+    window_block_table: int32 [B, max_blocks] (same shape as the block table): the window
+        block of each logical block, -1 where attention must read INT2.
+    window_slot_mapping: int64 [N] (one per scheduled token, request order): the BF16
+        slot ``window_block * block_size + offset`` of the token, -1 for no copy.
+    fallback_positions: window positions (read by the first query of each request) that
+        this step serves from INT2.
+    """
+
+    window_block_table: torch.Tensor
+    window_slot_mapping: torch.Tensor
+    fallback_positions: int
+
+
+class WindowBlockManager:
+    """Host-side map physical KV block -> window block, with LRU eviction (see module doc)."""
+
+    def __init__(self, num_window_blocks: int, block_size: int, sink: int, recent: int) -> None:
+        if num_window_blocks <= 0 or block_size <= 0 or sink < 0 or recent < 0:
+            raise ValueError(
+                f"window store needs num_window_blocks > 0, block_size > 0, sink >= 0, recent >= 0; "
+                f"got {num_window_blocks}, {block_size}, {sink}, {recent}."
+            )
+        self.num_window_blocks = num_window_blocks
+        self.block_size = block_size
+        self.sink = sink
+        self.recent = recent
+        self._window_of: dict[int, int] = {}
+        self._owner = [-1] * num_window_blocks
+        self._valid_from = [0] * num_window_blocks
+        self._last_used = [0] * num_window_blocks
+        self._free = list(range(num_window_blocks - 1, -1, -1))
+        self._step = 0
+        #: Window positions served from INT2 so far (never silent: see module doc).
+        self.fallback_positions = 0
+        #: Window blocks taken back from a physical block to serve another one.
+        self.evictions = 0
+
+    # -- queries -----------------------------------------------------------------------
+    def window_of(self, physical_block: int) -> int:
+        """The window block mapped to a physical block, -1 if none."""
+        return self._window_of.get(physical_block, -1)
+
+    @property
+    def mapped_blocks(self) -> int:
+        """Physical blocks that currently have a window block."""
+        return len(self._window_of)
+
+    def copy_start(self, seq_len: int) -> int:
+        """First non-sink position that gets a BF16 copy when the sequence is seq_len long."""
+        return (max(0, seq_len - self.recent) // self.block_size) * self.block_size
+
+    # -- one step ----------------------------------------------------------------------
+    def plan(self, block_table: torch.Tensor, seq_lens: Sequence[int], query_lens: Sequence[int]) -> WindowPlan:
+        """Map the blocks this step writes copies to or reads windows from; build the tables.
+
+        Args:
+            block_table: [B, max_blocks] int CPU tensor of physical block ids.
+            seq_lens: per request, tokens after this step (cached prefix + new tokens).
+            query_lens: per request, new tokens of this step (their K/V are written now).
+        """
+        self._step += 1
+        bs = self.block_size
+        rows = block_table.tolist()
+        needed: set[int] = set()
+        first_write: dict[int, int] = {}
+        copy_blocks: set[int] = set()
+        for row, seq_len, query_len in zip(rows, seq_lens, query_lens):
+            computed = seq_len - query_len
+            for logical in self._read_blocks(computed, seq_len, query_len):
+                needed.add(row[logical])
+            start = self.copy_start(seq_len)
+            for position in range((computed // bs) * bs, seq_len, bs):
+                logical = position // bs
+                block = row[logical]
+                first = max(position, computed)
+                first_write[block] = min(first_write.get(block, bs), first - logical * bs)
+                needed.add(block)
+                if first < self.sink or position + bs > start:
+                    copy_blocks.add(block)
+        for block in needed:
+            window = self._window_of.get(block, -1)
+            if window >= 0:
+                self._last_used[window] = self._step
+        for block in sorted(copy_blocks - set(self._window_of)):
+            self._map(block, first_write[block], needed)
+
+        table = torch.full(block_table.shape, -1, dtype=torch.int32)
+        slots: list[int] = []
+        fallbacks = 0
+        for index, (row, seq_len, query_len) in enumerate(zip(rows, seq_lens, query_lens)):
+            computed = seq_len - query_len
+            usable = []
+            for logical in range(cdiv(seq_len, bs)):
+                window = self._window_of.get(row[logical], -1)
+                usable.append(window if window >= 0 and self._valid_from[window] == 0 else -1)
+            table[index, : len(usable)] = torch.tensor(usable, dtype=torch.int32)
+            for position in range(computed, seq_len):
+                window = self._window_of.get(row[position // bs], -1)
+                slots.append(window * bs + position % bs if window >= 0 else -1)
+            fallbacks += self._count_fallbacks(usable, computed, seq_len, query_len)
+        if fallbacks:
+            if self.fallback_positions == 0:
+                logger.warning(
+                    "OSCAR: %d BF16-window positions were served from INT2 in this step (window "
+                    "store full or evicted); counted in fallback_positions.", fallbacks)
+            self.fallback_positions += fallbacks
+        return WindowPlan(table, torch.tensor(slots, dtype=torch.int64), fallbacks)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _read_blocks(self, computed: int, seq_len: int, query_len: int) -> set[int]:
+        """Logical blocks whose cached positions the step's first query reads in BF16."""
+        bs = self.block_size
+        first_query = computed
+        end = seq_len if query_len == 1 else computed  # a decode reads its own token from the cache
+        ranges = [(0, min(self.sink, end)), (max(0, first_query - self.recent + 1), end)]
+        return {p // bs for lo, hi in ranges for p in range(lo, hi)} if end else set()
+
+    def _count_fallbacks(self, usable: list[int], computed: int, seq_len: int, query_len: int) -> int:
+        """Window positions of the first query that have no usable BF16 copy."""
+        bs = self.block_size
+        end = seq_len if query_len == 1 else computed
+        positions = set(range(min(self.sink, end))) | set(range(max(0, computed - self.recent + 1), end))
+        return sum(1 for p in positions if usable[p // bs] < 0)
+
+    def _map(self, block: int, first_offset: int, needed: set[int]) -> None:
+        """Give ``block`` a window block (free, else the least recently used unneeded one)."""
+        if self._free:
+            window = self._free.pop()
+        else:
+            candidates = [w for w in range(self.num_window_blocks) if self._owner[w] not in needed]
+            if not candidates:
+                return  # capacity exhausted this step: its positions are counted as fallbacks
+            window = min(candidates, key=self._last_used.__getitem__)
+            del self._window_of[self._owner[window]]
+            self.evictions += 1
+        self._window_of[block] = window
+        self._owner[window] = block
+        self._valid_from[window] = first_offset
+        self._last_used[window] = self._step
+
+
+# -- process-wide state: one window store geometry per worker process -----------------------
+_manager: WindowBlockManager | None = None
+_allocated_bytes = 0
+
+
+def shared_manager(num_window_blocks: int, block_size: int, sink: int, recent: int) -> WindowBlockManager:
+    """The worker's manager (one per process: all OSCAR layers share the block ids)."""
+    global _manager
+    geometry = (num_window_blocks, block_size, sink, recent)
+    if _manager is None:
+        _manager = WindowBlockManager(*geometry)
+    elif (_manager.num_window_blocks, _manager.block_size, _manager.sink, _manager.recent) != geometry:
+        raise ValueError(
+            f"OSCAR window store geometry changed in one process: {geometry} vs "
+            f"{(_manager.num_window_blocks, _manager.block_size, _manager.sink, _manager.recent)}; "
+            "OSCAR supports one KV cache group of full-attention layers."
+        )
+    return _manager
+
+
+def current_manager() -> WindowBlockManager | None:
+    """The worker's manager, None before the first OSCAR layer is set up."""
+    return _manager
+
+
+def record_allocation(nbytes: int) -> None:
+    """Count bytes of window-store tensors allocated in this process."""
+    global _allocated_bytes
+    _allocated_bytes += nbytes
+
+
+def allocated_bytes() -> int:
+    """Bytes of window-store tensors allocated in this process (all layers)."""
+    return _allocated_bytes
