@@ -1,0 +1,105 @@
+"""Triton building blocks shared by the OSCAR kernels: code unpacking and dtype mapping.
+
+Codes never get dequantized element-wise. A packed byte holds the codes of channels
+j, j+D/4, j+D/2, j+3D/4 (quant.packing); plane p of a [T, D/4] byte tile is the
+[T, D/4] tile of codes of channels [p D/4, (p+1) D/4). ``unpack_plane`` turns it into a
+bf16 tensor holding ``BIAS + F_p * code`` with two or three integer operations per code
+(mask, or-in the bf16 exponent bits, reinterpret), so that the attention dots run on
+tensor cores over those values, and the bias and factor are removed once per tile:
+
+    q . code        = (q / F_p) . (BIAS + F_p code) - BIAS * sum(q / F_p)
+    sum_t w_t code  = (sum_t w_t (BIAS + F_p code) - BIAS * sum_t w_t) / F_p
+
+where w_t are the same bf16 values fed to the dot (so the bias cancels exactly). F_p
+is a power of two, so q / F_p is exact in bf16.
+
+Modes (constexpr UNPACK):
+  0  portable: ((byte >> 2p) & 3) | 0x4300 per code, as int16; F_p = 1. Runs under the
+     Triton interpreter.
+  1  PTX: per 4 bytes one and.b32 (plane 3: shr + and) and two prmt.b32 that insert the
+     exponent byte 0x43 beside each masked byte: bf16 0x43XX = 128 + XX with the code left
+     in place (F_p = 1, 4, 16, 16). CUDA only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: bf16 bit pattern 0x4300 = 128.0; 0x43XX = 128 + XX for XX < 128.
+UNPACK_BIAS: float = 128.0
+#: Unpack modes (see module docstring).
+UNPACK_PORTABLE: int = 0
+UNPACK_PTX: int = 1
+
+#: torch dtype -> Triton dtype, for the scale/offset planes and K/V rows.
+TL_DTYPES: dict[torch.dtype, tl.dtype] = {
+    torch.float16: tl.float16,
+    torch.bfloat16: tl.bfloat16,
+    torch.float32: tl.float32,
+}
+
+
+@triton.jit
+def plane_factor(P: tl.constexpr, MODE: tl.constexpr):
+    """F_p of plane P in unpack mode MODE (1 for portable; 1, 4, 16, 16 for PTX)."""
+    if MODE == 1:
+        if P == 0:
+            return 1.0
+        elif P == 1:
+            return 4.0
+        else:
+            return 16.0
+    else:
+        return 1.0
+
+
+@triton.jit
+def _ptx_bias_bytes(b, ASM: tl.constexpr):
+    """Run one masking PTX snippet (writes t from $2) and spread t's bytes into bf16 0x43XX."""
+    return tl.inline_asm_elementwise(
+        ASM,
+        "=r,=r,r",
+        [b],
+        dtype=tl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def unpack_plane(b, P: tl.constexpr, MODE: tl.constexpr):
+    """uint8 [T, C] packed bytes -> bf16 [T, C]: BIAS + F_P * (code of plane P)."""
+    if MODE == 1:
+        if P == 0:
+            return _ptx_bias_bytes(b, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x03030303; "
+                                      "prmt.b32 $0, t, e, 0x5140; prmt.b32 $1, t, e, 0x5342; }")
+        elif P == 1:
+            return _ptx_bias_bytes(b, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x0C0C0C0C; "
+                                      "prmt.b32 $0, t, e, 0x5140; prmt.b32 $1, t, e, 0x5342; }")
+        elif P == 2:
+            return _ptx_bias_bytes(b, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x30303030; "
+                                      "prmt.b32 $0, t, e, 0x5140; prmt.b32 $1, t, e, 0x5342; }")
+        else:
+            return _ptx_bias_bytes(b, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; shr.b32 t, $2, 2; "
+                                      "and.b32 t, t, 0x30303030; prmt.b32 $0, t, e, 0x5140; "
+                                      "prmt.b32 $1, t, e, 0x5342; }")
+    else:
+        bits = ((b.to(tl.int16) >> (2 * P)) & 3) | 0x4300
+        return bits.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def mma(a, b, acc, EMULATE: tl.constexpr):
+    """acc + a @ b with fp32 accumulation (tensor cores for bf16/fp16 operands).
+
+    EMULATE (set only under TRITON_INTERPRET=1): upcast the operands to fp32 and multiply
+    in IEEE fp32. The Triton 3.9 interpreter returns garbage for bf16 tl.dot; the upcast
+    computes the same function (bf16 x bf16 products are exact in fp32), so CPU tests still
+    check the kernel's arithmetic. On the GPU EMULATE is False.
+    """
+    if EMULATE:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)

@@ -1,0 +1,290 @@
+"""Triton implementations of oscar_write / oscar_decode / oscar_prefill (the CUDA path).
+
+Same signatures and semantics as vllm_oscar.kernels.torch_ops (contract:
+docs/design.md), plus launch knobs. No function here reads device data on the host:
+grids come from tensor shapes and Python ints (``max_seq_len`` / ``max_query_len``), so
+the ops can be captured in CUDA graphs and replayed with other lengths. Under
+TRITON_INTERPRET=1 the same kernels run on CPU tensors (tests).
+
+Triton-path limits (each a ValueError, not a fallback): head_dim >= 64 (tl.dot needs
+D/4 >= 16), group_size in {D, D/2, D/4}; window store and rows contiguous in the last dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Optional
+
+import torch
+import triton
+
+from vllm_oscar.config import SCALE_EPS
+from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_write_args
+from vllm_oscar.kernels.layout import PageLayout
+from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
+from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
+from vllm_oscar.kernels.triton_write import oscar_write_kernel
+from vllm_oscar.quant import clip_threshold_index
+
+#: Smallest head_dim the Triton kernels take (tl.dot needs the D/4-channel planes >= 16).
+MIN_TRITON_HEAD_DIM: int = 64
+#: Tokens per write program (tl.dot needs >= 16 rows).
+WRITE_BLOCK_N: int = 16
+#: Decode: aim for this many programs per SM, and at least this many tiles per split.
+PROGRAMS_PER_SM: int = 4
+MIN_TILES_PER_SPLIT: int = 4
+MAX_SPLITS: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Launch knobs of the attention kernel (the benchmark sweeps them).
+
+    block_t: cached positions per tile; unpack: UNPACK_PTX / UNPACK_PORTABLE, None =
+    PTX on CUDA, portable under the interpreter; num_splits: decode split-K count, None =
+    sized from max_seq_len and the SM count.
+    """
+
+    block_t: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    unpack: Optional[int] = None
+    num_splits: Optional[int] = None
+
+
+DEFAULT_DECODE = AttentionConfig()
+DEFAULT_PREFILL = AttentionConfig(block_t=32, num_warps=4, num_stages=1)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _check_triton_layout(layout: PageLayout) -> None:
+    d, g = layout.head_dim, layout.group_size
+    if d < MIN_TRITON_HEAD_DIM:
+        raise ValueError(f"the Triton kernels need head_dim >= {MIN_TRITON_HEAD_DIM}; got {d}.")
+    if g not in (d, d // 2, d // 4):
+        raise ValueError(f"the Triton kernels support group_size in {{{d}, {d // 2}, {d // 4}}} for head_dim {d}; got {g}.")
+
+
+def _check_last_dim_contiguous(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride 1); got strides {t.stride()}.")
+
+
+def _plane_offsets(layout: PageLayout) -> dict[str, int]:
+    return {
+        "K_CODES": layout.plane_offset("k_codes"),
+        "V_CODES": layout.plane_offset("v_codes"),
+        "K_SCALE": layout.plane_offset("k_scale"),
+        "K_ZERO": layout.plane_offset("k_offset"),
+        "V_SCALE": layout.plane_offset("v_scale"),
+        "V_ZERO": layout.plane_offset("v_offset"),
+    }
+
+
+def oscar_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_rotation: torch.Tensor,
+    v_rotation: Optional[torch.Tensor],
+    clip_k: float,
+    clip_v: float,
+    int2_cache: torch.Tensor,
+    layout: PageLayout,
+    slot_mapping: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    window_slot_mapping: torch.Tensor,
+    value_prerotated: bool = False,
+) -> None:
+    """One launch: rotate, clip, quantize, pack K and V; copy rotated rows into windows.
+
+    Arguments as torch_ops.oscar_write. Rotations are used in float32 (converted if not).
+    """
+    check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
+                     slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
+    _check_triton_layout(layout)
+    _check_last_dim_contiguous(key=key, value=value, window_k=window_k, window_v=window_v)
+    if window_k.stride() != window_v.stride():
+        raise ValueError(f"window_k and window_v must have the same strides; got {window_k.stride()} and {window_v.stride()}.")
+    n, hkv, d = key.shape
+    if n == 0:
+        return
+    rk = k_rotation.to(torch.float32).contiguous()
+    rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
+    grid = (triton.cdiv(n, WRITE_BLOCK_N), hkv)
+    oscar_write_kernel[grid](
+        key, value, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        rk, rv, rk.stride(0), rk.stride(1),
+        int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+        slot_mapping, window_slot_mapping,
+        window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+        n,
+        D=d, G=layout.group_size, BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], EPS=SCALE_EPS,
+        **_plane_offsets(layout),
+        CLIP_K=clip_threshold_index(d, clip_k), CLIP_V=clip_threshold_index(d, clip_v),
+        DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
+        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64),
+        num_warps=4,
+    )
+
+
+def _unpack_mode(config: AttentionConfig) -> int:
+    if config.unpack is not None:
+        if config.unpack == UNPACK_PTX and _interpreting():
+            raise ValueError("unpack=UNPACK_PTX (inline PTX) cannot run under TRITON_INTERPRET=1.")
+        return config.unpack
+    return UNPACK_PORTABLE if _interpreting() else UNPACK_PTX
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device) -> int:
+    """Split-K count: enough programs to fill the GPU, each with >= MIN_TILES_PER_SPLIT tiles."""
+    sms = 132 if device.type != "cuda" else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, batch * num_kv_heads)
+    most = max(1, triton.cdiv(max_seq_len, block_t) // MIN_TILES_PER_SPLIT)
+    return max(1, min(wanted, most, MAX_SPLITS))
+
+
+def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:
+    if config.block_t < 16 or config.block_t & (config.block_t - 1):
+        raise ValueError(f"block_t={config.block_t} must be a power of two >= 16.")
+    return dict(
+        GROUP=group, GP=triton.next_power_of_2(group), D=layout.head_dim, G=layout.group_size,
+        BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], **_plane_offsets(layout),
+        BLOCK_T=config.block_t, SAME_BLOCK=layout.block_size % config.block_t == 0,
+        MODE=_unpack_mode(config), WIN_T=TL_DTYPES[window_k.dtype], EMU=_interpreting(),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def oscar_decode(
+    query_rot: torch.Tensor,
+    int2_cache: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+    out: Optional[torch.Tensor] = None,
+    max_seq_len: Optional[int] = None,
+    config: AttentionConfig = DEFAULT_DECODE,
+) -> torch.Tensor:
+    """Split-K paged decode; arguments as torch_ops.oscar_decode.
+
+    max_seq_len: Python int >= every seq_len (default block_table.shape[1] * block_size);
+    only sizes the split count, so one value can serve a whole CUDA graph.
+    """
+    hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
+                                        window_block_table, seq_lens, sink, recent, softmax_scale, out)
+    _check_triton_layout(layout)
+    _check_last_dim_contiguous(query_rot=query_rot, window_k=window_k, window_v=window_v)
+    if query_rot.shape[0] != batch:
+        raise ValueError(f"query_rot has {query_rot.shape[0]} rows but block_table has {batch} requests.")
+    if window_k.stride() != window_v.stride():
+        raise ValueError("window_k and window_v must have the same strides.")
+    _, hq, d = query_rot.shape
+    if out is None:
+        out = torch.empty_like(query_rot)
+    if batch == 0:
+        return out
+    if max_seq_len is None:
+        max_seq_len = block_table.shape[1] * layout.block_size
+    nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, config.block_t, query_rot.device)
+    total = nsplit + 2
+    part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
+    lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
+    group = hq // hkv
+    meta = _common_meta(layout, group, window_k, config)
+    attention_kernel[(total, batch, hkv)](
+        query_rot, query_rot.stride(0), query_rot.stride(1),
+        query_rot, query_rot, 0, 0,
+        int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+        window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+        block_table, window_block_table, block_table.stride(0),
+        seq_lens, seq_lens,
+        part, part.stride(0), part.stride(1), part.stride(2),
+        lse, lse.stride(0), lse.stride(1),
+        sink, recent, softmax_scale * LOG2E,
+        BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"], **meta,
+    )
+    merge_kernel[(batch, hq)](
+        part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
+        out, out.stride(0), out.stride(1), NS=total, NSP=triton.next_power_of_2(total), D=d,
+    )
+    return out
+
+
+def oscar_prefill(
+    query_rot: torch.Tensor,
+    key_rot: torch.Tensor,
+    value_rot: torch.Tensor,
+    int2_cache: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+    out: Optional[torch.Tensor] = None,
+    max_query_len: Optional[int] = None,
+    config: AttentionConfig = DEFAULT_PREFILL,
+) -> torch.Tensor:
+    """Varlen chunked prefill over a cached prefix; arguments as torch_ops.oscar_prefill.
+
+    max_query_len: Python int >= every chunk length (default: T, always safe).
+    Rows of query_rot that belong to no request are left untouched in ``out``.
+    """
+    hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
+                                        window_block_table, seq_lens, sink, recent, softmax_scale, out)
+    check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim)
+    _check_triton_layout(layout)
+    _check_last_dim_contiguous(query_rot=query_rot, key_rot=key_rot, value_rot=value_rot,
+                               window_k=window_k, window_v=window_v)
+    if key_rot.stride() != value_rot.stride() or window_k.stride() != window_v.stride():
+        raise ValueError("key_rot/value_rot and window_k/window_v must have matching strides.")
+    t, hq, d = query_rot.shape
+    if out is None:
+        out = torch.zeros_like(query_rot)
+    if batch == 0 or t == 0:
+        return out
+    max_query_len = t if max_query_len is None else max_query_len
+    group = hq // hkv
+    meta = _common_meta(layout, group, window_k, config)
+    block_m = max(1, 64 // meta["GP"])
+    grid = (triton.cdiv(max_query_len, block_m), batch, hkv)
+    attention_kernel[grid](
+        query_rot, query_rot.stride(0), query_rot.stride(1),
+        key_rot, value_rot, key_rot.stride(0), key_rot.stride(1),
+        int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+        window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+        block_table, window_block_table, block_table.stride(0),
+        seq_lens, query_start_loc,
+        out, out.stride(0), out.stride(1), 0,
+        out, 0, 0,
+        sink, recent, softmax_scale * LOG2E,
+        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False,
+        NEW_T=TL_DTYPES[key_rot.dtype], **meta,
+    )
+    return out
+
+
+__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_splits",
+           "oscar_decode", "oscar_prefill", "oscar_write"]
