@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 #: subcommand name -> (module under vllm_oscar.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "bits": ("bits", "bits per element of an OSCAR configuration at given context lengths"),
+    "calibrate": ("calibrate", "calibrate OSCAR rotations for a model (or import RotationZoo files)"),
+    "info": ("info", "summary of a rotation file"),
 }
 
 

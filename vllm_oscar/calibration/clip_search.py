@@ -82,49 +82,54 @@ def rotated_sample(samples: ActivationSamples, rotation_set: RotationSet, layer:
 
 
 class LayerErrorModel:
-    """Attention-output error of one layer's sample as a function of (r_K, r_V)."""
+    """Attention-output error of one layer's sample as a function of (r_K, r_V).
+
+    Only query positions t >= sink + recent (those with an INT2 history) are computed.
+    """
 
     def __init__(self, sample: LayerSample, group_size: int, num_query_heads: int, sink: int, recent: int,
                  scale_dtype: torch.dtype) -> None:
-        self.sample = sample
         self.group_size = group_size
         self.scale_dtype = scale_dtype
         tokens = sample.query.shape[2]
-        self.exact_mask, self.history_mask = window_masks(tokens, sink, recent)
-        self.rows = slice(sink + recent, tokens)
+        first = min(sink + recent, tokens)
+        exact, history = window_masks(tokens, sink, recent)
+        self.exact_mask, self.history_mask = exact[first:], history[first:]
+        self.key, self.value, self.scaling = sample.key, sample.value, sample.scaling
+        self.query = sample.query[:, :, first:]
         self.head_of = torch.arange(num_query_heads) // (num_query_heads // sample.key.shape[1])
-        self.logits = (sample.query @ sample.key[:, self.head_of].transpose(-1, -2)) * sample.scaling
-        self.reference = self._output(self.logits, sample.value, sample.value)
-        self.norm = float(self.reference[:, :, self.rows].double().pow(2).sum())
+        self.logits = self._logits(self.key)
+        self.reference = self._output(self.logits, self.value)
+        self.norm = float(self.reference.double().pow(2).sum())
         self._cache: dict[tuple[str, float], torch.Tensor] = {}
 
-    def _quantized(self, which: str, ratio: float) -> torch.Tensor:
-        key = (which, ratio)
-        if key not in self._cache:
-            rows = self.sample.key if which == "k" else self.sample.value
-            self._cache[key] = fake_quantize(rows, ratio, self.group_size, self.scale_dtype)
-        return self._cache[key]
+    def _logits(self, key: torch.Tensor) -> torch.Tensor:
+        return (self.query @ key[:, self.head_of].transpose(-1, -2)) * self.scaling
 
-    def _output(self, logits: torch.Tensor, value_exact: torch.Tensor, value_history: torch.Tensor) -> torch.Tensor:
+    def _quantized(self, which: str, ratio: float) -> torch.Tensor:
+        cache_key = (which, ratio)
+        if cache_key not in self._cache:
+            rows = self.key if which == "k" else self.value
+            self._cache[cache_key] = fake_quantize(rows, ratio, self.group_size, self.scale_dtype)
+        return self._cache[cache_key]
+
+    def _output(self, logits: torch.Tensor, value_history: torch.Tensor) -> torch.Tensor:
         masked = logits.masked_fill(~(self.exact_mask | self.history_mask), float("-inf"))
         probs = torch.softmax(masked, dim=-1)
-        exact = (probs * self.exact_mask) @ value_exact[:, self.head_of]
+        exact = (probs * self.exact_mask) @ self.value[:, self.head_of]
         history = (probs * self.history_mask) @ value_history[:, self.head_of]
         return exact + history
 
     def error(self, clip_k: Optional[float], clip_v: Optional[float]) -> float:
         """Relative output error with K clipped at clip_k and V at clip_v (None: exact)."""
-        if self.rows.start >= self.rows.stop or self.norm == 0.0:
+        if self.query.shape[2] == 0 or self.norm == 0.0:
             return 0.0
         logits = self.logits
         if clip_k is not None:
-            k_hat = self._quantized("k", clip_k)
-            quant_logits = (self.sample.query @ k_hat[:, self.head_of].transpose(-1, -2)) * self.sample.scaling
-            logits = torch.where(self.history_mask, quant_logits, logits)
-        value_history = self.sample.value if clip_v is None else self._quantized("v", clip_v)
-        output = self._output(logits, self.sample.value, value_history)
-        diff = (output - self.reference)[:, :, self.rows].double().pow(2).sum()
-        return float(diff) / self.norm
+            logits = torch.where(self.history_mask, self._logits(self._quantized("k", clip_k)), logits)
+        value_history = self.value if clip_v is None else self._quantized("v", clip_v)
+        output = self._output(logits, value_history)
+        return float((output - self.reference).double().pow(2).sum()) / self.norm
 
 
 @dataclasses.dataclass
