@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels_reference import (
+    check_write_case,
     random_paged_state,
     random_rotations,
     ref_decode,
@@ -16,57 +17,10 @@ from kernels_reference import (
     ref_unpack,
     relative_error,
     rows_with_outliers,
+    write_case,
 )
 from vllm_oscar import kernels
 from vllm_oscar.kernels import PageLayout, page_views, rotate_rows, torch_ops
-
-POISON_BYTE = 0xA7
-
-
-def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, device="cpu"):
-    """Run ops.oscar_write on fresh data; return everything needed to check it."""
-    gen = torch.Generator().manual_seed(seed)
-    layout = PageLayout(dim, group, bs, scale_dtype)
-    num_blocks = -(-n // bs) + 2
-    key = rows_with_outliers(n, hkv, dim, gen)
-    value = rows_with_outliers(n, hkv, dim, gen)
-    k_rot_m, v_rot_m = random_rotations(hkv, dim, gen), random_rotations(hkv, dim, gen)
-    slots = torch.randperm(num_blocks * bs, generator=gen)[:n].to(torch.int64)
-    slots[torch.rand(n, generator=gen) < 0.15] = -1  # padding tokens
-    window_slots = torch.full((n,), -1, dtype=torch.int64)
-    chosen = torch.rand(n, generator=gen) < 0.5
-    window_slots[chosen] = torch.randperm(num_blocks * bs, generator=gen)[: int(chosen.sum())]
-    cache = torch.full(layout.cache_shape(num_blocks, hkv), POISON_BYTE, dtype=torch.uint8)
-    window_k = torch.full((num_blocks, bs, hkv, dim), float("nan"), dtype=torch.bfloat16)
-    window_v = torch.full_like(window_k, float("nan"))
-    value_in = value
-    if prerotated:
-        value_in = torch.einsum("nhd,hde->nhe", value.double(), v_rot_m.double()).to(torch.bfloat16)
-    to = lambda t: t.to(device)  # noqa: E731
-    ops.oscar_write(to(key), to(value_in), to(k_rot_m), None if prerotated else to(v_rot_m), 0.96, 0.92,
-                    to(cache), layout, to(slots), to(window_k), to(window_v), to(window_slots), prerotated)
-    return layout, key, value, value_in, k_rot_m, v_rot_m, slots, window_slots, cache, window_k, window_v
-
-
-def check_written(layout, rows_rot, ratio, slots, cache, which, hkv):
-    """Stored codes/scale/offset of every written slot match the float64 reference."""
-    views = page_views(cache, layout)
-    bs = layout.block_size
-    keep = slots >= 0
-    blocks, offs = slots[keep] // bs, slots[keep] % bs
-    codes, scale, offset, position = ref_quantize(rows_rot[keep], ratio, layout.group_size, layout.scale_dtype)
-    got_codes = ref_unpack(getattr(views, f"{which}_codes")[blocks, :, offs].cpu())
-    got_scale = getattr(views, f"{which}_scale")[blocks, :, offs].cpu()
-    got_offset = getattr(views, f"{which}_offset")[blocks, :, offs].cpu()
-    torch.testing.assert_close(got_scale.double(), scale.double(), rtol=2e-3, atol=1e-6)
-    torch.testing.assert_close(got_offset.double(), offset.double(), rtol=2e-3, atol=2e-3 * scale.double().abs().amax().item())
-    # A code may only differ where float32 vs float64 rounding lands on a rounding boundary.
-    differs = got_codes != codes
-    near_boundary = ((position - position.floor()) - 0.5).abs() < 2e-2
-    assert bool((~differs | near_boundary).all()), f"{which}: {int((differs & ~near_boundary).sum())} codes wrong"
-    assert int(differs.sum()) <= max(2, differs.numel() // 100)
-    assert bool(((got_codes - codes).abs() <= 1).all())
-
 
 @pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated", [
     (64, 64, 16, torch.float16, False),
@@ -74,27 +28,7 @@ def check_written(layout, rows_rot, ratio, slots, cache, which, hkv):
     (32, 32, 4, torch.float32, False),
 ])
 def test_torch_write_matches_reference(dim, group, bs, scale_dtype, prerotated) -> None:
-    n, hkv = 37, 2
-    layout, key, value, value_in, rk, rv, slots, wslots, cache, wk, wv = write_case(
-        torch_ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed=dim + bs)
-    k_rot = torch.einsum("nhd,hde->nhe", key.double(), rk.double())
-    v_rot = value_in.double() if prerotated else torch.einsum("nhd,hde->nhe", value.double(), rv.double())
-    check_written(layout, k_rot, 0.96, slots, cache, "k", hkv)
-    check_written(layout, v_rot, 0.92, slots, cache, "v", hkv)
-    # Untouched slots keep the poison; written slots are overwritten.
-    written = torch.zeros(cache.shape[0] * bs, dtype=torch.bool)
-    written[slots[slots >= 0]] = True
-    views = page_views(cache, layout)
-    untouched = views.k_codes.permute(0, 2, 1, 3).reshape(-1, hkv, dim // 4)[~written]
-    assert bool((untouched == POISON_BYTE).all())
-    # Window copies: rotated rows in bf16 exactly where window_slot_mapping >= 0, NaN elsewhere.
-    in_window = wslots >= 0
-    flat_k, flat_v = wk.reshape(-1, hkv, dim), wv.reshape(-1, hkv, dim)
-    torch.testing.assert_close(flat_k[wslots[in_window]].double(), k_rot[in_window].to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(flat_v[wslots[in_window]].double(), v_rot[in_window].to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
-    rest = torch.ones(flat_k.shape[0], dtype=torch.bool)
-    rest[wslots[in_window]] = False
-    assert bool(flat_k[rest].isnan().all()) and bool(flat_v[rest].isnan().all())
+    check_write_case(write_case(torch_ops, 37, 2, dim, group, bs, scale_dtype, prerotated, seed=dim + bs), prerotated)
 
 
 def test_rotate_rows_gqa_and_inverse() -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_oscar.kernels.triton_common import mma, plane_factor, unpack_plane
+from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, unpack_plane
 
 LOG2E: float = 1.4426950408889634
 BIAS: tl.constexpr = tl.constexpr(128.0)
@@ -95,7 +95,7 @@ def _int2_values(p, acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, z
     b = tl.load(code_ptrs, mask=load_ok[:, None], other=0)
     s0 = tl.load(scale_ptrs, mask=load_ok, other=0.0).to(tl.float32)
     z0 = tl.load(zero_ptrs, mask=load_ok, other=0.0).to(tl.float32)
-    w0 = (p * s0[None, :]).to(tl.bfloat16)
+    w0 = round_to(p * s0[None, :], tl.bfloat16, EMU)
     ws0 = tl.sum(w0.to(tl.float32), axis=1)
     zs0 = tl.sum(p * z0[None, :], axis=1)
     acc0 = mma(w0, unpack_plane(b, 0, MODE), acc0, EMU)
@@ -117,7 +117,7 @@ def _int2_values(p, acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, z
         zw1 += zs0
         s1 = tl.load(scale_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)
         z1 = tl.load(zero_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)
-        w1 = (p * s1[None, :]).to(tl.bfloat16)
+        w1 = round_to(p * s1[None, :], tl.bfloat16, EMU)
         ws1 = tl.sum(w1.to(tl.float32), axis=1)
         zs1 = tl.sum(p * z1[None, :], axis=1)
         acc2 = mma(w1, unpack_plane(b, 2, MODE), acc2, EMU)
@@ -130,7 +130,7 @@ def _int2_values(p, acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, z
         for g in tl.static_range(1, 4):
             sg = tl.load(scale_ptrs + g, mask=load_ok, other=0.0).to(tl.float32)
             zg = tl.load(zero_ptrs + g, mask=load_ok, other=0.0).to(tl.float32)
-            wg = (p * sg[None, :]).to(tl.bfloat16)
+            wg = round_to(p * sg[None, :], tl.bfloat16, EMU)
             if g == 1:
                 acc1 = mma(wg, unpack_plane(b, 1, MODE), acc1, EMU)
                 sw1 += tl.sum(wg.to(tl.float32), axis=1)
@@ -151,14 +151,14 @@ def _exact_logits(qw, row_ptrs, load_ok, Q: tl.constexpr, EMU: tl.constexpr):
     """[M, BT] fp32 q . k over exact rows: qw [M, D] (row dtype), row_ptrs [BT] -> channel 0."""
     cols = tl.arange(0, qw.shape[1])
     k = tl.load(row_ptrs[:, None] + cols[None, :], mask=load_ok[:, None], other=0.0)
-    return mma(qw, tl.trans(k.to(qw.dtype)), tl.zeros([qw.shape[0], row_ptrs.shape[0]], tl.float32), EMU)
+    return mma(qw, tl.trans(round_to(k, qw.dtype, EMU)), tl.zeros([qw.shape[0], row_ptrs.shape[0]], tl.float32), EMU)
 
 
 @triton.jit
 def _exact_values(p, acc0, acc1, acc2, acc3, row_ptrs, load_ok, Q: tl.constexpr, MODE: tl.constexpr,
                   ROW_T: tl.constexpr, EMU: tl.constexpr):
     """acc_p += F_p * p @ V[:, plane p] over exact rows (p: fp32 [M, BT], 0 where unused)."""
-    pw = p.to(ROW_T)
+    pw = round_to(p, ROW_T, EMU)
     cols = tl.arange(0, Q)
     v0 = tl.load(row_ptrs[:, None] + cols[None, :], mask=load_ok[:, None], other=0.0).to(ROW_T)
     v1 = tl.load(row_ptrs[:, None] + Q + cols[None, :], mask=load_ok[:, None], other=0.0).to(ROW_T)
@@ -238,21 +238,21 @@ def attention_kernel(
     qf2 = tl.load(q_row[:, None] + 2 * Q + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     qf3 = tl.load(q_row[:, None] + 3 * Q + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     # INT2 operands: bf16 planes divided by F_p (exact), their bias sums, and plain sums.
-    q0 = (qf0.to(tl.bfloat16).to(tl.float32) / plane_factor(0, MODE)).to(tl.bfloat16)
-    q1 = (qf1.to(tl.bfloat16).to(tl.float32) / plane_factor(1, MODE)).to(tl.bfloat16)
-    q2 = (qf2.to(tl.bfloat16).to(tl.float32) / plane_factor(2, MODE)).to(tl.bfloat16)
-    q3 = (qf3.to(tl.bfloat16).to(tl.float32) / plane_factor(3, MODE)).to(tl.bfloat16)
+    q0 = round_to(round_to(qf0, tl.bfloat16, EMU).to(tl.float32) / plane_factor(0, MODE), tl.bfloat16, EMU)
+    q1 = round_to(round_to(qf1, tl.bfloat16, EMU).to(tl.float32) / plane_factor(1, MODE), tl.bfloat16, EMU)
+    q2 = round_to(round_to(qf2, tl.bfloat16, EMU).to(tl.float32) / plane_factor(2, MODE), tl.bfloat16, EMU)
+    q3 = round_to(round_to(qf3, tl.bfloat16, EMU).to(tl.float32) / plane_factor(3, MODE), tl.bfloat16, EMU)
     qb0 = BIAS * tl.sum(q0.to(tl.float32), axis=1)
     qb1 = BIAS * tl.sum(q1.to(tl.float32), axis=1)
     qb2 = BIAS * tl.sum(q2.to(tl.float32), axis=1)
     qb3 = BIAS * tl.sum(q3.to(tl.float32), axis=1)
-    qo0 = tl.sum(qf0.to(tl.bfloat16).to(tl.float32), axis=1)
-    qo1 = tl.sum(qf1.to(tl.bfloat16).to(tl.float32), axis=1)
-    qo2 = tl.sum(qf2.to(tl.bfloat16).to(tl.float32), axis=1)
-    qo3 = tl.sum(qf3.to(tl.bfloat16).to(tl.float32), axis=1)
+    qo0 = tl.sum(round_to(qf0, tl.bfloat16, EMU).to(tl.float32), axis=1)
+    qo1 = tl.sum(round_to(qf1, tl.bfloat16, EMU).to(tl.float32), axis=1)
+    qo2 = tl.sum(round_to(qf2, tl.bfloat16, EMU).to(tl.float32), axis=1)
+    qo3 = tl.sum(round_to(qf3, tl.bfloat16, EMU).to(tl.float32), axis=1)
     dcols = tl.arange(0, D)
     q_full = tl.load(q_row[:, None] + dcols[None, :], mask=row_ok[:, None], other=0.0)
-    q_win = q_full.to(WIN_T)
+    q_win = round_to(q_full, WIN_T, EMU)
 
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
@@ -402,7 +402,7 @@ def attention_kernel(
             j = j0 + offs_t
             ok = j < new_hi
             nrow = (q_start + j).to(tl.int64) * stride_nt + h * stride_nh
-            logits = _exact_logits(q_full.to(NEW_T), kn_ptr + nrow, ok, Q, EMU)
+            logits = _exact_logits(round_to(q_full, NEW_T, EMU), kn_ptr + nrow, ok, Q, EMU)
             causal = ok[None, :] & ((prefix + j)[None, :] <= position[:, None])
             logits = tl.where(causal, logits * qk_scale, float("-inf"))
             p, alpha, m_i, l_i = _softmax_step(logits, m_i, l_i)
@@ -433,15 +433,16 @@ def attention_kernel(
     else:
         o_row = out_ptr + (q_start + tok).to(tl.int64) * stride_ot + head * stride_oh
     o_ty = out_ptr.dtype.element_ty
-    tl.store(o_row[:, None] + cols[None, :], o0.to(o_ty), mask=row_ok[:, None])
-    tl.store(o_row[:, None] + Q + cols[None, :], o1.to(o_ty), mask=row_ok[:, None])
-    tl.store(o_row[:, None] + 2 * Q + cols[None, :], o2.to(o_ty), mask=row_ok[:, None])
-    tl.store(o_row[:, None] + 3 * Q + cols[None, :], o3.to(o_ty), mask=row_ok[:, None])
+    tl.store(o_row[:, None] + cols[None, :], round_to(o0, o_ty, EMU), mask=row_ok[:, None])
+    tl.store(o_row[:, None] + Q + cols[None, :], round_to(o1, o_ty, EMU), mask=row_ok[:, None])
+    tl.store(o_row[:, None] + 2 * Q + cols[None, :], round_to(o2, o_ty, EMU), mask=row_ok[:, None])
+    tl.store(o_row[:, None] + 3 * Q + cols[None, :], round_to(o3, o_ty, EMU), mask=row_ok[:, None])
 
 
 @triton.jit
 def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
-                 out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr):
+                 out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
+                 EMU: tl.constexpr):
     """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials."""
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -455,4 +456,4 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
                     mask=(idx < NS)[:, None], other=0.0)
     total = tl.sum(weight, axis=0)
     out = tl.sum(parts * weight[:, None], axis=0) / total
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, round_to(out, out_ptr.dtype.element_ty, EMU))

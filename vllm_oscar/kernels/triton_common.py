@@ -103,3 +103,19 @@ def mma(a, b, acc, EMULATE: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def round_to(x, T: tl.constexpr, EMULATE: tl.constexpr):
+    """x converted to dtype T, rounding to nearest-even when T is narrower.
+
+    On the GPU a plain ``.to`` rounds to nearest. The Triton 3.9 interpreter (EMULATE)
+    truncates fp32 -> bf16 whatever rounding is asked for, which biases every product
+    downwards; there the rounding is done on the bit pattern (finite values).
+    """
+    if EMULATE and x.dtype == tl.float32 and T == tl.bfloat16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True).to(T)
+    else:
+        return x.to(T)

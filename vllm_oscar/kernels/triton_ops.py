@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Optional
 
 import torch
@@ -59,7 +58,8 @@ DEFAULT_PREFILL = AttentionConfig(block_t=32, num_warps=4, num_stages=1)
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+    return not isinstance(attention_kernel, triton.runtime.JITFunction)
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,7 +134,7 @@ def oscar_write(
         **_plane_offsets(layout),
         CLIP_K=clip_threshold_index(d, clip_k), CLIP_V=clip_threshold_index(d, clip_v),
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
-        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64),
+        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
         num_warps=4,
     )
 
@@ -223,7 +223,7 @@ def oscar_decode(
     )
     merge_kernel[(batch, hq)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-        out, out.stride(0), out.stride(1), NS=total, NSP=triton.next_power_of_2(total), D=d,
+        out, out.stride(0), out.stride(1), NS=total, NSP=triton.next_power_of_2(total), D=d, EMU=meta["EMU"],
     )
     return out
 

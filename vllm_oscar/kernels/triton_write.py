@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from vllm_oscar.kernels.triton_common import round_to
+
 
 @triton.jit
 def _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h,
@@ -61,7 +63,7 @@ def _clip(y, CLIP_INDEX: tl.constexpr, D: tl.constexpr):
 def _quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h,
                     CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr,
                     BS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, SCALE_T: tl.constexpr,
-                    EPS: tl.constexpr):
+                    EPS: tl.constexpr, EMU: tl.constexpr):
     """Quantize clipped rows y [BN, D] and store codes/scale/offset at their slots."""
     BN: tl.constexpr = y.shape[0]
     NG: tl.constexpr = D // G
@@ -69,8 +71,8 @@ def _quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h,
     grouped = tl.reshape(y, [BN, NG, G])
     low = tl.min(grouped, axis=2)
     high = tl.max(grouped, axis=2)
-    scale_s = (tl.maximum(high - low, EPS) / 3.0).to(SCALE_T)
-    low_s = low.to(SCALE_T)
+    scale_s = round_to(tl.maximum(high - low, EPS) / 3.0, SCALE_T, EMU)
+    low_s = round_to(low, SCALE_T, EMU)
     scale = scale_s.to(tl.float32)
     zero = low_s.to(tl.float32)
     level = tl.floor((grouped - zero[:, :, None]) / scale[:, :, None] + 0.5)
@@ -91,12 +93,13 @@ def _quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h,
 
 
 @triton.jit
-def _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS: tl.constexpr, D: tl.constexpr):
+def _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS: tl.constexpr, D: tl.constexpr,
+                  EMU: tl.constexpr):
     """Store rotated rows y [BN, D] into the window store where wslot >= 0."""
     keep = row_ok & (wslot >= 0)
     wslot = tl.where(keep, wslot, 0)
     base = w_ptr + (wslot // BS).to(tl.int64) * stride_w0 + (wslot % BS) * stride_w1 + h * stride_w2
-    tl.store(base[:, None] + tl.arange(0, D)[None, :], y.to(w_ptr.dtype.element_ty), mask=keep[:, None])
+    tl.store(base[:, None] + tl.arange(0, D)[None, :], round_to(y, w_ptr.dtype.element_ty, EMU), mask=keep[:, None])
 
 
 @triton.jit
@@ -111,7 +114,7 @@ def oscar_write_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     CLIP_K: tl.constexpr, CLIP_V: tl.constexpr, DO_CLIP_K: tl.constexpr, DO_CLIP_V: tl.constexpr,
-    ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|."""
     tile = tl.program_id(0)
@@ -124,13 +127,13 @@ def oscar_write_kernel(
     slot = tl.where(valid, slot, 0)
 
     yk = _rotated_rows(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, True)
-    _store_window(yk, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, BS, D)
+    _store_window(yk, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
     if DO_CLIP_K:
         yk = _clip(yk, CLIP_K, D)
-    _quantize_store(yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G, SCALE_T, EPS)
+    _quantize_store(yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G, SCALE_T, EPS, EMU)
 
     yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE_V)
-    _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D)
+    _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
     if DO_CLIP_V:
         yv = _clip(yv, CLIP_V, D)
-    _quantize_store(yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G, SCALE_T, EPS)
+    _quantize_store(yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G, SCALE_T, EPS, EMU)

@@ -1,0 +1,163 @@
+"""The Triton kernels under TRITON_INTERPRET=1 (CPU) against the float64 references.
+
+Select with ``-m triton_interpret``. Shapes are tiny (the interpreter runs each program in
+numpy); the same checks at real sizes run on the GPU in bench/check_kernels_gpu.py.
+The interpreter is switched on only while this module imports the kernel modules and
+while its tests run, so other tests in the same process are unaffected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from kernels_reference import (
+    check_write_case,
+    random_paged_state,
+    ref_decode,
+    ref_prefill,
+    relative_error,
+    write_case,
+)
+from vllm_oscar.kernels import PageLayout, torch_ops
+
+_previous = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    from vllm_oscar.kernels import triton_ops
+    from vllm_oscar.kernels.triton_common import UNPACK_PTX
+finally:
+    if _previous is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _previous
+
+pytestmark = [
+    pytest.mark.triton_interpret,
+    pytest.mark.skipif(not triton_ops._interpreting(),
+                       reason="the kernel modules were imported without TRITON_INTERPRET=1 earlier in this process"),
+]
+
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton consults TRITON_INTERPRET at launch too; keep it on for these tests only."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+#: bf16 operands (query planes, p * scale) and a bf16 output: errors land near 3e-3.
+BF16_TOLERANCE = 1e-2
+
+
+@pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated", [
+    (64, 64, 16, torch.float16, False),
+    (64, 32, 32, torch.bfloat16, True),
+    (128, 32, 16, torch.float32, False),
+    (256, 128, 16, torch.float16, False),
+])
+def test_triton_write_matches_reference(dim, group, bs, scale_dtype, prerotated) -> None:
+    result = write_case(triton_ops, 21, 2, dim, group, bs, scale_dtype, prerotated, seed=dim + bs + 1)
+    check_write_case(result, prerotated)
+
+
+def test_triton_write_agrees_with_torch_write() -> None:
+    """Same input through both paths: the caches match byte for byte almost everywhere."""
+    a = write_case(triton_ops, 19, 1, 64, 64, 16, torch.float16, False, seed=7)
+    b = write_case(torch_ops, 19, 1, 64, 64, 16, torch.float16, False, seed=7)
+    differing = (a[8] != b[8]).float().mean().item()
+    assert differing < 0.01
+    torch.testing.assert_close(a[9], b[9], equal_nan=True, rtol=1e-2, atol=1e-2)
+
+
+def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    layout = PageLayout(dim, group, bs, torch.float16)
+    state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
+    query = torch.randn(len(lens), hq, dim, generator=gen).to(qdtype)
+    scale = 1.0 / math.sqrt(dim)
+    out = torch.full(query.shape, float("nan"), dtype=qdtype)
+    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits)
+    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                  state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
+    assert got is out
+    expected = ref_decode(state, query.double(), sink, recent, scale)
+    for row in range(len(lens)):
+        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
+
+
+# (lens, Hq, Hkv, D, G, bs, sink, recent, dropped window blocks, block_t, splits)
+DECODE_CASES = {
+    "gqa4-ragged-splits": ([1, 17, 40, 90], 4, 2, 64, 64, 16, 5, 7, 0, 16, 3),
+    "gqa3-fallback-rows": ([70, 33], 6, 2, 64, 32, 32, 16, 24, 1, 16, 2),
+    "mha-gather-tiles": ([100, 3], 2, 2, 64, 16, 8, 3, 20, 0, 32, 4),
+    "gqa8-d128-int2-only": ([77], 8, 1, 128, 128, 16, 0, 0, 0, 16, 5),
+    "gqa16-short-contexts": ([9, 30], 16, 1, 64, 64, 16, 64, 256, 0, 16, 2),
+    "d256-groups4": ([45], 2, 1, 256, 64, 16, 4, 9, 0, 16, 2),
+    "block64-tile32": ([150], 4, 1, 64, 64, 64, 8, 40, 1, 32, 3),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_CASES.values()), ids=list(DECODE_CASES))
+def test_triton_decode_matches_reference(case) -> None:
+    run_decode(*case, seed=sum(case[0]) + case[1])
+
+
+def test_triton_decode_window_boundaries_at_every_offset() -> None:
+    """Every sequence length 1..41 with sink 5 / recent 7 in blocks of 16: each boundary
+    position falls at every offset of a block; half the requests lose a window block."""
+    run_decode(list(range(1, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 0, 16, 2, seed=3)
+    run_decode(list(range(2, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 1, 16, 2, seed=4)
+
+
+def test_triton_decode_float32_query() -> None:
+    run_decode([60, 21], 4, 2, 64, 64, 16, 4, 12, 0, 16, 2, seed=9, qdtype=torch.float32)
+
+
+def test_triton_prefill_matches_reference() -> None:
+    gen = torch.Generator().manual_seed(21)
+    hq, hkv, dim, bs, sink, recent = 6, 2, 64, 16, 6, 9
+    chunks, lens = [5, 1, 20, 0, 18], [40, 1, 20, 12, 50]  # cached prefix 35, 0, 0, 12, 32
+    layout = PageLayout(dim, 32, bs, torch.float16)
+    state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=1)
+    qsl = [0]
+    for c in chunks:
+        qsl.append(qsl[-1] + c)
+    total = qsl[-1]
+    query = torch.randn(total, hq, dim, generator=gen).to(torch.bfloat16)
+    key = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16)
+    value = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16)
+    out = torch.full(query.shape, float("nan"), dtype=torch.bfloat16)
+    got = triton_ops.oscar_prefill(query, key, value, state.cache, state.window_k, state.window_v, layout,
+                                   state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
+                                   state.seq_lens, sink, recent, 0.2, out=out, max_query_len=max(chunks),
+                                   config=triton_ops.AttentionConfig(block_t=16))
+    expected = ref_prefill(state, query.double(), key.double(), value.double(), qsl, sink, recent, 0.2)
+    for row in range(total):
+        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
+
+
+def test_triton_path_rejects_what_it_cannot_run() -> None:
+    layout = PageLayout(32, 32, 16)
+    cache = layout.allocate(2, 1)
+    wk = torch.zeros(1, 16, 1, 32, dtype=torch.bfloat16)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="head_dim >= 64"):
+        triton_ops.oscar_decode(torch.randn(1, 1, 32), cache, wk, wk, layout, table, table,
+                                torch.tensor([3], dtype=torch.int32), 1, 1, 0.1)
+    layout = PageLayout(128, 8, 16)
+    cache = layout.allocate(2, 1)
+    wk = torch.zeros(1, 16, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="group_size"):
+        triton_ops.oscar_decode(torch.randn(1, 1, 128), cache, wk, wk, layout, table, table,
+                                torch.tensor([3], dtype=torch.int32), 1, 1, 0.1)
+    layout = PageLayout(64, 64, 16)
+    cache = layout.allocate(2, 1)
+    wk = torch.zeros(1, 16, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        triton_ops.oscar_decode(torch.randn(1, 1, 64), cache, wk, wk, layout, table, table,
+                                torch.tensor([3], dtype=torch.int32), 1, 1, 0.1,
+                                config=triton_ops.AttentionConfig(unpack=UNPACK_PTX))
