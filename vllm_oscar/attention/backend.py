@@ -30,7 +30,6 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
-from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, KVCacheLayout
 
 from vllm_oscar.attention import window_store
@@ -39,7 +38,7 @@ from vllm_oscar.attention.rotations import LayerRotations, layer_rotations, log_
 from vllm_oscar.attention.settings import current_oscar_config
 from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.config import BACKEND_NAME, KERNEL_BLOCK_MULTIPLE, KV_CACHE_DTYPE_NAME, OscarConfig
-from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_write, rotate_rows
+from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_write, rotate_rows
 
 logger = logging.getLogger(__name__)
 
@@ -168,31 +167,34 @@ def unsupported_reasons(head_size: int, use_mla: bool, has_sliding_window: bool,
 
 @dataclasses.dataclass
 class OscarMetadata:
-    """One step's attention metadata (requests ordered decodes first).
+    """One step's attention metadata, one row per new token (the decode read rule for all).
 
-    Tensors on the layer's device: query_start_loc int32 [B+1]; seq_lens int32 [B];
-    block_table int32 [B, max_blocks]; slot_mapping int64 [N]; window_block_table int32
-    [B, max_blocks] (-1: read INT2); window_slot_mapping int64 [N] (-1: no BF16 copy).
+    Every new token t of a request is a query at position p_t that reads cached positions
+    s <= p_t (its own K/V and the step's earlier new tokens are written before attention),
+    exactly as a decode step would: so outputs do not depend on how a prompt is chunked,
+    on prefix-cache hits or on preemption. Tensors on the layer's device:
+
+        token_block_table         int32 [N, max_blocks]  block table row of the token's request
+        token_window_block_table  int32 [N, max_blocks]  window block per logical block, -1: INT2
+        token_seq_lens            int32 [N]              p_t + 1
+        window_slot_mapping       int64 [N]              BF16 slot of the token, -1: no copy
     """
 
-    num_actual_tokens: int
-    max_query_len: int
+    num_actual_tokens: int  # N: new tokens of the step (no padding)
     max_seq_len: int
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    slot_mapping: torch.Tensor
-    window_block_table: torch.Tensor
+    token_block_table: torch.Tensor
+    token_window_block_table: torch.Tensor
+    token_seq_lens: torch.Tensor
     window_slot_mapping: torch.Tensor
-    num_decodes: int
-    num_decode_tokens: int
 
 
 def window_geometry(vllm_config: VllmConfig, config: OscarConfig) -> tuple[int, int]:
     """(window blocks, block size) of this engine's window store."""
     block_size = vllm_config.cache_config.block_size
+    scheduler = vllm_config.scheduler_config
     capacity = window_store.window_capacity_blocks(
-        vllm_config.scheduler_config.max_num_seqs, block_size, config.sink_tokens, config.recent_tokens)
+        scheduler.max_num_seqs, scheduler.max_num_batched_tokens, block_size, config.sink_tokens,
+        config.recent_tokens)
     return capacity, block_size
 
 
@@ -204,7 +206,6 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
         config = current_oscar_config(vllm_config)
         capacity, block_size = window_geometry(vllm_config, config)
         if kv_cache_spec.block_size != block_size:
@@ -217,28 +218,25 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
               fast_build: bool = False) -> OscarMetadata:
         cam = common_attn_metadata
         num_reqs = cam.num_reqs
-        num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(cam, decode_threshold=1)
-        starts = cam.query_start_loc_cpu[: num_reqs + 1].tolist()
-        query_lens = [b - a for a, b in zip(starts[:-1], starts[1:])]
+        starts = cam.query_start_loc_cpu[: num_reqs + 1]
+        n = int(starts[-1])
+        query_lens = starts.diff()
         seq_lens_cpu = cam.seq_lens_cpu_upper_bound if cam.seq_lens_cpu_upper_bound is not None else cam.seq_lens.cpu()
+        seq_lens_cpu = seq_lens_cpu[:num_reqs]
         block_table = cam.block_table_tensor[:num_reqs]
-        plan = self.manager.plan(block_table.cpu(), seq_lens_cpu[:num_reqs].tolist(), query_lens)
+        plan = self.manager.plan(block_table.cpu(), seq_lens_cpu.tolist(), query_lens.tolist())
         device = block_table.device
-        slots = plan.window_slot_mapping
-        padded = torch.full((cam.slot_mapping.shape[0],), -1, dtype=torch.int64)
-        padded[: slots.shape[0]] = slots
+        rows = torch.repeat_interleave(torch.arange(num_reqs), query_lens, output_size=n)
+        offsets = torch.arange(rows.shape[0]) - starts[:-1][rows]
+        positions = seq_lens_cpu[rows] - query_lens[rows] + offsets
+        rows_device = rows.to(device)
         return OscarMetadata(
-            num_actual_tokens=cam.num_actual_tokens,
-            max_query_len=cam.max_query_len,
+            num_actual_tokens=n,
             max_seq_len=cam.max_seq_len,
-            query_start_loc=cam.query_start_loc[: num_reqs + 1],
-            seq_lens=cam.seq_lens[:num_reqs],
-            block_table=block_table,
-            slot_mapping=cam.slot_mapping,
-            window_block_table=plan.window_block_table.to(device),
-            window_slot_mapping=padded.to(device),
-            num_decodes=num_decodes,
-            num_decode_tokens=num_decode_tokens,
+            token_block_table=block_table[rows_device],
+            token_window_block_table=plan.window_block_table.to(device)[rows_device],
+            token_seq_lens=(positions + 1).to(device=device, dtype=torch.int32),
+            window_slot_mapping=plan.window_slot_mapping.to(device),
         )
 
 
@@ -348,29 +346,19 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
                 kv_cache: torch.Tensor, attn_metadata: Optional[OscarMetadata], output: torch.Tensor,
                 output_scale: Optional[torch.Tensor] = None,
                 output_block_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Attention of the step's queries [N, Hq, D] into ``output`` (decodes, then prefills)."""
+        """Attention of the step's queries [N, Hq, D] into ``output``, each by the decode read rule."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("OSCAR does not fuse output quantization.")
         if attn_metadata is None:  # memory profiling
             return output
         m = attn_metadata
-        n, nd, bd = m.num_actual_tokens, m.num_decode_tokens, m.num_decodes
+        n = m.num_actual_tokens
         rotations = self.rotations
-        cache = self._int2_cache(kv_cache)
-        sink, recent = self.config.sink_tokens, self.config.recent_tokens
         q_rot = rotate_rows(query[:n].view(n, self.num_heads, self.head_size), rotations.k_rotation)
-        out_rot = torch.empty_like(q_rot)
-        if nd:
-            oscar_decode(q_rot[:nd], cache, self.window_k, self.window_v, self.layout, m.block_table[:bd],
-                         m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, self.scale,
-                         out=out_rot[:nd], max_seq_len=m.max_seq_len)
-        if n > nd:
-            k_rot = rotate_rows(key[nd:n].view(n - nd, self.num_kv_heads, self.head_size), rotations.k_rotation)
-            v_rot = rotate_rows(value[nd:n].view(n - nd, self.num_kv_heads, self.head_size), rotations.v_rotation)
-            oscar_prefill(q_rot[nd:], k_rot, v_rot, cache, self.window_k, self.window_v, self.layout,
-                          m.block_table[bd:], m.window_block_table[bd:], m.query_start_loc[bd:] - nd,
-                          m.seq_lens[bd:], sink, recent, self.scale, out=out_rot[nd:],
-                          max_query_len=m.max_query_len)
+        out_rot = oscar_decode(q_rot, self._int2_cache(kv_cache), self.window_k, self.window_v, self.layout,
+                               m.token_block_table, m.token_window_block_table, m.token_seq_lens,
+                               self.config.sink_tokens, self.config.recent_tokens, self.scale,
+                               max_seq_len=m.max_seq_len)
         result = rotate_rows(out_rot, rotations.v_rotation, inverse=True)
         output.view(-1, self.num_heads, self.head_size)[:n] = result
         return output

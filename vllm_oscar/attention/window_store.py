@@ -21,18 +21,19 @@ Invariants (they make stale BF16 impossible):
   2. ``valid_from[w]``: the first offset of ``b`` written after the mapping. When it is
      > 0 (the block already held tokens with no copy: only after an eviction) the block
      is served from INT2 (window table -1) and its window positions count as fallbacks.
-  3. A token at position p of a request whose sequence is L tokens long after this step
-     gets a copy iff p < sink or p >= copy_start(L) = floor(max(0, L - recent) / bs) * bs.
-     copy_start is block aligned, so within one block the copies are all-or-nothing, and
-     every later query t >= L reads in BF16 only positions s > t - recent >= copy_start(L).
+  3. Every token written in a step gets a copy: the step's queries (one per new token)
+     read the new tokens of their own chunk by the same rule as a decode would, so the
+     newest ``recent`` of them, and all of them for the query right after each, are
+     window positions. After the step, blocks that left every window are *dead* and are
+     the first to be reused.
 
-Sizing (``window_capacity_blocks``): per running request, the sink blocks, the blocks of
-its recent window plus one partial block at each end, plus one more window of blocks
-for a prefill chunk whose copies start beyond the previous window. Blocks of finished
-requests stay mapped (a later request that hits the same prefix reads their sink in
-BF16) until their window block is needed: the least recently used unneeded block is
-evicted. A window position served from INT2 is never silent: ``fallback_positions``
-counts them, and the first one is logged.
+Sizing (``window_capacity_blocks``): per running request, the sink blocks and the blocks
+of its recent window (one partial block at each end), plus the new tokens of one step
+(max_num_batched_tokens, a partial block per request). Blocks of finished requests stay
+mapped (a later request that hits the same prefix reads their sink in BF16) until their
+window block is needed: dead blocks go first, then the least recently used. A window
+position served from INT2 is never silent: ``fallback_positions`` counts them, and the
+first one is logged.
 """
 
 from __future__ import annotations
@@ -51,15 +52,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def window_capacity_blocks(max_num_seqs: int, block_size: int, sink: int, recent: int) -> int:
-    """Window blocks that hold the windows of ``max_num_seqs`` requests at once.
+def window_capacity_blocks(max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
+                           sink: int, recent: int) -> int:
+    """Window blocks that hold the windows of ``max_num_seqs`` requests and one step's tokens.
 
-    Per request: ceil(sink / bs) sink blocks; the recent window read by the step's first
-    query spans ceil(recent / bs) + 1 blocks; a prefill chunk writes copies of its last
-    ``recent`` tokens, another ceil(recent / bs) + 1 blocks at most.
+    Per request: ceil(sink / bs) sink blocks and ceil(recent / bs) + 1 blocks of the
+    recent window, + 1 partial block for its new tokens; plus ceil(max_num_batched_tokens
+    / bs) blocks for the new tokens of a step.
     """
-    per_request = cdiv(sink, block_size) + 2 * (cdiv(recent, block_size) + 1)
-    return max(1, max_num_seqs * per_request)
+    per_request = cdiv(sink, block_size) + cdiv(recent, block_size) + 2
+    return max_num_seqs * per_request + cdiv(max_num_batched_tokens, block_size)
 
 
 def window_store_bytes(num_window_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -104,6 +106,7 @@ class WindowBlockManager:
         self._valid_from = [0] * num_window_blocks
         self._last_used = [0] * num_window_blocks
         self._free = list(range(num_window_blocks - 1, -1, -1))
+        self._dead: set[int] = set()
         self._step = 0
         #: Window positions served from INT2 so far (never silent: see module doc).
         self.fallback_positions = 0
@@ -120,13 +123,9 @@ class WindowBlockManager:
         """Physical blocks that currently have a window block."""
         return len(self._window_of)
 
-    def copy_start(self, seq_len: int) -> int:
-        """First non-sink position that gets a BF16 copy when the sequence is seq_len long."""
-        return (max(0, seq_len - self.recent) // self.block_size) * self.block_size
-
     # -- one step ----------------------------------------------------------------------
     def plan(self, block_table: torch.Tensor, seq_lens: Sequence[int], query_lens: Sequence[int]) -> WindowPlan:
-        """Map the blocks this step writes copies to or reads windows from; build the tables.
+        """Map the blocks this step writes or reads in BF16; build the tables for the step.
 
         Args:
             block_table: [B, max_blocks] int CPU tensor of physical block ids.
@@ -137,27 +136,29 @@ class WindowBlockManager:
         bs = self.block_size
         rows = block_table.tolist()
         needed: set[int] = set()
+        live_after: set[int] = set()
         first_write: dict[int, int] = {}
-        copy_blocks: set[int] = set()
         for row, seq_len, query_len in zip(rows, seq_lens, query_lens):
             computed = seq_len - query_len
-            for logical in self._read_blocks(computed, seq_len, query_len):
-                needed.add(row[logical])
-            start = self.copy_start(seq_len)
-            for position in range((computed // bs) * bs, seq_len, bs):
-                logical = position // bs
-                block = row[logical]
-                first = max(position, computed)
-                first_write[block] = min(first_write.get(block, bs), first - logical * bs)
-                needed.add(block)
-                if first < self.sink or position + bs > start:
-                    copy_blocks.add(block)
+            for lo, hi in self._read_ranges(computed, seq_len):
+                needed.update(row[p // bs] for p in range(lo, hi))
+            for position in range(computed, seq_len):
+                block = row[position // bs]
+                first_write.setdefault(block, position % bs)
+            for lo, hi in ((0, min(self.sink, seq_len)), (max(0, seq_len - self.recent), seq_len)):
+                live_after.update(row[p // bs] for p in range(lo, hi))
+        needed.update(first_write)
         for block in needed:
             window = self._window_of.get(block, -1)
             if window >= 0:
                 self._last_used[window] = self._step
-        for block in sorted(copy_blocks - set(self._window_of)):
-            self._map(block, first_write[block], needed)
+        for block, offset in first_write.items():
+            if block not in self._window_of:
+                self._map(block, offset, needed)
+        for block in needed:
+            window = self._window_of.get(block, -1)
+            if window >= 0:
+                (self._dead.discard if block in live_after else self._dead.add)(window)
 
         table = torch.full(block_table.shape, -1, dtype=torch.int32)
         slots: list[int] = []
@@ -172,7 +173,8 @@ class WindowBlockManager:
             for position in range(computed, seq_len):
                 window = self._window_of.get(row[position // bs], -1)
                 slots.append(window * bs + position % bs if window >= 0 else -1)
-            fallbacks += self._count_fallbacks(usable, computed, seq_len, query_len)
+            read = set().union(*(range(lo, hi) for lo, hi in self._read_ranges(computed, seq_len)))
+            fallbacks += sum(1 for p in read if usable[p // bs] < 0)
         if fallbacks:
             if self.fallback_positions == 0:
                 logger.warning(
@@ -182,31 +184,27 @@ class WindowBlockManager:
         return WindowPlan(table, torch.tensor(slots, dtype=torch.int64), fallbacks)
 
     # -- helpers -----------------------------------------------------------------------
-    def _read_blocks(self, computed: int, seq_len: int, query_len: int) -> set[int]:
-        """Logical blocks whose cached positions the step's first query reads in BF16."""
-        bs = self.block_size
-        first_query = computed
-        end = seq_len if query_len == 1 else computed  # a decode reads its own token from the cache
-        ranges = [(0, min(self.sink, end)), (max(0, first_query - self.recent + 1), end)]
-        return {p // bs for lo, hi in ranges for p in range(lo, hi)} if end else set()
+    def _read_ranges(self, computed: int, seq_len: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Positions some query of the step (positions computed..seq_len-1) reads in BF16.
 
-    def _count_fallbacks(self, usable: list[int], computed: int, seq_len: int, query_len: int) -> int:
-        """Window positions of the first query that have no usable BF16 copy."""
-        bs = self.block_size
-        end = seq_len if query_len == 1 else computed
-        positions = set(range(min(self.sink, end))) | set(range(max(0, computed - self.recent + 1), end))
-        return sum(1 for p in positions if usable[p // bs] < 0)
+        The sink, and from the first query's window start up to the last new token (a query
+        reads its own and earlier new tokens from the cache, written before attention).
+        The two ranges may overlap.
+        """
+        return (0, min(self.sink, seq_len)), (max(0, computed - self.recent + 1), seq_len)
 
     def _map(self, block: int, first_offset: int, needed: set[int]) -> None:
-        """Give ``block`` a window block (free, else the least recently used unneeded one)."""
+        """Give ``block`` a window block: a free one, else an unneeded one, dead ones first
+        (out of every window they were used for), then the least recently used."""
         if self._free:
             window = self._free.pop()
         else:
             candidates = [w for w in range(self.num_window_blocks) if self._owner[w] not in needed]
             if not candidates:
                 return  # capacity exhausted this step: its positions are counted as fallbacks
-            window = min(candidates, key=self._last_used.__getitem__)
+            window = min(candidates, key=lambda w: (w not in self._dead, self._last_used[w]))
             del self._window_of[self._owner[window]]
+            self._dead.discard(window)
             self.evictions += 1
         self._window_of[block] = window
         self._owner[window] = block
