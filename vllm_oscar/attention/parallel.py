@@ -112,3 +112,52 @@ def slice_rotations(rotations: T, kv_slice: slice) -> T:
         }
         return dataclasses.replace(rotations, **changes)
     return rotations
+
+
+class OscarWorkerExtension:
+    """vLLM worker extension: lets the driver ask each worker what OSCAR loaded there.
+
+    Pass ``worker_extension_cls="vllm_oscar.attention.parallel.OscarWorkerExtension"``
+    to ``LLM(...)`` (``--worker-extension-cls`` for ``vllm serve``); then
+    ``llm.collective_rpc("oscar_report")`` returns one report per worker (TP and PP
+    ranks, mp or Ray executor). Nothing else changes in the worker.
+    """
+
+    def oscar_report(self) -> dict[str, Any]:
+        """This worker's parallel ranks and, per attention layer, what serves it.
+
+        Returns {"pid", "tp_rank", "tp_size", "pp_rank", "pp_size", "layers": {layer_name:
+        {"backend", "impl", "num_kv_heads", "rotation_source", "k_rotation", "v_rotation",
+        "clip_k", "clip_v"}}}; rotations are nested lists [Hkv_local][D][D] (plain data, so
+        every executor returns them alike; None when the layer has no OSCAR rotations).
+        """
+        import os
+
+        from vllm.distributed import get_pp_group, get_tp_group
+
+        context = self.vllm_config.compilation_config.static_forward_context  # type: ignore[attr-defined]
+        layers: dict[str, Any] = {}
+        for name, layer in context.items():
+            impl = getattr(layer, "impl", None)
+            backend = getattr(layer, "attn_backend", None)
+            if impl is None or backend is None:
+                continue
+            rotations = getattr(impl, "rotations", None)
+            layers[name] = {
+                "backend": backend.get_name(),
+                "impl": f"{type(impl).__module__}.{type(impl).__qualname__}",
+                "num_kv_heads": getattr(impl, "num_kv_heads", None),
+                "rotation_source": getattr(rotations, "source", None),
+                "k_rotation": None if rotations is None else rotations.k_rotation.detach().cpu().tolist(),
+                "v_rotation": None if rotations is None else rotations.v_rotation.detach().cpu().tolist(),
+                "clip_k": getattr(rotations, "clip_k", None),
+                "clip_v": getattr(rotations, "clip_v", None),
+            }
+        return {
+            "pid": os.getpid(),
+            "tp_rank": get_tp_group().rank_in_group,
+            "tp_size": get_tp_group().world_size,
+            "pp_rank": get_pp_group().rank_in_group,
+            "pp_size": get_pp_group().world_size,
+            "layers": layers,
+        }

