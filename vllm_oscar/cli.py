@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bits": ("bits", "bits per element of an OSCAR configuration at given context lengths"),
     "calibrate": ("calibrate", "calibrate OSCAR rotations for a model (or import RotationZoo files)"),
     "info": ("info", "summary of a rotation file"),
+    "bench": ("bench", "OSCAR decode benchmark on a CUDA GPU: vs BF16 SDPA and paged BF16 Triton"),
 }
 
 

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""GPU correctness of the OSCAR Triton kernels at real sizes, and CUDA-graph replay.
+
+Checks (each prints one line and goes into the JSON report):
+  write     oscar_write at real sizes vs the float64 reference of tests/kernels_reference
+            (codes, scales, offsets, window rows, untouched poison) and vs the torch path
+  decode    oscar_decode (both unpack modes) vs a dense float64 reference of the read rule,
+            ragged batches with contexts from 1 to 32K+, fallback rows, GQA 1..16, D 64..256
+  prefill   oscar_prefill vs a dense float64 reference (causal chunk + cached prefix)
+  graph     decode captured once in a CUDA graph (capture fails on any host sync), replayed
+            while seq_lens, tables and queries change; each replay equals an eager call
+
+    python bench/check_kernels_gpu.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+import torch  # noqa: E402
+
+from kernels_reference import check_write_case, random_paged_state, write_case  # noqa: E402
+from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
+from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
+from vllm_oscar.quant import unpack_codes  # noqa: E402
+
+DEVICE = torch.device("cuda")
+TOLERANCE = 1e-2  # bf16 operands and bf16 outputs
+
+
+def dense_context(state, request: int, length: int, device) -> tuple:
+    """float64 K, V [Hkv, length, D] of both readings and has_copy [length], on device."""
+    layout = state.layout
+    bs = layout.block_size
+    nb = -(-length // bs)
+    blocks = state.block_table[request, :nb].long()
+    views = page_views(state.cache, layout)
+    hkv = state.cache.shape[1]
+
+    def deq(which: str) -> torch.Tensor:
+        codes = unpack_codes(getattr(views, f"{which}_codes")[blocks]).double()  # [nb, Hkv, bs, D]
+        scale = getattr(views, f"{which}_scale")[blocks].double()
+        zero = getattr(views, f"{which}_offset")[blocks].double()
+        g = layout.group_size
+        rows = codes.reshape(*codes.shape[:-1], layout.groups, g) * scale[..., None] + zero[..., None]
+        return rows.reshape(codes.shape).transpose(0, 1).reshape(hkv, nb * bs, layout.head_dim)[:, :length]
+
+    wblocks = state.window_block_table[request, :nb].long()
+    has = (wblocks >= 0).repeat_interleave(bs)[:length]
+    picked = wblocks.clamp(min=0)
+
+    def win(store: torch.Tensor) -> torch.Tensor:
+        return store[picked].double().reshape(nb * bs, hkv, layout.head_dim)[:length].transpose(0, 1)
+
+    return deq("k"), deq("v"), win(state.window_k), win(state.window_v), has
+
+
+def dense_attention(q, positions, ctx, sink, recent, scale, new_k=None, new_v=None):
+    """float64 attention of q [T, Hq, D] at positions [T] over ctx (+ causal new rows)."""
+    k_i, v_i, k_w, v_w, has = ctx
+    hkv, length = k_i.shape[0], k_i.shape[1]
+    t, hq, d = q.shape
+    qg = q.double().reshape(t, hkv, hq // hkv, d)
+    s = torch.arange(length, device=q.device)
+    use_w = (((s[None] < sink) | (s[None] > positions[:, None] - recent)) & has[None])[:, None, None, :]
+    logits = torch.where(use_w, torch.einsum("thgd,hsd->thgs", qg, k_w), torch.einsum("thgd,hsd->thgs", qg, k_i))
+    if new_k is not None:
+        own = torch.einsum("thgd,jhd->thgj", qg, new_k.double())
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        logits = torch.cat((logits, own.masked_fill(~causal[:, None, None], float("-inf"))), -1)
+    p = torch.softmax(logits * scale, -1)
+    out = torch.einsum("thgs,hsd->thgd", p[..., :length] * use_w, v_w)
+    out = out + torch.einsum("thgs,hsd->thgd", p[..., :length] * ~use_w, v_i)
+    if new_v is not None:
+        out = out + torch.einsum("thgj,jhd->thgd", p[..., length:], new_v.double())
+    return out.reshape(t, hq, d)
+
+
+def to_device(state):
+    for name in ("cache", "window_k", "window_v", "block_table", "window_block_table", "seq_lens"):
+        setattr(state, name, getattr(state, name).to(DEVICE))
+    return state
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a.double()
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    return float((a - b).norm() / b.norm())
+
+
+def check_write(report: list) -> None:
+    for dim, group, bs, prerot, n in ((128, 128, 16, False, 4096), (64, 64, 16, True, 2048), (256, 128, 32, False, 1024)):
+        t0 = time.time()
+        result = write_case(triton_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda")
+        check_write_case(result, prerot)
+        twin = write_case(torch_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda")
+        differing = float((result[8] != twin[8]).float().mean())
+        assert differing < 1e-3, f"triton vs torch cache bytes differ in {differing:.2e} of bytes"
+        report.append({"check": "write", "dim": dim, "group": group, "n": n, "prerotated": prerot,
+                       "bytes_differing_vs_torch": differing, "ok": True})
+        print(f"write D={dim} G={group} N={n} prerotated={prerot}: ok (bytes differing vs torch path "
+              f"{differing:.1e}) {time.time() - t0:.1f}s", flush=True)
+
+
+DECODE_CASES = [
+    # (name, lens, Hq, Hkv, D, G, bs, drop)
+    ("qwen3-8b ragged 32K..1", [32773, 4100, 300, 70, 1], 32, 8, 128, 128, 16, 1),
+    ("smollm2 gqa3 bs32", [20000, 777, 321], 9, 3, 64, 64, 32, 0),
+    ("gqa8 D256 G128 bs64", [5000, 65], 16, 2, 256, 128, 64, 1),
+    ("gqa16 D128 G32 bs128", [9000], 16, 1, 128, 32, 128, 0),
+    ("mha D128 bs16", [3000, 2], 4, 4, 128, 128, 16, 0),
+]
+
+
+def check_decode(report: list) -> None:
+    sink, recent = 64, 256
+    for name, lens, hq, hkv, dim, group, bs, drop in DECODE_CASES:
+        gen = torch.Generator().manual_seed(sum(lens))
+        layout = PageLayout(dim, group, bs, torch.float16)
+        state = to_device(random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop))
+        query = torch.randn(len(lens), hq, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
+        scale = 1 / math.sqrt(dim)
+        expected = torch.stack([
+            dense_attention(query[b : b + 1], torch.tensor([n - 1], device=DEVICE),
+                            dense_context(state, b, n, DEVICE), sink, recent, scale)[0]
+            for b, n in enumerate(lens)])
+        for mode in (UNPACK_PTX, UNPACK_PORTABLE):
+            for block_t in (32, 64, 128):
+                out = torch.full_like(query, float("nan"))
+                config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode)
+                triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                        state.window_block_table, state.seq_lens, sink, recent, scale, out=out,
+                                        max_seq_len=max(lens), config=config)
+                errors = [rel(out[b], expected[b]) for b in range(len(lens))]
+                ok = max(errors) < TOLERANCE
+                report.append({"check": "decode", "case": name, "unpack": mode, "block_t": block_t,
+                               "rel_errors": errors, "ok": ok})
+                print(f"decode {name} unpack={mode} bt={block_t}: max rel err {max(errors):.2e} "
+                      f"{'ok' if ok else 'FAIL'}", flush=True)
+
+
+def check_prefill(report: list) -> None:
+    sink, recent, hq, hkv, dim, bs = 64, 256, 32, 8, 128, 16
+    chunks, lens = [512, 300, 1, 0], [8704, 300, 2001, 50]
+    gen = torch.Generator().manual_seed(5)
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    state = to_device(random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=1))
+    qsl = [0]
+    for c in chunks:
+        qsl.append(qsl[-1] + c)
+    total = qsl[-1]
+    q = torch.randn(total, hq, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
+    k = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
+    v = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
+    scale = 1 / math.sqrt(dim)
+    for mode in (UNPACK_PTX, UNPACK_PORTABLE):
+        out = torch.full_like(q, float("nan"))
+        triton_ops.oscar_prefill(q, k, v, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                 state.window_block_table, torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+                                 state.seq_lens, sink, recent, scale, out=out, max_query_len=max(chunks),
+                                 config=triton_ops.AttentionConfig(block_t=32, num_warps=4, num_stages=1, unpack=mode))
+        errors = []
+        for b, n in enumerate(lens):
+            lo, hi = qsl[b], qsl[b + 1]
+            if hi == lo:
+                continue
+            prefix = n - (hi - lo)
+            ctx = dense_context(state, b, prefix, DEVICE)
+            exp = dense_attention(q[lo:hi], torch.arange(prefix, n, device=DEVICE), ctx, sink, recent, scale,
+                                  k[lo:hi], v[lo:hi])
+            errors.append(rel(out[lo:hi], exp))
+        ok = max(errors) < TOLERANCE
+        report.append({"check": "prefill", "unpack": mode, "rel_errors": errors, "ok": ok})
+        print(f"prefill chunks {chunks} unpack={mode}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}",
+              flush=True)
+
+
+def check_graph(report: list) -> None:
+    """Capture decode once; replay with new lengths/tables/queries; compare with eager calls."""
+    sink, recent, hq, hkv, dim, bs = 64, 256, 32, 8, 128, 16
+    max_len = 40000
+    gen = torch.Generator().manual_seed(9)
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    lens0 = [30000, 500, 70, 3]
+    state = to_device(random_paged_state([max_len] * 4, hkv, layout, sink, recent, gen))
+    # Static inputs the graph reads; their contents change between replays.
+    seq = torch.tensor(lens0, dtype=torch.int32, device=DEVICE)
+    wtable = state.window_block_table.clone()
+    query = torch.randn(4, hq, dim, device=DEVICE, dtype=torch.bfloat16)
+    out = torch.empty_like(query)
+    scale = 1 / math.sqrt(dim)
+
+    def step():
+        triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                wtable, seq, sink, recent, scale, out=out, max_seq_len=max_len)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # raises on any host synchronisation inside
+        step()
+    worst = 0.0
+    for i in range(6):
+        lens = [min(max_len, n + 977 * i + i) for n in lens0]
+        seq.copy_(torch.tensor(lens, dtype=torch.int32))
+        wtable.copy_(state.window_block_table)
+        wtable[torch.rand(wtable.shape, device=DEVICE) < 0.05] = -1  # some fallback rows
+        query.copy_(torch.randn(4, hq, dim, device=DEVICE))
+        graph.replay()
+        replayed = out.clone()
+        eager = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout,
+                                        state.block_table, wtable, seq, sink, recent, scale, max_seq_len=max_len)
+        worst = max(worst, float((replayed.float() - eager.float()).abs().max()))
+    ok = worst == 0.0
+    report.append({"check": "graph", "max_abs_diff_replay_vs_eager": worst, "ok": ok})
+    print(f"graph: 6 replays with changing lengths/tables/queries, max |replay - eager| = {worst:.1e} "
+          f"{'ok' if ok else 'FAIL'}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--only", nargs="*", default=["write", "decode", "prefill", "graph"])
+    args = parser.parse_args()
+    report: list = []
+    failures = 0
+    for name in args.only:
+        try:
+            {"write": check_write, "decode": check_decode, "prefill": check_prefill, "graph": check_graph}[name](report)
+        except Exception as error:  # keep going: one broken check must not hide the others
+            failures += 1
+            report.append({"check": name, "ok": False, "error": f"{type(error).__name__}: {error}"})
+            print(f"{name}: ERROR {type(error).__name__}: {error}", flush=True)
+    failures += sum(1 for r in report if not r.get("ok", False) and "error" not in r)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": torch.cuda.get_device_name(), "checks": report}, handle, indent=1)
+    print(f"{'ALL OK' if failures == 0 else f'{failures} FAILURES'}")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

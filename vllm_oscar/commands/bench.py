@@ -1,0 +1,87 @@
+"""`vllm-oscar bench decode|tune`: the OSCAR decode benchmark on a CUDA GPU.
+
+decode: OSCAR decode vs BF16 SDPA (cuDNN/flash/efficient, enable_gqa) and a paged BF16
+Triton decode, over geometries x contexts x batches; prints a table, writes JSON (and a
+PNG plot with --png). tune: OSCAR decode only, over launch-config variants.
+Logic: vllm_oscar.kernels.benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import torch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
+
+    parser.add_argument("mode", choices=("decode", "tune"), help="decode: full comparison; tune: config sweep")
+    parser.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
+    parser.add_argument("--png", metavar="OUT", help="write the time-vs-context plot here (decode)")
+    parser.add_argument("--geometry", nargs="+", choices=sorted(GEOMETRIES), default=sorted(GEOMETRIES))
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM default 16)")
+    parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
+    parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
+                        help="decode: also time oscar_write on this many new tokens per layer")
+    parser.add_argument("--block-t", type=int, nargs="+", default=[32, 64, 128], help="tune: tile sizes")
+    parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per program")
+    parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
+    parser.add_argument("--unpack", type=int, nargs="+", default=[0, 1], help="tune: 0 portable, 1 PTX")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("vllm-oscar bench needs a CUDA GPU (the Triton kernels); none is visible.", file=sys.stderr)
+        return 2
+    from vllm_oscar.kernels import benchmark
+    from vllm_oscar.kernels.triton_ops import AttentionConfig
+
+    device = torch.device("cuda")
+    info = benchmark.device_info(device)
+    bandwidth = benchmark.measure_bandwidth(device)
+    print(f"device: {info['name']} ({info['sms']} SMs), torch {info['torch']}, triton {info['triton']}; "
+          f"read {bandwidth['read_GBps']:.0f} GB/s, copy {bandwidth['copy_GBps']:.0f} GB/s", flush=True)
+    report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv}
+    cases = list(itertools.product(args.geometry, args.contexts, args.batches))
+    if args.mode == "tune":
+        rows = []
+        for geometry, context, batch in cases:
+            for bt, nw, ns, up in itertools.product(args.block_t, args.num_warps, args.num_stages, args.unpack):
+                config = AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, unpack=up)
+                try:
+                    r = benchmark.run_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
+                                           oscar_config=config, with_baselines=False)
+                    line = f"{r['oscar']['ms']:.4f} ms {r['oscar']['pct_read_bw']:.0f}%"
+                except Exception as error:  # a variant that fails to compile is reported
+                    r = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+                    line = r["error"]
+                r.update({"geometry": geometry, "context": context, "batch": batch,
+                          "config": {"block_t": bt, "num_warps": nw, "num_stages": ns, "unpack": up}})
+                rows.append(r)
+                print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={bt} w={nw} s={ns} "
+                      f"unpack={up}: {line}", flush=True)
+        report["tune"] = rows
+    else:
+        rows = []
+        for geometry, context, batch in cases:
+            rows.append(benchmark.run_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth))
+            print(benchmark.format_table(rows[-1:]).splitlines()[-1], flush=True)
+        report["decode"] = rows
+        report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps)
+                           for g in args.geometry for n in args.write_tokens]
+        print(benchmark.format_table(rows))
+        for w in report["write"]:
+            print(f"write {w['geometry']} {w['tokens']} tokens: {w['ms']:.4f} ms, "
+                  f"{w['tokens_per_s'] / 1e6:.2f} M tokens/s/layer, {w['GBps']:.0f} GB/s")
+        if args.png:
+            benchmark.plot(rows, args.png)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+    return 0

@@ -1,0 +1,349 @@
+"""Decode benchmark: OSCAR INT2 decode vs BF16 baselines on the same shapes (CUDA only).
+
+For each (geometry, context, batch): the OSCAR Triton decode (INT2 history + BF16 sink
+and recent windows), torch SDPA on contiguous BF16 K/V with enable_gqa (cuDNN, flash,
+efficient backends; the fastest is "best SDPA"), and the paged BF16 Triton decode of the
+same family (bf16_paged). Every op is captured in a CUDA graph and the graph replayed;
+each graph runs the op over several independent copies of the cache ("layers") so that
+the data of one replay is several times the L2 cache, as in a real model step.
+
+Bytes that must be read per step (per layer): OSCAR = (L - W) * Hkv * token_bytes +
+W * Hkv * 4D (W = windows actually present) + query/output; BF16 = L * Hkv * 4D. The
+ideal speed-up is their ratio; achieved bandwidth is bytes / time, compared with a
+measured device read bandwidth (a large sum) and copy bandwidth (a large copy, read +
+write bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Optional
+
+import torch
+
+from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS
+from vllm_oscar.kernels.layout import PageLayout, page_views
+
+#: name -> (query heads, KV heads, head_dim)
+GEOMETRIES: dict[str, tuple[int, int, int]] = {
+    "qwen3-8b": (32, 8, 128),
+    "smollm2-135m": (9, 3, 64),
+}
+CONTEXTS: tuple[int, ...] = (4096, 16384, 32768, 65536, 131072)
+BATCHES: tuple[int, ...] = (1, 8, 32, 64)
+#: Each timed graph reads at least this many bytes (several times the 50-60 MB L2).
+MIN_GRAPH_BYTES: int = 512 << 20
+#: At most this many cache copies per graph.
+MAX_LAYERS: int = 36
+#: Fraction of free device memory a case may use.
+MEMORY_FRACTION: float = 0.85
+
+
+@dataclasses.dataclass
+class OscarCase:
+    """Random OSCAR caches (``layers`` copies) for B requests of length L, and their tables."""
+
+    layout: PageLayout
+    caches: list[torch.Tensor]
+    window_k: list[torch.Tensor]
+    window_v: list[torch.Tensor]
+    block_table: torch.Tensor
+    window_block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query: torch.Tensor
+    window_tokens: int
+
+
+def fill_random_cache(cache: torch.Tensor, layout: PageLayout, generator: torch.Generator) -> None:
+    """Random code bytes, positive random scales and random offsets (never zeros/NaN)."""
+    cache.random_(0, 256, generator=generator)
+    views = page_views(cache, layout)
+    for name in ("k_scale", "v_scale"):
+        plane = getattr(views, name)
+        plane.copy_(torch.rand(plane.shape, device=cache.device, generator=generator) * 0.1 + 0.01)
+    for name in ("k_offset", "v_offset"):
+        plane = getattr(views, name)
+        plane.copy_(torch.randn(plane.shape, device=cache.device, generator=generator) * 0.2 - 0.15)
+
+
+def window_blocks(length: int, block_size: int, sink: int, recent: int) -> list[int]:
+    """Logical blocks of a length-L request that hold a window position (for its last token)."""
+    blocks = set(range(-(-min(sink, length) // block_size)))
+    start = max(0, length - recent)
+    blocks.update(range(start // block_size, -(-length // block_size)))
+    return sorted(blocks)
+
+
+def make_oscar_case(batch: int, length: int, hq: int, hkv: int, dim: int, block_size: int, layers: int,
+                    device: torch.device, generator: torch.Generator,
+                    sink: int = DEFAULT_SINK_TOKENS, recent: int = DEFAULT_RECENT_TOKENS) -> OscarCase:
+    """A uniform batch with shuffled physical blocks and windows for sink + recent."""
+    layout = PageLayout(dim, dim, block_size, torch.float16)
+    per_request = -(-length // block_size)
+    total = batch * per_request
+    physical = torch.randperm(total, device=device, generator=generator).to(torch.int32)
+    block_table = physical.view(batch, per_request)
+    logical = window_blocks(length, block_size, sink, recent)
+    window_table = torch.full((batch, per_request), -1, dtype=torch.int32, device=device)
+    ids = torch.arange(batch * len(logical), dtype=torch.int32, device=device).view(batch, len(logical))
+    window_table[:, torch.tensor(logical, device=device)] = ids
+    caches, wks, wvs = [], [], []
+    for _ in range(layers):
+        cache = layout.allocate(total, hkv, device=device)
+        fill_random_cache(cache, layout, generator)
+        caches.append(cache)
+        shape = (batch * len(logical), block_size, hkv, dim)
+        wks.append(torch.randn(shape, device=device, generator=generator, dtype=torch.bfloat16))
+        wvs.append(torch.randn(shape, device=device, generator=generator, dtype=torch.bfloat16))
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+    query = torch.randn(batch, hq, dim, device=device, generator=generator, dtype=torch.bfloat16)
+    window_tokens = min(length, min(sink, length) + min(recent, max(0, length - sink)))
+    return OscarCase(layout, caches, wks, wvs, block_table, window_table, seq_lens, query, window_tokens)
+
+
+def oscar_bytes(case: OscarCase, batch: int, length: int, hkv: int, hq: int, dim: int) -> int:
+    """Bytes one OSCAR decode of one layer must read (codes, scales, windows, query, output)."""
+    window = case.window_tokens
+    return batch * hkv * ((length - window) * case.layout.token_bytes + window * 4 * dim) + 2 * batch * hq * dim * 2
+
+
+def bf16_bytes(batch: int, length: int, hkv: int, hq: int, dim: int) -> int:
+    """Bytes one BF16 decode of one layer must read."""
+    return batch * hkv * length * 4 * dim + 2 * batch * hq * dim * 2
+
+
+def time_graph(fns: list[Callable[[], object]], reps: int) -> float:
+    """Milliseconds per call of each fn: capture all fns in one CUDA graph, replay, events."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:  # warm-up: compile, autotune, allocate outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2] / len(fns)
+
+
+def measure_bandwidth(device: torch.device, gib: float = 4.0) -> dict[str, float]:
+    """Device read bandwidth (sum of a large fp32 tensor) and copy bandwidth (read + write), GB/s."""
+    numel = int(gib * (1 << 30)) // 4
+    x = torch.randn(numel, device=device)
+    y = torch.empty_like(x)
+    acc = torch.empty((), device=device)
+    read_ms = time_graph([lambda: torch.sum(x, out=acc)], 10)
+    copy_ms = time_graph([lambda: y.copy_(x)], 10)
+    del x, y
+    torch.cuda.empty_cache()
+    return {"read_GBps": numel * 4 / read_ms / 1e6, "copy_GBps": 2 * numel * 4 / copy_ms / 1e6}
+
+
+def layers_for(bytes_per_layer: int) -> int:
+    """Copies needed so one graph replay reads >= MIN_GRAPH_BYTES."""
+    return max(1, min(MAX_LAYERS, -(-MIN_GRAPH_BYTES // max(1, bytes_per_layer))))
+
+
+def sdpa_fns(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], backend) -> list[Callable[[], object]]:
+    """SDPA decode calls (q [B, Hq, 1, D], contiguous k/v [B, Hkv, L, D]) forced onto one backend."""
+    from torch.nn.attention import sdpa_kernel
+
+    def make(k, v):
+        def fn():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return fn
+
+    return [make(k, v) for k, v in zip(ks, vs)]
+
+
+def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int, device: torch.device,
+             bandwidth: dict[str, float], oscar_config=None, with_baselines: bool = True) -> dict:
+    """Time OSCAR and the baselines for one case; returns a JSON-able dict."""
+    from torch.nn.attention import SDPBackend
+
+    from vllm_oscar.kernels import triton_ops
+    from vllm_oscar.kernels.bf16_paged import bf16_paged_decode
+
+    hq, hkv, dim = GEOMETRIES[geometry]
+    result: dict = {"geometry": geometry, "context": length, "batch": batch, "block_size": block_size,
+                    "hq": hq, "hkv": hkv, "head_dim": dim}
+    need_bf16 = batch * hkv * length * 4 * dim
+    layout = PageLayout(dim, dim, block_size, torch.float16)
+    need_oscar = batch * hkv * length * layout.token_bytes
+    free, _ = torch.cuda.mem_get_info(device)
+    bf16_layers = layers_for(need_bf16) if with_baselines else 0
+    oscar_layers = layers_for(need_oscar)
+    if need_bf16 * bf16_layers + need_oscar * oscar_layers * 1.1 > MEMORY_FRACTION * free:
+        result["skipped"] = (f"needs {(need_bf16 * bf16_layers + need_oscar * oscar_layers) / 2**30:.1f} GiB, "
+                             f"{free / 2**30:.1f} GiB free")
+        return result
+    gen = torch.Generator(device=device).manual_seed(length * 131 + batch)
+    case = make_oscar_case(batch, length, hq, hkv, dim, block_size, oscar_layers, device, gen)
+    scale = 1.0 / math.sqrt(dim)
+    config = oscar_config or triton_ops.DEFAULT_DECODE
+    outs = [torch.empty_like(case.query) for _ in range(oscar_layers)]
+
+    def oscar_fn(i: int) -> Callable[[], object]:
+        return lambda: triton_ops.oscar_decode(
+            case.query, case.caches[i], case.window_k[i], case.window_v[i], case.layout, case.block_table,
+            case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale,
+            out=outs[i], max_seq_len=length, config=config)
+
+    ms = time_graph([oscar_fn(i) for i in range(oscar_layers)], reps)
+    o_bytes = oscar_bytes(case, batch, length, hkv, hq, dim)
+    result["oscar"] = {"ms": ms, "layers": oscar_layers, "bytes": o_bytes, "GBps": o_bytes / ms / 1e6,
+                       "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
+                       "splits": config.num_splits or triton_ops.decode_splits(batch, hkv, length, config.block_t, device)}
+    del case, outs
+    torch.cuda.empty_cache()
+    if not with_baselines:
+        return result
+
+    b_bytes = bf16_bytes(batch, length, hkv, hq, dim)
+    ks = [torch.randn(batch, hkv, length, dim, device=device, dtype=torch.bfloat16, generator=gen)
+          for _ in range(bf16_layers)]
+    vs = [torch.randn_like(k) for k in ks]
+    q4 = torch.randn(batch, hq, 1, dim, device=device, dtype=torch.bfloat16, generator=gen)
+    sdpa = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            t = time_graph(sdpa_fns(q4, ks, vs, backend), reps)
+            sdpa[name] = {"ms": t, "GBps": b_bytes / t / 1e6}
+        except Exception as error:  # a backend that rejects the shape is reported, not hidden
+            sdpa[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+    result["sdpa"] = sdpa
+    timed = {k: v["ms"] for k, v in sdpa.items() if "ms" in v}
+    if timed:
+        best = min(timed, key=timed.get)
+        result["best_sdpa"] = {"backend": best, "ms": timed[best]}
+    # Paged BF16 Triton decode over the same bytes: K and V pools [B*L/bs, bs, Hkv, D].
+    del ks, vs
+    torch.cuda.empty_cache()
+    pages = -(-length // block_size)
+    paged = [torch.randn(2, batch * pages, block_size, hkv, dim, device=device, dtype=torch.bfloat16, generator=gen)
+             for _ in range(bf16_layers)]
+    table = torch.randperm(batch * pages, device=device, generator=gen).to(torch.int32).view(batch, pages)
+    lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+    q3 = q4[:, :, 0]
+    pouts = [torch.empty_like(q3) for _ in paged]
+
+    def paged_fn(i: int) -> Callable[[], object]:
+        return lambda: bf16_paged_decode(q3, paged[i][0], paged[i][1], table, lens, scale, length, out=pouts[i])
+
+    try:
+        t = time_graph([paged_fn(i) for i in range(bf16_layers)], reps)
+        result["bf16_triton"] = {"ms": t, "GBps": b_bytes / t / 1e6}
+    except Exception as error:
+        result["bf16_triton"] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+    del paged, pouts
+    torch.cuda.empty_cache()
+
+    result["bf16_bytes"] = b_bytes
+    result["ideal_speedup"] = b_bytes / o_bytes
+    if "best_sdpa" in result:
+        result["speedup_vs_best_sdpa"] = result["best_sdpa"]["ms"] / ms
+    if "ms" in result["bf16_triton"]:
+        result["speedup_vs_bf16_triton"] = result["bf16_triton"]["ms"] / ms
+    return result
+
+
+def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.device, reps: int) -> dict:
+    """oscar_write on ``tokens`` new rows of one layer: ms, tokens/s, input GB/s."""
+    from vllm_oscar.kernels import triton_ops
+
+    hq, hkv, dim = GEOMETRIES[geometry]
+    gen = torch.Generator(device=device).manual_seed(tokens)
+    layout = PageLayout(dim, dim, block_size, torch.float16)
+    blocks = -(-tokens // block_size) + 1
+    cache = layout.allocate(blocks, hkv, device=device)
+    key = torch.randn(tokens, hkv, dim, device=device, dtype=torch.bfloat16, generator=gen)
+    value = torch.randn(tokens, hkv, dim, device=device, dtype=torch.bfloat16, generator=gen)
+    rot = torch.linalg.qr(torch.randn(hkv, dim, dim, device=device, generator=gen))[0].contiguous()
+    slots = torch.arange(tokens, device=device, dtype=torch.int64)
+    wk = torch.empty(blocks, block_size, hkv, dim, device=device, dtype=torch.bfloat16)
+    wv = torch.empty_like(wk)
+    wslots = torch.where(slots % 4 == 0, slots, -1)  # a quarter of the tokens also go to a window
+    ms = time_graph([lambda: triton_ops.oscar_write(key, value, rot, rot, 0.96, 0.92, cache, layout, slots,
+                                                    wk, wv, wslots)], reps)
+    moved = tokens * hkv * (2 * dim * 2 + layout.token_bytes) + tokens // 4 * hkv * 4 * dim
+    return {"geometry": geometry, "tokens": tokens, "ms": ms, "tokens_per_s": tokens / ms * 1e3,
+            "GBps": moved / ms / 1e6}
+
+
+def device_info(device: torch.device) -> dict:
+    """Name, SM count, memory, versions."""
+    import triton
+
+    props = torch.cuda.get_device_properties(device)
+    return {"name": props.name, "sms": props.multi_processor_count, "memory_GiB": props.total_memory / 2**30,
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def format_table(rows: list[dict]) -> str:
+    """Fixed-width table of the decode results."""
+    head = (f"{'geometry':<13}{'ctx':>7}{'B':>4} {'oscar ms':>9}{'%rd bw':>7} {'cudnn':>8}{'flash':>8}"
+            f"{'effic':>8}{'bf16trt':>8} {'x best':>7}{'x trt':>7}{'ideal':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"{r['geometry']:<13}{r['context']:>7}{r['batch']:>4}  skipped: {r['skipped']}")
+            continue
+        def ms(d: Optional[dict]) -> str:
+            return f"{d['ms']:8.4f}" if d and "ms" in d else f"{'err':>8}"
+        sd = r.get("sdpa", {})
+        lines.append(
+            f"{r['geometry']:<13}{r['context']:>7}{r['batch']:>4} {r['oscar']['ms']:9.4f}{r['oscar']['pct_read_bw']:6.0f}% "
+            f"{ms(sd.get('cudnn'))}{ms(sd.get('flash'))}{ms(sd.get('efficient'))}{ms(r.get('bf16_triton'))} "
+            f"{r.get('speedup_vs_best_sdpa', float('nan')):7.2f}{r.get('speedup_vs_bf16_triton', float('nan')):7.2f}"
+            f"{r.get('ideal_speedup', float('nan')):7.2f}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Time vs context per batch size (one panel per geometry), log-log, OSCAR vs best SDPA."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    geometries = sorted({r["geometry"] for r in rows})
+    fig, axes = plt.subplots(1, len(geometries), figsize=(7 * len(geometries), 5), squeeze=False)
+    for ax, geometry in zip(axes[0], geometries):
+        for batch in sorted({r["batch"] for r in rows}):
+            sel = [r for r in rows if r["geometry"] == geometry and r["batch"] == batch and "oscar" in r]
+            if not sel:
+                continue
+            ctx = [r["context"] for r in sel]
+            line, = ax.plot(ctx, [r["oscar"]["ms"] for r in sel], "o-", label=f"OSCAR B={batch}")
+            best = [(r["context"], r["best_sdpa"]["ms"]) for r in sel if "best_sdpa" in r]
+            if best:
+                ax.plot([c for c, _ in best], [t for _, t in best], "s--", color=line.get_color(),
+                        alpha=0.6, label=f"best SDPA BF16 B={batch}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("decode attention time per layer (ms)")
+        ax.set_title(geometry)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
