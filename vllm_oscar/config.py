@@ -68,7 +68,7 @@ DEFAULT_CALIBRATION_SEQ_LEN: int = 1024
 #: (half select the ratios, the other half judge per-layer against per-model ratios).
 DEFAULT_CLIP_SEARCH_SEQUENCES: int = 4
 #: Clip ratios tried by the search (1.0 = no clipping).
-CLIP_RATIO_GRID: tuple[float, ...] = (0.80, 0.84, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98, 1.0)
+CLIP_RATIO_GRID: tuple[float, ...] = (0.70, 0.75, 0.80, 0.84, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98, 1.0)
 #: Per-layer clip ratios are kept only if they lower the held-out attention-output error
 #: of one ratio pair per model by at least this relative amount.
 CLIP_PER_LAYER_MIN_GAIN: float = 0.01

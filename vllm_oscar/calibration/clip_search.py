@@ -70,14 +70,16 @@ def rotated_sample(samples: ActivationSamples, rotation_set: RotationSet, layer:
     """Rotate a layer's sample rows into its K/V bases and expand KV heads to query heads."""
     ident = rotation_set.identity
     rot = rotation_set.layers[layer]
-    index = torch.tensor(list(sequences), dtype=torch.long)
+    device = samples.query[layer].device
+    index = torch.tensor(list(sequences), dtype=torch.long, device=device)
     q = samples.query[layer][index].transpose(1, 2)  # [S, Hq, T, D]
     k = samples.key[layer][index].transpose(1, 2)  # [S, Hkv, T, D]
     v = samples.value[layer][index].transpose(1, 2)
-    head_of = torch.arange(ident.num_query_heads) // ident.group_size
-    k_rot = k @ rot.k_rotation[None]
-    v_rot = v @ rot.v_rotation[None]
-    q_rot = q @ rot.k_rotation[head_of][None]
+    head_of = torch.arange(ident.num_query_heads, device=device) // ident.group_size
+    k_rotation, v_rotation = rot.k_rotation.to(device), rot.v_rotation.to(device)
+    k_rot = k @ k_rotation[None]
+    v_rot = v @ v_rotation[None]
+    q_rot = q @ k_rotation[head_of][None]
     return LayerSample(q_rot, k_rot, v_rot, samples.scaling[layer])
 
 
@@ -93,11 +95,12 @@ class LayerErrorModel:
         self.scale_dtype = scale_dtype
         tokens = sample.query.shape[2]
         first = min(sink + recent, tokens)
-        exact, history = window_masks(tokens, sink, recent)
+        device = sample.query.device
+        exact, history = window_masks(tokens, sink, recent, device)
         self.exact_mask, self.history_mask = exact[first:], history[first:]
         self.key, self.value, self.scaling = sample.key, sample.value, sample.scaling
         self.query = sample.query[:, :, first:]
-        self.head_of = torch.arange(num_query_heads) // (num_query_heads // sample.key.shape[1])
+        self.head_of = torch.arange(num_query_heads, device=device) // (num_query_heads // sample.key.shape[1])
         self.logits = self._logits(self.key)
         self.reference = self._output(self.logits, self.value)
         self.norm = float(self.reference.double().pow(2).sum())

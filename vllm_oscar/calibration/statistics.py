@@ -36,7 +36,7 @@ from vllm_oscar.config import VALUE_FORM_LOGIT_ENERGY, VALUE_FORM_OUTPUT, VALUE_
 class ActivationSamples:
     """Post-RoPE activations of a few calibration sequences, for the clip-ratio search.
 
-    Attributes (one list entry per layer, float32, CPU):
+    Attributes (one list entry per layer, float32, on the model's device):
         query: [S, T, Hq, D]
         key:   [S, T, Hkv, D]
         value: [S, T, Hkv, D]
@@ -59,7 +59,7 @@ class ActivationSamples:
 
 @dataclasses.dataclass
 class CalibrationStats:
-    """Finished statistics (all float64, CPU).
+    """Finished statistics (targets float64 on the CPU; samples on the model's device).
 
     Attributes:
         identity: the calibrated model.
@@ -91,14 +91,15 @@ class CalibrationStats:
 class StatisticsAccumulator:
     """Receives one attention call at a time (the capture callback) and sums in float64."""
 
-    def __init__(self, identity: ModelIdentity, sample_sequences: int = 0) -> None:
+    def __init__(self, identity: ModelIdentity, sample_sequences: int = 0,
+                 device: torch.device | str = "cpu") -> None:
         layers, heads, dim = identity.num_layers, identity.num_kv_heads, identity.head_dim
         shape = (layers, heads, dim, dim)
         self.identity = identity
-        self.query_sum = torch.zeros(shape, dtype=torch.float64)
-        self.output_sum = torch.zeros(shape, dtype=torch.float64)
-        self.energy_sum = torch.zeros(shape, dtype=torch.float64)
-        self.energy_weight = torch.zeros(layers, heads, dtype=torch.float64)
+        self.query_sum = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.output_sum = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.energy_sum = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.energy_weight = torch.zeros(layers, heads, dtype=torch.float64, device=device)
         self.tokens = torch.zeros(layers, dtype=torch.int64)
         self.sample_sequences = sample_sequences
         self.samples: list[dict[str, list[torch.Tensor]]] = [
@@ -153,10 +154,10 @@ class StatisticsAccumulator:
         if take <= 0:
             return
         for name, tensor in (("query", query), ("key", key), ("value", value)):
-            store[name].append(tensor[:take].transpose(1, 2).to(torch.float32).cpu().clone())
+            store[name].append(tensor[:take].transpose(1, 2).to(torch.float32).clone())
 
     def finish(self) -> CalibrationStats:
-        """Normalised statistics; ValueError if some layer saw no tokens."""
+        """Normalised statistics (targets on the CPU); ValueError if some layer saw no tokens."""
         missing = [i for i in range(self.identity.num_layers) if int(self.tokens[i]) == 0]
         if missing:
             raise ValueError(f"no attention call was captured for layers {missing}; nothing to calibrate.")
@@ -175,9 +176,9 @@ class StatisticsAccumulator:
         weight = self.energy_weight.clamp(min=torch.finfo(torch.float64).tiny)
         return CalibrationStats(
             identity=self.identity,
-            key_target=self.query_sum / norm,
-            value_output=self.output_sum / norm,
-            value_logit_energy=self.energy_sum / weight[..., None, None],
+            key_target=(self.query_sum / norm).cpu(),
+            value_output=(self.output_sum / norm).cpu(),
+            value_logit_energy=(self.energy_sum / weight[..., None, None]).cpu(),
             num_tokens=tokens,
             samples=samples,
         )
@@ -223,8 +224,8 @@ def collect_statistics(
     total = sum(int(b.numel()) for b in batches)
     if total == 0:
         raise ValueError("token_batches is empty: calibration needs at least one sequence of tokens.")
-    accumulator = StatisticsAccumulator(identity, sample_sequences)
     device = next(model.parameters()).device
+    accumulator = StatisticsAccumulator(identity, sample_sequences, device)
     decoder = _decoder(model)
     bar = tqdm(total=total, unit="tok", unit_scale=True, desc="calibration", disable=not progress)
     started = time.perf_counter()
