@@ -272,5 +272,8 @@ def test_identity_from_config_and_mismatch_messages() -> None:
     other = ModelIdentity("LlamaForCausalLM", 2, 8, 2, 32, "x")
     assert other.shape_mismatches(identity) == ["num_query_heads: 8 vs 4", "head_dim: 32 vs 16"]
     assert identity.name_matches("/cache/tiny-llama") and not identity.name_matches("")
+    assert identity.shape_mismatches(ModelIdentity("", 2, 4, 2, 16)) == []  # unknown architecture
+    assert identity.shape_mismatches(ModelIdentity("Qwen3ForCausalLM", 2, 4, 2, 16)) == [
+        "architecture: 'LlamaForCausalLM' vs 'Qwen3ForCausalLM'"]
     with pytest.raises(ValueError, match="multiple"):
         ModelIdentity("X", 2, 5, 2, 16)

@@ -97,11 +97,16 @@ class ModelIdentity:
         return identity
 
     def shape_mismatches(self, other: "ModelIdentity") -> list[str]:
-        """Human-readable differences of SHAPE_FIELDS between ``self`` and ``other``."""
+        """Human-readable differences of SHAPE_FIELDS between ``self`` and ``other``.
+
+        An empty architecture (a config without ``architectures``, e.g. one converted
+        from GGUF) is unknown and matches any; the numeric fields must always agree.
+        """
         return [
             f"{field}: {getattr(self, field)!r} vs {getattr(other, field)!r}"
             for field in SHAPE_FIELDS
             if getattr(self, field) != getattr(other, field)
+            and not (field == "architecture" and not (self.architecture and other.architecture))
         ]
 
     def name_matches(self, other_name: str) -> bool:
