@@ -244,6 +244,17 @@ def test_info_command_prints_a_summary(saved, capsys) -> None:
     assert "0.920" in out and "orthogonality" in out
 
 
+def test_commands_report_bad_input_as_an_error_line(tmp_path: Path, capsys) -> None:
+    junk = tmp_path / "junk.safetensors"
+    junk.write_text("junk")
+    assert main(["info", str(junk)]) == 2
+    assert "vllm-oscar info: error:" in capsys.readouterr().err
+    assert main(["calibrate", "--model", str(tmp_path / "absent"), "--data", str(junk), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["calibrate", "--model", "x", "--out", str(tmp_path / "o")]) == 2
+    assert "--data FILE" in capsys.readouterr().err
+
+
 def test_calibrate_command_imports_rotationzoo(tmp_path: Path, capsys) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -85,12 +86,20 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"vllm-oscar calibrate: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.import_rotationzoo:
         return _import(args)
     if not args.data:
-        raise SystemExit("vllm-oscar calibrate: --data FILE [FILE ...] is required (or --import-rotationzoo).")
+        raise ValueError("--data FILE [FILE ...] is required (or --import-rotationzoo K.pt V.pt).")
     from vllm_oscar.calibration import CalibrationOptions, calibrate, load_model, save_rotation_file
 
     options = CalibrationOptions(

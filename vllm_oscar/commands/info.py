@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
@@ -20,6 +21,14 @@ def _spectrum_share(eigenvalues: torch.Tensor, top: int) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"vllm-oscar info: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     from vllm_oscar.calibration import load_rotation_file, read_rotation_metadata
     from vllm_oscar.quant.rotation import orthogonality_error
 
