@@ -277,3 +277,33 @@ def test_identity_from_config_and_mismatch_messages() -> None:
         "architecture: 'LlamaForCausalLM' vs 'Qwen3ForCausalLM'"]
     with pytest.raises(ValueError, match="multiple"):
         ModelIdentity("X", 2, 5, 2, 16)
+
+
+class CharTokenizer:
+    """One token per character (id = code point): makes token counts exact in tests."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False):
+        assert add_special_tokens is False
+        return type("Encoding", (), {"input_ids": [ord(c) for c in text]})()
+
+
+def test_calibration_tokens_interleave_files_and_never_read_the_heldout_part(tmp_path) -> None:
+    import lzma
+
+    from vllm_oscar.calibration import calibration_tokens, split_corpus_text
+
+    prose = tmp_path / "prose.txt"
+    prose.write_text("a" * 4000 + "Z" * 1000)  # last 20% (the Z's) is held out
+    code = tmp_path / "code.txt.xz"
+    with lzma.open(code, "wt") as stream:
+        stream.write("b" * 800 + "Y" * 200)
+    data = calibration_tokens(CharTokenizer(), [prose, code], num_tokens=100, seq_len=16)
+    assert data.tokens.shape == (6, 16)  # whole sequences only
+    assert [chr(int(row[0])) for row in data.tokens] == ["a", "b"] * 3
+    assert not bool(((data.tokens == ord("Z")) | (data.tokens == ord("Y"))).any())
+    assert [s["sequences"] for s in data.sources] == [3, 3] and len(data.sha256) == 64
+    assert split_corpus_text("x" * 80 + "y" * 20) == ("x" * 80, "y" * 20)
+    with pytest.raises(ValueError, match=r"too short: its first 80% \(800 characters\) gives 800 tokens"):
+        calibration_tokens(CharTokenizer(), [code], num_tokens=1024, seq_len=16)
+    with pytest.raises(ValueError, match="--tokens=8 must be >= --seq-len=16"):
+        calibration_tokens(CharTokenizer(), [code], num_tokens=8, seq_len=16)

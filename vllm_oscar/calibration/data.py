@@ -5,8 +5,9 @@ each text file's characters, evaluation only the last 20% (``split_corpus_text``
 calibrated rotations never see evaluation text. Files ending in .xz are read with lzma.
 
 Sequences: ``num_tokens // seq_len`` sequences of ``seq_len`` tokens, spread as evenly
-as possible over the files (file i gets sequence j when j % len(files) == i), each file's
-sequences cut consecutively from the start of its calibration part. No special tokens.
+as possible over the files: row j comes from file j % len(files) (interleaved, so the
+first rows, which the clip search keeps, cover every file), each file's sequences cut
+consecutively from the start of its calibration part. No special tokens.
 """
 
 from __future__ import annotations
@@ -112,16 +113,17 @@ def calibration_tokens(
     if not 0.0 < text_fraction <= 1.0:
         raise ValueError(f"text fraction {text_fraction!r} must lie in (0, 1].")
     sequences = num_tokens // seq_len
-    rows: list[list[int]] = []
+    rows: list[list[int]] = [[] for _ in range(sequences)]
     sources = []
     for index, path in enumerate(paths):
-        count = len(range(index, sequences, len(paths)))
-        if count == 0:
+        targets = range(index, sequences, len(paths))
+        if not targets:
             continue
         text, _ = split_corpus_text(read_text(path), 1.0 - text_fraction)
-        ids, chars = _file_tokens(tokenizer, text, count * seq_len, str(path), text_fraction)
-        rows.extend(ids[i * seq_len:(i + 1) * seq_len] for i in range(count))
-        sources.append({"file": Path(path).name, "sha256": sha256_file(path), "sequences": count,
+        ids, chars = _file_tokens(tokenizer, text, len(targets) * seq_len, str(path), text_fraction)
+        for i, row in enumerate(targets):
+            rows[row] = ids[i * seq_len:(i + 1) * seq_len]
+        sources.append({"file": Path(path).name, "sha256": sha256_file(path), "sequences": len(targets),
                         "characters": chars, "text_fraction": text_fraction})
     tokens = torch.tensor(rows, dtype=torch.int64)
     digest = hashlib.sha256(tokens.numpy().astype("<i8").tobytes()).hexdigest()
