@@ -354,11 +354,13 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         m = attn_metadata
         n = m.num_actual_tokens
         rotations = self.rotations
-        q_rot = rotate_rows(query[:n].view(n, self.num_heads, self.head_size), rotations.k_rotation)
+        # float32 between the two rotations: no extra bf16 rounding of q or of the output.
+        q_rot = rotate_rows(query[:n].view(n, self.num_heads, self.head_size), rotations.k_rotation,
+                            out_dtype=torch.float32)
         out_rot = oscar_decode(q_rot, self._int2_cache(kv_cache), self.window_k, self.window_v, self.layout,
                                m.token_block_table, m.token_window_block_table, m.token_seq_lens,
                                self.config.sink_tokens, self.config.recent_tokens, self.scale,
                                max_seq_len=m.max_seq_len)
-        result = rotate_rows(out_rot, rotations.v_rotation, inverse=True)
+        result = rotate_rows(out_rot, rotations.v_rotation, inverse=True, out_dtype=output.dtype)
         output.view(-1, self.num_heads, self.head_size)[:n] = result
         return output

@@ -1,0 +1,35 @@
+"""What the OSCAR backend is doing inside a vLLM worker: for users, tests and monitoring.
+
+    llm.collective_rpc(worker_status)      # LLM(...); needs VLLM_ALLOW_INSECURE_SERIALIZATION=1
+                                           # (vLLM refuses to ship a function to workers otherwise)
+
+returns, per worker, the KV pool (blocks, block size), the attention impl class of every attention layer (the backend
+that actually runs), where the rotations came from, the window-store counters
+(fallback_positions: BF16-window positions served from INT2; evictions) and bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def worker_status(worker: Any) -> dict[str, Any]:
+    """Status of the OSCAR backend in ``worker`` (a vLLM worker; run via collective_rpc)."""
+    from vllm_oscar.attention import window_store
+
+    context = worker.vllm_config.compilation_config.static_forward_context
+    impls = {name: layer.impl for name, layer in context.items() if hasattr(layer, "impl")}
+    rotations = {getattr(getattr(impl, "rotations", None), "source", None) for impl in impls.values()}
+    manager = window_store.current_manager()
+    kv_cache_config = getattr(worker.model_runner, "kv_cache_config", None)
+    return {
+        "kv_cache_blocks": None if kv_cache_config is None else kv_cache_config.num_blocks,
+        "block_size": worker.vllm_config.cache_config.block_size,
+        "impl_classes": sorted({type(impl).__name__ for impl in impls.values()}),
+        "num_attention_layers": len(impls),
+        "rotation_sources": sorted(s for s in rotations if s is not None),
+        "fallback_positions": None if manager is None else manager.fallback_positions,
+        "evictions": None if manager is None else manager.evictions,
+        "window_blocks": None if manager is None else manager.num_window_blocks,
+        "window_store_bytes": window_store.allocated_bytes(),
+    }
