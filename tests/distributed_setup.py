@@ -7,8 +7,10 @@ for TP=2 / PP=2 on a small CPU machine (docs/notes/distributed.md says why each 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +46,27 @@ ENGINE_OPTIONS: dict[str, Any] = {
 #: eager mode (CompilationMode.NONE). Dynamo tracing with the "eager" backend keeps the
 #: warm-up without an inductor compile.
 PP_COMPILATION = {"mode": 2, "backend": "eager"}
-#: Environment of every engine: 1 GiB KV pool; with 2 ranks one core per rank
-#: (vLLM's auto binding wants one NUMA node per rank and this machine has one).
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+#: Environment of every engine start: a 1 GiB KV pool.
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+#: OpenMP binding of a 2-rank engine: one core per rank. vLLM's automatic binding wants
+#: one NUMA node per local rank and fails on a one-node machine ("Not enough allowed NUMA
+#: nodes to bind threads of 2 local CPUWorkers").
+TWO_RANK_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+@contextlib.contextmanager
+def scoped_env(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of a block, then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
 
 
 def make_tiny_llama(folder: Path, tokenizer_source: Path) -> Path:
@@ -94,14 +114,40 @@ def run_engine(kwargs: dict[str, Any]) -> dict[str, Any]:
     Returns {"token_ids": [[...] per prompt], "reports": [one per worker]}. Runs in the
     calling process (the test process or a Ray actor).
     """
-    for key, value in ENGINE_ENV.items():
-        os.environ.setdefault(key, value)
     from vllm import LLM, SamplingParams
 
-    llm = LLM(**kwargs)
+    world = kwargs.get("tensor_parallel_size", 1) * kwargs.get("pipeline_parallel_size", 1)
+    with scoped_env({**ENGINE_ENV, **(TWO_RANK_BIND if world == 2 else {})}):
+        llm = LLM(**kwargs)  # workers inherit the environment at start-up
     try:
         outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
         reports = llm.collective_rpc("oscar_report")
         return {"token_ids": [list(o.outputs[0].token_ids) for o in outputs], "reports": reports}
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+def oscar_config(model: Path, rotations: Path) -> Any:
+    """The VllmConfig vLLM builds for an OSCAR engine (no engine start)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs = engine_kwargs(model, rotations, tensor_parallel_size=2)
+    return EngineArgs(**kwargs).create_engine_config()
+
+
+def unpickled_backend(vllm_config: Any) -> dict[str, Any]:
+    """Run in a fresh Ray worker: what the config's attention backend became on arrival.
+
+    Ray unpickled ``vllm_config`` before this body runs, as it does for vLLM's
+    ``RayWorkerProc(vllm_config=...)``; vLLM plugins were not loaded at that point.
+    """
+    import vllm.plugins
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    backend = vllm_config.attention_config.backend
+    return {
+        "plugins_loaded": vllm.plugins.plugins_loaded,
+        "backend_name": backend.name,
+        "is_registered_member": AttentionBackendEnum.__members__.get(backend.name) is backend,
+        "backend_class": backend.get_path(),
+    }
