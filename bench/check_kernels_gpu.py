@@ -105,7 +105,7 @@ def check_write(report: list) -> None:
         check_write_case(result, prerot)
         twin = write_case(torch_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda")
         differing = float((result[8] != twin[8]).float().mean())
-        assert differing < 1e-3, f"triton vs torch cache bytes differ in {differing:.2e} of bytes"
+        assert differing < 5e-3, f"triton vs torch cache bytes differ in {differing:.2e} of bytes"
         report.append({"check": "write", "dim": dim, "group": group, "n": n, "prerotated": prerot,
                        "bytes_differing_vs_torch": differing, "ok": True})
         print(f"write D={dim} G={group} N={n} prerotated={prerot}: ok (bytes differing vs torch path "
@@ -134,19 +134,19 @@ def check_decode(report: list) -> None:
             dense_attention(query[b : b + 1], torch.tensor([n - 1], device=DEVICE),
                             dense_context(state, b, n, DEVICE), sink, recent, scale)[0]
             for b, n in enumerate(lens)])
-        for mode in (UNPACK_PTX, UNPACK_PORTABLE):
-            for block_t in (32, 64, 128):
-                out = torch.full_like(query, float("nan"))
-                config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode)
-                triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                        state.window_block_table, state.seq_lens, sink, recent, scale, out=out,
-                                        max_seq_len=max(lens), config=config)
-                errors = [rel(out[b], expected[b]) for b in range(len(lens))]
-                ok = max(errors) < TOLERANCE
-                report.append({"check": "decode", "case": name, "unpack": mode, "block_t": block_t,
-                               "rel_errors": errors, "ok": ok})
-                print(f"decode {name} unpack={mode} bt={block_t}: max rel err {max(errors):.2e} "
-                      f"{'ok' if ok else 'FAIL'}", flush=True)
+        for mode, block_t, tokens_on_m in ((UNPACK_PTX, 64, True), (UNPACK_PTX, 128, True),
+                                           (UNPACK_PORTABLE, 32, True), (UNPACK_PTX, 64, False)):
+            out = torch.full_like(query, float("nan"))
+            config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode, tokens_on_m=tokens_on_m)
+            triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                    state.window_block_table, state.seq_lens, sink, recent, scale, out=out,
+                                    max_seq_len=max(lens), config=config)
+            errors = [rel(out[b], expected[b]) for b in range(len(lens))]
+            ok = max(errors) < TOLERANCE
+            report.append({"check": "decode", "case": name, "unpack": mode, "block_t": block_t,
+                           "tokens_on_m": tokens_on_m, "rel_errors": errors, "ok": ok})
+            print(f"decode {name} unpack={mode} bt={block_t} tokens_on_m={tokens_on_m}: max rel err {max(errors):.2e} "
+                  f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
 def check_prefill(report: list) -> None:

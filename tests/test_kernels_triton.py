@@ -73,14 +73,15 @@ def test_triton_write_agrees_with_torch_write() -> None:
     torch.testing.assert_close(a[9], b[9], equal_nan=True, rtol=1e-2, atol=1e-2)
 
 
-def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16):
+def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
+               tokens_on_m=True):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
     query = torch.randn(len(lens), hq, dim, generator=gen).to(qdtype)
     scale = 1.0 / math.sqrt(dim)
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
-    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits)
+    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -111,6 +112,11 @@ def test_triton_decode_window_boundaries_at_every_offset() -> None:
     position falls at every offset of a block; half the requests lose a window block."""
     run_decode(list(range(1, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 0, 16, 2, seed=3)
     run_decode(list(range(2, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 1, 16, 2, seed=4)
+
+
+def test_triton_decode_general_kernel_for_int2_splits() -> None:
+    """tokens_on_m=False: the INT2 splits run in the general kernel (rows on M)."""
+    run_decode([90, 17, 1], 4, 2, 64, 64, 16, 5, 7, 1, 16, 3, seed=12, tokens_on_m=False)
 
 
 def test_triton_decode_float32_query() -> None:

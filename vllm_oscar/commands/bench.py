@@ -29,10 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
                         help="decode: also time oscar_write on this many new tokens per layer")
+    parser.add_argument("--autotune", action="store_true",
+                        help="decode: per geometry, pick the fastest launch config at 32K / B=8 first")
     parser.add_argument("--block-t", type=int, nargs="+", default=[32, 64, 128], help="tune: tile sizes")
     parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per program")
     parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
     parser.add_argument("--unpack", type=int, nargs="+", default=[0, 1], help="tune: 0 portable, 1 PTX")
+    parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         for geometry, context, batch in cases:
             for bt, nw, ns, up in itertools.product(args.block_t, args.num_warps, args.num_stages, args.unpack):
-                config = AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, unpack=up)
+                config = AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, unpack=up,
+                                         tokens_on_m=not args.rows_on_m)
                 try:
                     r = benchmark.run_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
                                            oscar_config=config, with_baselines=False)
@@ -69,8 +73,19 @@ def run(args: argparse.Namespace) -> int:
         report["tune"] = rows
     else:
         rows = []
+        chosen: dict = {}
+        if args.autotune:
+            report["autotune"] = {}
+            for geometry in args.geometry:
+                chosen[geometry], trials = benchmark.autotune(geometry, args.block_size, device, bandwidth, args.reps)
+                report["autotune"][geometry] = trials
+                for t in trials:
+                    print(f"autotune {geometry}: {t}", flush=True)
+                print(f"autotune {geometry}: chose {chosen[geometry]}", flush=True)
         for geometry, context, batch in cases:
-            rows.append(benchmark.run_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth))
+            rows.append(benchmark.run_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
+                                           oscar_config=chosen.get(geometry)))
+            rows[-1]["oscar_config"] = str(chosen.get(geometry, "default"))
             print(benchmark.format_table(rows[-1:]).splitlines()[-1], flush=True)
         report["decode"] = rows
         report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps)

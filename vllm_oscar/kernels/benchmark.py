@@ -148,7 +148,7 @@ def measure_bandwidth(device: torch.device, gib: float = 4.0) -> dict[str, float
     x = torch.randn(numel, device=device)
     y = torch.empty_like(x)
     acc = torch.empty((), device=device)
-    read_ms = time_graph([lambda: torch.sum(x, out=acc)], 10)
+    read_ms = time_graph([lambda: torch.sum(x, dim=0, out=acc)], 10)
     copy_ms = time_graph([lambda: y.copy_(x)], 10)
     del x, y
     torch.cuda.empty_cache()
@@ -347,3 +347,32 @@ def plot(rows: list[dict], path: str) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+#: Launch configs the decode benchmark's autotune tries: (block_t, num_warps, num_stages, tokens_on_m).
+AUTOTUNE_CANDIDATES: tuple[tuple[int, int, int, bool], ...] = (
+    (64, 2, 2, True), (64, 4, 2, True), (64, 2, 3, True), (64, 4, 3, True),
+    (128, 2, 2, True), (128, 4, 2, True), (128, 4, 3, True), (128, 8, 2, True),
+    (128, 4, 3, False),
+)
+
+
+def autotune(geometry: str, block_size: int, device: torch.device, bandwidth: dict[str, float], reps: int,
+             context: int = 32768, batch: int = 8) -> tuple[object, list[dict]]:
+    """Time every AUTOTUNE_CANDIDATES config on one case; return (fastest config, all timings)."""
+    from vllm_oscar.kernels.triton_ops import AttentionConfig
+
+    trials = []
+    for block_t, warps, stages, tokens_on_m in AUTOTUNE_CANDIDATES:
+        config = AttentionConfig(block_t=block_t, num_warps=warps, num_stages=stages, tokens_on_m=tokens_on_m)
+        try:
+            r = run_case(geometry, context, batch, block_size, reps, device, bandwidth, oscar_config=config,
+                         with_baselines=False)
+            trials.append({"config": dataclasses.asdict(config), "ms": r["oscar"]["ms"]})
+        except Exception as error:  # a config that does not compile is recorded and skipped
+            trials.append({"config": dataclasses.asdict(config), "error": f"{type(error).__name__}: {error}"[:200]})
+    timed = [t for t in trials if "ms" in t]
+    if not timed:
+        raise RuntimeError(f"no autotune candidate ran for {geometry}: {trials}")
+    best = min(timed, key=lambda t: t["ms"])
+    return AttentionConfig(**best["config"]), trials

@@ -198,14 +198,16 @@ def attention_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, DECODE: tl.constexpr, MODE: tl.constexpr,
-    WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr,
+    WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr, PID_OFFSET: tl.constexpr,
 ):
     """See module docstring. Decode writes partials (out: [B, Hq, NSPLIT+2, D] fp32, lse:
-    [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype)."""
+    [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype).
+    PID_OFFSET: added to program_id(0) (decode launches only the two window programs
+    here, with PID_OFFSET = NSPLIT, when the INT2 splits run in triton_decode_int2)."""
     Q: tl.constexpr = D // 4
     NG: tl.constexpr = D // G
     PARAM: tl.constexpr = D // G  # scale entries per (token, head)
-    pid = tl.program_id(0)
+    pid = tl.program_id(0) + PID_OFFSET
     b = tl.program_id(1)
     h = tl.program_id(2)
 

@@ -24,6 +24,7 @@ from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extr
 from vllm_oscar.kernels.layout import PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
+from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
 from vllm_oscar.kernels.triton_write import oscar_write_kernel
 from vllm_oscar.quant import clip_threshold_index
 
@@ -43,7 +44,9 @@ class AttentionConfig:
 
     block_t: cached positions per tile; unpack: UNPACK_PTX / UNPACK_PORTABLE, None =
     PTX on CUDA, portable under the interpreter; num_splits: decode split-K count, None =
-    sized from max_seq_len and the SM count.
+    sized from max_seq_len and the SM count; tokens_on_m: decode runs its pure-INT2 splits
+    in triton_decode_int2 (tokens on the MMA M side; one group per row, G = D) instead of
+    the general kernel (query rows on M, padded to 16). Same function, different speed.
     """
 
     block_t: int = 64
@@ -51,6 +54,7 @@ class AttentionConfig:
     num_stages: int = 2
     unpack: Optional[int] = None
     num_splits: Optional[int] = None
+    tokens_on_m: bool = True
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -209,7 +213,22 @@ def oscar_decode(
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
-    attention_kernel[(total, batch, hkv)](
+    split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
+    if split_int2:
+        int2_split_kernel[(nsplit, batch, hkv)](
+            query_rot, query_rot.stride(0), query_rot.stride(1),
+            int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+            block_table, block_table.stride(0), seq_lens,
+            part, part.stride(0), part.stride(1), part.stride(2),
+            lse, lse.stride(0), lse.stride(1),
+            sink, recent, softmax_scale * LOG2E,
+            **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE",
+                                    "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "EMU",
+                                    "num_warps", "num_stages")},
+            NSPLIT=nsplit,
+        )
+    first = nsplit if split_int2 else 0
+    attention_kernel[(total - first, batch, hkv)](
         query_rot, query_rot.stride(0), query_rot.stride(1),
         query_rot, query_rot, 0, 0,
         int2_cache, int2_cache.stride(0), int2_cache.stride(1),
@@ -219,7 +238,7 @@ def oscar_decode(
         part, part.stride(0), part.stride(1), part.stride(2),
         lse, lse.stride(0), lse.stride(1),
         sink, recent, softmax_scale * LOG2E,
-        BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"], **meta,
+        BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"], PID_OFFSET=first, **meta,
     )
     merge_kernel[(batch, hq)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
@@ -280,7 +299,7 @@ def oscar_prefill(
         out, out.stride(0), out.stride(1), 0,
         out, 0, 0,
         sink, recent, softmax_scale * LOG2E,
-        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False,
+        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, PID_OFFSET=0,
         NEW_T=TL_DTYPES[key_rot.dtype], **meta,
     )
     return out

@@ -1,0 +1,147 @@
+"""Decode hot loop: the pure-INT2 split-K programs, tokens on the MMA's M dimension.
+
+Grid (NSPLIT, B, Hkv). Program (k, b, h) takes split k of the tiles of request b's pure
+INT2 range [min(sink, L), max(min(sink, L), L - recent)) (positions every query of a
+decode reads from INT2) and writes a partial (normalised output + log2-sum-exp) into the
+same buffers as triton_attention's window programs; merge_kernel combines them.
+
+Orientation (why this kernel exists): the general kernel computes logits as
+[query rows, tokens] with the GQA group padded to 16 rows, so every element-wise step of
+the online softmax runs on 16 rows while only g (3 or 4 in common models) are real. Here
+the tile is [tokens, GP] (GP = next power of two >= g):
+
+    logits^T [BT, GP] = sum_p  X_p [BT, D/4] @ (q_p / F_p)^T [D/4, GP]   (X_p = BIAS + F_p code)
+    acc_p    [GP, D/4] += (w^T) [GP, BT] @ X_p [BT, D/4],   w = bf16(p * scale_v)
+
+so the softmax works on BT * GP elements, the unpacked codes are the first MMA operand,
+and Triton pads the small GP side of the MMAs internally. Bias/factor removal as in
+triton_common. Scales and offsets are folded with softmax_scale * log2(e) per token.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, unpack_plane
+
+BIAS: tl.constexpr = tl.constexpr(128.0)
+
+
+@triton.jit
+def _query_plane(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr):
+    """Plane P of the query, transposed: ([Q, GP] bf16 / F_P, BIAS * sum, plain sum [GP])."""
+    qf = tl.load(q_row[None, :] + P * Q + cols[:, None], mask=jok[None, :], other=0.0).to(tl.float32)
+    q_bf = round_to(qf, tl.bfloat16, EMU).to(tl.float32)
+    q_div = round_to(q_bf / plane_factor(P, MODE), tl.bfloat16, EMU)
+    return q_div, BIAS * tl.sum(q_div.to(tl.float32), axis=0), tl.sum(q_bf, axis=0)
+
+
+@triton.jit
+def int2_split_kernel(
+    q_ptr, stride_qb, stride_qh,
+    cache_ptr, stride_cb, stride_ch,
+    bt_ptr, stride_bt, seq_ptr,
+    part_ptr, stride_pb, stride_ph, stride_ps,
+    lse_ptr, stride_lb, stride_lh,
+    sink, recent, qk_scale,
+    GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr,
+    K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
+    V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
+    BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, MODE: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """One group per row (G = D). See module docstring."""
+    Q: tl.constexpr = D // 4
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    length = tl.load(seq_ptr + b)
+    sink_end = tl.minimum(sink, length)
+    int2_end = tl.maximum(sink_end, length - recent)
+    first = (sink_end // BLOCK_T) * BLOCK_T
+    n_tiles = tl.where(int2_end > sink_end, tl.cdiv(int2_end - first, BLOCK_T), 0)
+    per_split = tl.cdiv(n_tiles, NSPLIT)
+    lo = tl.minimum(pid * per_split, n_tiles)
+    hi = tl.minimum(lo + per_split, n_tiles)
+
+    j = tl.arange(0, GP)
+    jok = j < GROUP
+    head = h * GROUP + j
+    cols = tl.arange(0, Q)
+    q_row = q_ptr + b.to(tl.int64) * stride_qb + head * stride_qh
+    q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
+    q1, qb1, qo1 = _query_plane(q_row, cols, jok, 1, Q, MODE, EMU)
+    q2, qb2, qo2 = _query_plane(q_row, cols, jok, 2, Q, MODE, EMU)
+    q3, qb3, qo3 = _query_plane(q_row, cols, jok, 3, Q, MODE, EMU)
+    qb = qb0 + qb1 + qb2 + qb3
+    qo = qo0 + qo1 + qo2 + qo3
+
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    sw = tl.zeros([GP], tl.float32)
+    zw = tl.zeros([GP], tl.float32)
+    acc0 = tl.zeros([GP, Q], tl.float32)
+    acc1 = tl.zeros([GP, Q], tl.float32)
+    acc2 = tl.zeros([GP, Q], tl.float32)
+    acc3 = tl.zeros([GP, Q], tl.float32)
+    head_base = cache_ptr + h * stride_ch
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    offs_t = tl.arange(0, BLOCK_T)
+    for i in range(lo, hi):
+        t0 = first + i * BLOCK_T
+        s = t0 + offs_t
+        ok = (s >= sink_end) & (s < int2_end)
+        if SAME_BLOCK:
+            base = head_base + tl.load(bt_row + t0 // BS).to(tl.int64) * stride_cb
+            slot = t0 % BS + offs_t
+            rows = base + slot * Q  # scalar base: K/V code rows are one contiguous run
+            kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
+            ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+            kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+        else:
+            base = head_base + tl.load(bt_row + s // BS, mask=ok, other=0).to(tl.int64) * stride_cb
+            slot = s % BS
+            rows = base + slot * Q
+            kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
+            ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+            kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+        raw = mma(unpack_plane(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.float32), EMU)
+        raw = mma(unpack_plane(kc, 1, MODE), q1, raw, EMU)
+        raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
+        raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
+        ks = ks.to(tl.float32) * qk_scale
+        kz = kz.to(tl.float32) * qk_scale
+        logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
+        logits = tl.where(ok[:, None], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(logits - m_safe[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+        vc = tl.load(rows[:, None] + V_CODES + cols[None, :], mask=ok[:, None], other=0)
+        vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
+        vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
+        w = round_to(p * vs[:, None], tl.bfloat16, EMU)
+        sw = sw * alpha + tl.sum(w.to(tl.float32), axis=0)
+        zw = zw * alpha + tl.sum(p * vz[:, None], axis=0)
+        wt = tl.trans(w)
+        acc0 = mma(wt, unpack_plane(vc, 0, MODE), acc0 * alpha[:, None], EMU)
+        acc1 = mma(wt, unpack_plane(vc, 1, MODE), acc1 * alpha[:, None], EMU)
+        acc2 = mma(wt, unpack_plane(vc, 2, MODE), acc2 * alpha[:, None], EMU)
+        acc3 = mma(wt, unpack_plane(vc, 3, MODE), acc3 * alpha[:, None], EMU)
+
+    inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+    o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
+    bias = BIAS * sw[:, None]
+    tl.store(o_row[:, None] + cols[None, :],
+             (((acc0 - bias) / plane_factor(0, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
+    tl.store(o_row[:, None] + Q + cols[None, :],
+             (((acc1 - bias) / plane_factor(1, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
+    tl.store(o_row[:, None] + 2 * Q + cols[None, :],
+             (((acc2 - bias) / plane_factor(2, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
+    tl.store(o_row[:, None] + 3 * Q + cols[None, :],
+             (((acc3 - bias) / plane_factor(3, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
+    lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+    tl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=jok)
