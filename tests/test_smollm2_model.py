@@ -44,3 +44,9 @@ def test_folder_logits_equal_the_gguf_model(folder) -> None:
     converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
         assert torch.equal(reference(ids).logits, converted(ids).logits)
+
+
+def test_config_is_plain_float_weights(folder) -> None:
+    """No GGUF quantization_config: vLLM must load the folder as an ordinary model."""
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config

@@ -113,11 +113,17 @@ def _write_folder(source: Path, target: Path) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     config = model.config
+    # The weights are written dequantized: the GGUF quantization_config must not follow
+    # them (vLLM would try to load the folder as a GGUF-quantized model).
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     config.eos_token_id = eos_id
     config.bos_token_id = None
     config.tie_word_embeddings = True
     config.torch_dtype = "float32"
     config.to_json_file(str(target / "config.json"))
+    if "quantization_config" in json.loads((target / "config.json").read_text()):
+        raise RuntimeError("could not drop the GGUF quantization_config from config.json")
     generation = {"eos_token_id": eos_id, "bos_token_id": None, "pad_token_id": eos_id}
     (target / "generation_config.json").write_text(json.dumps(generation, indent=2))
     state = {
@@ -126,6 +132,11 @@ def _write_folder(source: Path, target: Path) -> None:
         if name != "lm_head.weight"
     }
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt", "source_sha256": sha256_of(source)})
+
+
+def _is_plain_config(folder: Path) -> bool:
+    """True when config.json carries no quantization_config (folders of older builds did)."""
+    return "quantization_config" not in json.loads((folder / "config.json").read_text())
 
 
 def smollm2_folder(target: Path | None = None) -> Path:
@@ -139,7 +150,7 @@ def smollm2_folder(target: Path | None = None) -> Path:
         written to a temporary sibling and renamed, so an interrupted build leaves nothing.
     """
     target = Path(target) if target is not None else cache_dir() / FOLDER_NAME
-    if all((target / name).is_file() for name in FOLDER_FILES):
+    if all((target / name).is_file() for name in FOLDER_FILES) and _is_plain_config(target):
         return target
     source = gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
