@@ -40,7 +40,8 @@ from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.config import BACKEND_NAME, KERNEL_BLOCK_MULTIPLE, KV_CACHE_DTYPE_NAME, OscarConfig
 from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_write, rotate_rows
 
-logger = logging.getLogger(__name__)
+# Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Head sizes the kernels are built and tested for.
 SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256)

@@ -29,7 +29,8 @@ from typing import Any
 
 from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME, KV_CACHE_DTYPE_NAME
 
-logger = logging.getLogger(__name__)
+# Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Class path of the backend (imported lazily by vLLM).
 BACKEND_CLASS_PATH = "vllm_oscar.attention.backend.OscarAttentionBackend"

@@ -30,7 +30,8 @@ from vllm_oscar.calibration.rotations import RotationSet
 from vllm_oscar.config import OscarConfig
 from vllm_oscar.quant import hadamard_matrix
 
-logger = logging.getLogger(__name__)
+# Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Where a layer's rotation came from, for logs and for tests that check it.
 SOURCE_FILE = "file"

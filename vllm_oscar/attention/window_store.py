@@ -44,7 +44,8 @@ from typing import Sequence
 
 import torch
 
-logger = logging.getLogger(__name__)
+# Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 
 def cdiv(a: int, b: int) -> int:
