@@ -139,15 +139,50 @@ def unpickled_backend(vllm_config: Any) -> dict[str, Any]:
     """Run in a fresh Ray worker: what the config's attention backend became on arrival.
 
     Ray unpickled ``vllm_config`` before this body runs, as it does for vLLM's
-    ``RayWorkerProc(vllm_config=...)``; vLLM plugins were not loaded at that point.
+    ``RayWorkerProc(vllm_config=...)``; no vLLM plugin was loaded at that point. Then the
+    plugins load, as ``WorkerWrapperBase.init_worker`` does next in a Ray worker, and the
+    member must stay the one registered backend.
     """
     import vllm.plugins
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     backend = vllm_config.attention_config.backend
-    return {
+    arrival = {
         "plugins_loaded": vllm.plugins.plugins_loaded,
         "backend_name": backend.name,
         "is_registered_member": AttentionBackendEnum.__members__.get(backend.name) is backend,
-        "backend_class": backend.get_path(),
     }
+    vllm.plugins.load_general_plugins()
+    return {
+        **arrival,
+        "same_member_after_plugins": AttentionBackendEnum[backend.name] is backend,
+        "backend_class": backend.get_class().__module__ + "." + backend.get_class().__qualname__,
+    }
+
+
+class _PlainEnumPickle:
+    """Pickles as Enum's default reduce of a member: ``(AttentionBackendEnum, (value,))``."""
+
+    def __init__(self, member: Any) -> None:
+        self.member = member
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return type(self.member), (self.member.value,)
+
+
+def plain_enum_payload(member: Any) -> bytes:
+    """``member`` pickled the way Python pickles an enum member without the plugin's fix."""
+    import pickle
+
+    return pickle.dumps(_PlainEnumPickle(member))
+
+
+def unpickle_error(payload: bytes) -> str:
+    """Run in a fresh Ray worker: unpickle ``payload``; the error text, or "" if it worked."""
+    import pickle
+
+    try:
+        pickle.loads(payload)
+    except Exception as error:  # the trap raises ValueError; report whatever happens
+        return f"{type(error).__name__}: {error}"
+    return ""

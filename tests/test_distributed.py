@@ -149,8 +149,14 @@ def test_ray_worker_unpickles_oscar_config(ray_cluster: Any, tiny: tuple[Path, P
         "plugins_loaded": False,  # the trap's condition: no plugin ran before unpickling
         "backend_name": "OSCAR",
         "is_registered_member": True,
+        "same_member_after_plugins": True,
         "backend_class": "vllm_oscar.attention.backend.OscarAttentionBackend",
     }
+    # Control: the same member pickled by Enum's default rule fails in a fresh worker,
+    # so the check above would catch a registration without the pickling fix.
+    plain = setup.plain_enum_payload(config.attention_config.backend)
+    error = ray_cluster.get(ray_cluster.remote(max_calls=1, num_cpus=1)(setup.unpickle_error).remote(plain))
+    assert error.startswith("ValueError") and "is not a valid AttentionBackendEnum" in error, error
 
 
 def test_ray_pp2_stages_load_only_their_layers(ray_pp2: dict[str, Any], file_rotations: Any) -> None:
