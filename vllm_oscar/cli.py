@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 #: subcommand name -> (module under vllm_oscar.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "bits": ("bits", "bits per element of an OSCAR configuration at given context lengths"),
+    "eval": ("eval", "quality of OSCAR vs BF16 and baselines on held-out text, with exact bits"),
     "calibrate": ("calibrate", "calibrate OSCAR rotations for a model (or import RotationZoo files)"),
     "info": ("info", "summary of a rotation file"),
     "bench": ("bench", "OSCAR decode benchmark on a CUDA GPU: vs BF16 SDPA and paged BF16 Triton"),

@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from vllm_oscar.config import SCALE_DTYPE_BITS, WINDOW_BITS
+from vllm_oscar.config import WINDOW_BITS
+from vllm_oscar.evaluation.refit import refit_quantize
 from vllm_oscar.quant import body_bits_per_element, fake_quantize, hadamard_matrix
 
 
@@ -101,12 +102,19 @@ class LayerRotations:
         key: [Hkv, D, D] float32 rotation of the keys (x_rot = x @ R), or None (identity).
         value: [Hkv, D, D] float32 rotation of the values, or None.
         clip_k / clip_v: clip ratios (1.0 = no clipping).
+        key_mean / value_mean: [Hkv, D] float32 calibrated means subtracted before
+            quantization and added back after (None = no centering). Exact for
+            attention: q.mu shifts every logit of a query equally only among quantized
+            keys, so it is part of the reconstruction, not a free shift; it costs no
+            per-token bits.
     """
 
     key: Optional[torch.Tensor]
     value: Optional[torch.Tensor]
     clip_k: float = 1.0
     clip_v: float = 1.0
+    key_mean: Optional[torch.Tensor] = None
+    value_mean: Optional[torch.Tensor] = None
 
 
 def _rotate(rows: torch.Tensor, rotation: Optional[torch.Tensor], inverse: bool) -> torch.Tensor:
@@ -127,6 +135,8 @@ class RowMethod(KVMethod):
         group_size: channels per (scale, offset); None = one group per row (D).
         scale_dtype: storage dtype of scale and offset.
         lloyd_max: Gaussian Lloyd-Max levels instead of the min/max grid, on K and V.
+        refit_iterations: > 0: least-squares refit of each group's (scale, offset) to its
+            unclipped values (quant.refit.refit_quantize); same storage, same decode.
     """
 
     def __init__(
@@ -137,6 +147,7 @@ class RowMethod(KVMethod):
         group_size: Optional[int] = None,
         scale_dtype: torch.dtype = torch.float16,
         lloyd_max: bool = False,
+        refit_iterations: int = 0,
     ) -> None:
         self.name = name
         self.description = description
@@ -144,24 +155,35 @@ class RowMethod(KVMethod):
         self.group_size = group_size
         self.scale_dtype = scale_dtype
         self.lloyd_max = lloyd_max
+        self.refit_iterations = refit_iterations
 
     @property
     def is_exact(self) -> bool:
         return False
 
-    def _round_trip(self, rows: torch.Tensor, rotation: Optional[torch.Tensor], clip: float) -> torch.Tensor:
-        rotated = _rotate(rows.float(), rotation, inverse=False)
+    def _round_trip(
+        self, rows: torch.Tensor, rotation: Optional[torch.Tensor], clip: float, mean: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        rows = rows.float()
+        if mean is not None:
+            mean = mean.to(rows.device)[None, :, None, :]
+            rows = rows - mean
+        rotated = _rotate(rows, rotation, inverse=False)
         group = self.group_size or rows.shape[-1]
-        quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max)
-        return _rotate(quantized, rotation, inverse=True)
+        if self.refit_iterations:
+            quantized = refit_quantize(rotated, clip, group, self.scale_dtype, self.refit_iterations)
+        else:
+            quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max)
+        restored = _rotate(quantized, rotation, inverse=True)
+        return restored + mean if mean is not None else restored
 
     def quantize_keys(self, keys: torch.Tensor, layer: int) -> torch.Tensor:
         spec = self.layers[layer]
-        return self._round_trip(keys, spec.key, spec.clip_k)
+        return self._round_trip(keys, spec.key, spec.clip_k, spec.key_mean)
 
     def quantize_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
         spec = self.layers[layer]
-        return self._round_trip(values, spec.value, spec.clip_v)
+        return self._round_trip(values, spec.value, spec.clip_v, spec.value_mean)
 
     def body_bits(self, head_dim: int) -> float:
         return body_bits_per_element(self.group_size or head_dim, self.scale_dtype)
@@ -179,7 +201,3 @@ def identity_layers(num_layers: int, clip_k: float = 1.0, clip_v: float = 1.0) -
     """No rotation (naive INT2)."""
     return [LayerRotations(None, None, clip_k, clip_v) for _ in range(num_layers)]
 
-
-def scale_bits(scale_dtype: torch.dtype) -> int:
-    """Bits of one stored scale, zero or norm."""
-    return SCALE_DTYPE_BITS[scale_dtype]

@@ -1,0 +1,185 @@
+"""The named methods of the evaluation table, built for one model.
+
+Baselines need only the model's geometry. OSCAR variants need calibration statistics
+(vllm_oscar.calibration.collect_statistics on calibration text) or a rotation file.
+
+Names (``--methods``):
+    bf16                 unquantized K/V
+    int2-naive           per-token INT2, one fp16 (scale, offset) per row, no rotation
+    int2-quarot          QuaRot: Hadamard rotation, then the same INT2
+    int2-hadamard-clip   Hadamard + the reference clip ratios (0.96 / 0.92)
+    kivi2                KIVI-2, group 32
+    turboquant_4bit_nc / turboquant_3bit_nc   vLLM's TurboQuant presets
+    oscar-file           OSCAR from --rotations FILE, as stored (clip ratios included)
+    oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
+    oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
+    oscar-layer          ... one rotation per layer (head-averaged targets)
+    oscar-head-noH       ... without the Hadamard factor (ablation)
+    oscar-head-lm        ... Lloyd-Max levels on every write (K and V)
+    oscar-head-clip      ... clip ratios searched per model / per layer (calibration.search_clip_ratios)
+    oscar-head-center    ... calibrated per-(layer, head) K/V means removed before quantization
+    oscar-head-refit     ... least-squares (scale, offset) refit per row (evaluation.refit)
+    oscar-head-best      ... clip search + centering + refit
+    int2-hadamard-refit  Hadamard + refit (is the gain the basis or the quantizer?)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+from vllm_oscar.config import (
+    DEFAULT_CLIP_RATIO_K,
+    DEFAULT_CLIP_RATIO_V,
+    KIVI_GROUP_SIZE,
+    TURBOQUANT_PRESETS,
+    VALUE_FORM_LOGIT_ENERGY,
+    VALUE_FORM_OUTPUT,
+)
+from vllm_oscar.evaluation.baselines import KiviMethod, TurboQuantMethod
+from vllm_oscar.evaluation.methods import (
+    KVMethod,
+    LayerRotations,
+    RowMethod,
+    hadamard_layers,
+    identity_layers,
+)
+
+#: Least-squares refit rounds of the "-refit" variants (converges in 2-3 on Gaussian rows).
+REFIT_ITERATIONS = 4
+
+BASELINES = (
+    "bf16", "int2-naive", "int2-quarot", "int2-hadamard-clip", "int2-hadamard-refit", "kivi2", *TURBOQUANT_PRESETS,
+)
+OSCAR_VARIANTS = (
+    "oscar-head", "oscar-head-vlogit", "oscar-layer", "oscar-head-noH", "oscar-head-lm",
+    "oscar-head-clip", "oscar-head-center", "oscar-head-refit", "oscar-head-best",
+)
+ALL_METHODS = (*BASELINES, "oscar-file", *OSCAR_VARIANTS)
+
+
+@dataclasses.dataclass
+class Geometry:
+    """What the methods need to know about the model."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def _layers_from(rotation_set, means: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> list[LayerRotations]:
+    """LayerRotations from a calibration RotationSet (clip ratios as stored)."""
+    return [
+        LayerRotations(
+            layer.k_rotation.float(), layer.v_rotation.float(), layer.clip_k, layer.clip_v,
+            *(means[i] if means is not None else (None, None)),
+        )
+        for i, layer in enumerate(rotation_set.layers)
+    ]
+
+
+def sample_means(stats) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (key mean, value mean), each [Hkv, D] float32, from the calibration samples."""
+    if stats.samples is None:
+        raise ValueError("centering needs calibration samples: collect_statistics(sample_sequences >= 1).")
+    return [
+        (k.mean(dim=(0, 1)).float(), v.mean(dim=(0, 1)).float())
+        for k, v in zip(stats.samples.key, stats.samples.value)
+    ]
+
+
+def baseline_method(name: str, geometry: Geometry) -> KVMethod:
+    """A method that needs no calibration."""
+    g = geometry
+    if name == "bf16":
+        return KVMethod()
+    if name == "int2-naive":
+        return RowMethod(name, "per-token INT2, fp16 scale/offset per row, no rotation", identity_layers(g.num_layers))
+    if name == "int2-quarot":
+        return RowMethod(name, "QuaRot-INT2: Hadamard, per-token INT2", hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim))
+    if name == "int2-hadamard-clip":
+        layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
+        return RowMethod(name, "Hadamard + clip 0.96/0.92, per-token INT2", layers)
+    if name == "int2-hadamard-refit":
+        layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
+        return RowMethod(name, "Hadamard + least-squares grid refit, per-token INT2", layers, refit_iterations=REFIT_ITERATIONS)
+    if name == "kivi2":
+        return KiviMethod(KIVI_GROUP_SIZE)
+    if name in TURBOQUANT_PRESETS:
+        key_bits, value_bits = TURBOQUANT_PRESETS[name]
+        return TurboQuantMethod(name, key_bits, value_bits)
+    raise ValueError(f"unknown method {name!r}; known: {', '.join(ALL_METHODS)}.")
+
+
+def _samples_on(samples, device: torch.device):
+    """The calibration samples moved to ``device`` (the clip search runs where they are)."""
+    move = lambda tensors: [t.to(device) for t in tensors]  # noqa: E731
+    return dataclasses.replace(samples, query=move(samples.query), key=move(samples.key), value=move(samples.value))
+
+
+def oscar_methods(
+    names: list[str], stats, device: torch.device, sink: int, recent: int, progress: bool = True
+) -> dict[str, KVMethod]:
+    """Build the requested OSCAR variants from calibration statistics (see module doc).
+
+    ``device``: where the clip search runs (the model's device: minutes on a CPU);
+    ``sink`` / ``recent``: the windows the clip search optimises for.
+    """
+    from vllm_oscar.calibration.clip_search import search_clip_ratios
+    from vllm_oscar.calibration.rotations import build_rotations
+
+    cache: dict[str, object] = {}
+
+    def rotations(key: str, builder: Callable[[], object]):
+        if key not in cache:
+            cache[key] = builder()
+        return cache[key]
+
+    head = lambda: rotations("head", lambda: build_rotations(stats, value_form=VALUE_FORM_OUTPUT))  # noqa: E731
+    clipped = lambda: rotations(  # noqa: E731
+        "clip",
+        lambda: search_clip_ratios(
+            head(), _samples_on(stats.samples, device), sink=sink, recent=recent, progress=progress
+        ).apply(head()),
+    )
+    built: dict[str, KVMethod] = {}
+    for name in names:
+        if name == "oscar-head":
+            built[name] = RowMethod(name, "OSCAR per-head, paper value form, clip 0.96/0.92", _layers_from(head()))
+        elif name == "oscar-head-vlogit":
+            rs = rotations("vlogit", lambda: build_rotations(stats, value_form=VALUE_FORM_LOGIT_ENERGY))
+            built[name] = RowMethod(name, "OSCAR per-head, reference-code value form", _layers_from(rs))
+        elif name == "oscar-layer":
+            rs = rotations("layer", lambda: build_rotations(stats, per_head=False))
+            built[name] = RowMethod(name, "OSCAR one rotation per layer", _layers_from(rs))
+        elif name == "oscar-head-noH":
+            rs = rotations("noH", lambda: build_rotations(stats, use_hadamard=False))
+            built[name] = RowMethod(name, "OSCAR per-head without Hadamard", _layers_from(rs))
+        elif name == "oscar-head-lm":
+            built[name] = RowMethod(name, "OSCAR per-head, Lloyd-Max levels on K and V", _layers_from(head()), lloyd_max=True)
+        elif name == "oscar-head-clip":
+            built[name] = RowMethod(name, "OSCAR per-head, searched clip ratios", _layers_from(clipped()))
+        elif name == "oscar-head-center":
+            built[name] = RowMethod(name, "OSCAR per-head, K/V mean centering", _layers_from(head(), sample_means(stats)))
+        elif name == "oscar-head-refit":
+            built[name] = RowMethod(
+                name, "OSCAR per-head, least-squares grid refit", _layers_from(head()), refit_iterations=REFIT_ITERATIONS
+            )
+        elif name == "oscar-head-best":
+            built[name] = RowMethod(
+                name, "OSCAR per-head, searched clips + centering + refit",
+                _layers_from(clipped(), sample_means(stats)), refit_iterations=REFIT_ITERATIONS,
+            )
+        else:
+            raise ValueError(f"{name!r} is not an OSCAR variant; known: {', '.join(OSCAR_VARIANTS)}.")
+    return built
+
+
+def file_method(path: str) -> KVMethod:
+    """OSCAR exactly as a rotation file stores it (rotations and clip ratios)."""
+    from vllm_oscar.calibration.files import load_rotation_file
+
+    rotation_set = load_rotation_file(path)
+    return RowMethod("oscar-file", f"OSCAR from {path}", _layers_from(rotation_set))
