@@ -66,8 +66,11 @@ def save_rotation_file(path: str | os.PathLike[str], rotation_set: RotationSet) 
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(handle)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         save_file(tensors, staging, metadata=metadata)
+        os.chmod(staging, 0o666 & ~umask)  # mkstemp makes 0600; a rotation file is not secret
         os.replace(staging, target)
     finally:
         if os.path.exists(staging):
