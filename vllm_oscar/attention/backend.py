@@ -302,6 +302,17 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
         )
 
 
+def served_model_identity(model_config) -> ModelIdentity:
+    """The identity of the served model, named by the class vLLM instantiates (e.g.
+    "LlamaForCausalLM", as calibration names it; vLLM reports "LlamaModel" for a config
+    without ``architectures``) and by its path."""
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    identity = ModelIdentity.from_hf_config(model_config.hf_text_config, name=str(model_config.model))
+    model_class, _ = get_model_architecture(model_config)
+    return dataclasses.replace(identity, architecture=model_class.__name__)
+
+
 def _layer_name_of(impl: "OscarAttentionImpl", vllm_config: VllmConfig) -> str:
     """The name of the attention layer that owns ``impl`` (vLLM gives impls no name)."""
     for name, layer in vllm_config.compilation_config.static_forward_context.items():
@@ -363,7 +374,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         from vllm.model_executor.models.utils import extract_layer_index
 
         self.layer_name = _layer_name_of(self, vllm_config)
-        identity = ModelIdentity.from_hf_config(model_config.hf_text_config, name=str(model_config.model))
+        identity = served_model_identity(model_config)
         kv_slice = current_kv_head_slice(identity.num_kv_heads)
         if kv_slice.stop - kv_slice.start != self.num_kv_heads:
             raise ValueError(
