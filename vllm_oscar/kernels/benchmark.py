@@ -210,7 +210,8 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     o_bytes = oscar_bytes(case, batch, length, hkv, hq, dim)
     result["oscar"] = {"ms": ms, "layers": oscar_layers, "bytes": o_bytes, "GBps": o_bytes / ms / 1e6,
                        "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
-                       "splits": config.num_splits or triton_ops.decode_splits(batch, hkv, length, config.block_t, device)}
+                       "splits": config.num_splits or triton_ops.decode_splits(
+                           batch, hkv, length, triton_ops.resolved_block_t(config, case.layout), device)}
     del case, outs
     torch.cuda.empty_cache()
     if not with_baselines:

@@ -17,9 +17,11 @@ window copy; INT2 otherwise. Three loops:
   query): both readings are loaded (masked) and chosen per (row, position).
 * prefill only: the chunk's own rows (key_rot/value_rot), causally, exact.
 
-Decode grid: (NSPLIT + 2, B, Hkv): programs 0..NSPLIT-1 split the pure INT2 range of
-the request into NSPLIT contiguous tile ranges (split-K), program NSPLIT takes the sink,
-NSPLIT+1 the recent window. Each writes a partial (output normalised by its own softmax
+Decode grid: (NSPLIT + NSINK + NREC, B, Hkv): programs 0..NSPLIT-1 split the pure INT2
+range of the request into NSPLIT contiguous tile ranges (split-K); each of the next NSINK
+programs takes one tile of the sink, each of the last NREC one tile of the recent window
+(NSINK = cdiv(sink, BLOCK_T), NREC = cdiv(recent, BLOCK_T) + 1), so the windows add one
+tile of latency, not sink + recent positions in series. Each writes a partial (output normalised by its own softmax
 sum, and its log2-sum-exp); ``merge_kernel`` combines them exactly. NSPLIT comes from a
 host-side upper bound of the lengths, so the launch never reads device data (CUDA-graph
 safe). Prefill grid: (cdiv(max_query_len, BLOCK_M), B, Hkv), output written directly.
@@ -199,11 +201,12 @@ def attention_kernel(
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, DECODE: tl.constexpr, MODE: tl.constexpr,
     WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr, PID_OFFSET: tl.constexpr,
+    NSINK: tl.constexpr,
 ):
     """See module docstring. Decode writes partials (out: [B, Hq, NSPLIT+2, D] fp32, lse:
     [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype).
-    PID_OFFSET: added to program_id(0) (decode launches only the two window programs
-    here, with PID_OFFSET = NSPLIT, when the INT2 splits run in triton_decode_int2)."""
+    PID_OFFSET: added to program_id(0) (decode launches only the window programs here,
+    with PID_OFFSET = NSPLIT, when the INT2 splits run in triton_decode_int2)."""
     Q: tl.constexpr = D // 4
     NG: tl.constexpr = D // G
     PARAM: tl.constexpr = D // G  # scale entries per (token, head)
@@ -297,8 +300,8 @@ def attention_kernel(
         tile_lo = tl.minimum(pid * per_split, n_int2_tiles)
         tile_hi = tl.minimum(tile_lo + per_split, n_int2_tiles)
         run_int2 = pid < NSPLIT
-        run_sink = pid == NSPLIT
-        run_recent = pid == NSPLIT + 1
+        run_sink = (pid >= NSPLIT) & (pid < NSPLIT + NSINK)
+        run_recent = pid >= NSPLIT + NSINK
 
     if run_int2:
         for i in range(tile_lo, tile_hi):
@@ -356,7 +359,12 @@ def attention_kernel(
             active = run_recent
         if active:
             first = (lo // BLOCK_T) * BLOCK_T
-            for t0 in range(first, hi, BLOCK_T):
+            last = hi
+            if DECODE:  # one tile per window program: tile (pid - first window pid) of this part
+                tile = pid - NSPLIT - part * NSINK
+                first = first + tile * BLOCK_T
+                last = tl.minimum(hi, first + BLOCK_T)
+            for t0 in range(first, last, BLOCK_T):
                 s = t0 + offs_t
                 ok = (s >= lo) & (s < hi)
                 blk = tl.load(bt_row + s // BS, mask=ok, other=0).to(tl.int64)

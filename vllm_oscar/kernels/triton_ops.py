@@ -36,21 +36,24 @@ WRITE_BLOCK_N: int = 16
 PROGRAMS_PER_SM: int = 4
 MIN_TILES_PER_SPLIT: int = 4
 MAX_SPLITS: int = 256
+#: Default decode tile: this many head_dim-channel positions (block_t = 8192 // head_dim).
+DECODE_TILE_BYTES: int = 8192
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     """Launch knobs of the attention kernel (the benchmark sweeps them).
 
-    block_t: cached positions per tile; unpack: UNPACK_PTX / UNPACK_PORTABLE, None =
+    block_t: cached positions per tile, None = DECODE_TILE_BYTES // head_dim (64 for D=128,
+    128 for D=64: the fastest tiles of the H200 autotune); unpack: UNPACK_PTX / UNPACK_PORTABLE, None =
     PTX on CUDA, portable under the interpreter; num_splits: decode split-K count, None =
     sized from max_seq_len and the SM count; tokens_on_m: decode runs its pure-INT2 splits
     in triton_decode_int2 (tokens on the MMA M side; one group per row, G = D) instead of
     the general kernel (query rows on M, padded to 16). Same function, different speed.
     """
 
-    block_t: int = 64
-    num_warps: int = 4
+    block_t: Optional[int] = None
+    num_warps: int = 2
     num_stages: int = 2
     unpack: Optional[int] = None
     num_splits: Optional[int] = None
@@ -159,13 +162,21 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
-def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:
+def resolved_block_t(config: AttentionConfig, layout: PageLayout) -> int:
+    """config.block_t, or the default tile for this head_dim (a power of two in [32, 128])."""
+    if config.block_t is None:
+        return max(32, min(128, DECODE_TILE_BYTES // layout.head_dim))
     if config.block_t < 16 or config.block_t & (config.block_t - 1):
         raise ValueError(f"block_t={config.block_t} must be a power of two >= 16.")
+    return config.block_t
+
+
+def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:
+    block_t = resolved_block_t(config, layout)
     return dict(
         GROUP=group, GP=triton.next_power_of_2(group), D=layout.head_dim, G=layout.group_size,
         BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], **_plane_offsets(layout),
-        BLOCK_T=config.block_t, SAME_BLOCK=layout.block_size % config.block_t == 0,
+        BLOCK_T=block_t, SAME_BLOCK=layout.block_size % block_t == 0,
         MODE=_unpack_mode(config), WIN_T=TL_DTYPES[window_k.dtype], EMU=_interpreting(),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
@@ -207,8 +218,10 @@ def oscar_decode(
         return out
     if max_seq_len is None:
         max_seq_len = block_table.shape[1] * layout.block_size
-    nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, config.block_t, query_rot.device)
-    total = nsplit + 2
+    block_t = resolved_block_t(config, layout)
+    nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, block_t, query_rot.device)
+    nsink = triton.cdiv(sink, block_t)
+    total = nsplit + nsink + triton.cdiv(recent, block_t) + 1
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
     group = hq // hkv
@@ -238,7 +251,8 @@ def oscar_decode(
         part, part.stride(0), part.stride(1), part.stride(2),
         lse, lse.stride(0), lse.stride(1),
         sink, recent, softmax_scale * LOG2E,
-        BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"], PID_OFFSET=first, **meta,
+        BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"], PID_OFFSET=first,
+        NSINK=nsink, **meta,
     )
     merge_kernel[(batch, hq)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
@@ -299,11 +313,11 @@ def oscar_prefill(
         out, out.stride(0), out.stride(1), 0,
         out, 0, 0,
         sink, recent, softmax_scale * LOG2E,
-        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, PID_OFFSET=0,
+        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, PID_OFFSET=0, NSINK=0,
         NEW_T=TL_DTYPES[key_rot.dtype], **meta,
     )
     return out
 
 
-__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_splits",
+__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_splits", "resolved_block_t",
            "oscar_decode", "oscar_prefill", "oscar_write"]
