@@ -233,7 +233,7 @@ def check_graph(report: list) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
-    parser.add_argument("--only", nargs="*", default=["write", "decode", "prefill", "graph"])
+    parser.add_argument("--only", nargs="*", default=["graph", "prefill", "write", "decode"])
     args = parser.parse_args()
     report: list = []
     failures = 0

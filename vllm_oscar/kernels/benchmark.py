@@ -355,6 +355,7 @@ AUTOTUNE_CANDIDATES: tuple[tuple[int, int, int, bool], ...] = (
     (64, 2, 2, True), (64, 4, 2, True), (64, 2, 3, True), (64, 4, 3, True),
     (128, 2, 2, True), (128, 4, 2, True), (128, 4, 3, True), (128, 8, 2, True),
     (128, 4, 3, False),
+    (64, 1, 2, True), (128, 1, 2, True), (64, 2, 2, False), (128, 2, 2, False),
 )
 
 
