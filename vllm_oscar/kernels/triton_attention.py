@@ -34,11 +34,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, unpack_plane
+from vllm_oscar.kernels.triton_common import BIAS, mma, plane_factor, round_to, unpack_plane
 
 LOG2E: float = 1.4426950408889634
-BIAS: tl.constexpr = tl.constexpr(128.0)
-
 
 @triton.jit
 def _int2_logits(q0, q1, q2, q3, qb0, qb1, qb2, qb3, qo0, qo1, qo2, qo3,
@@ -149,7 +147,7 @@ def _int2_values(p, acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, z
 
 
 @triton.jit
-def _exact_logits(qw, row_ptrs, load_ok, Q: tl.constexpr, EMU: tl.constexpr):
+def _exact_logits(qw, row_ptrs, load_ok, EMU: tl.constexpr):
     """[M, BT] fp32 q . k over exact rows: qw [M, D] (row dtype), row_ptrs [BT] -> channel 0."""
     cols = tl.arange(0, qw.shape[1])
     k = tl.load(row_ptrs[:, None] + cols[None, :], mask=load_ok[:, None], other=0.0)
@@ -383,7 +381,7 @@ def attention_kernel(
                 wrow = (tl.where(has_copy, wblk, 0).to(tl.int64) * stride_w0 + slot * stride_w1 + h * stride_w2)
                 logit_i = _int2_logits(q0, q1, q2, q3, qb0, qb1, qb2, qb3, qo0, qo1, qo2, qo3,
                                        k_codes, ks, kz, ok, NG, MODE, EMU)
-                logit_w = _exact_logits(q_win, wk_ptr + wrow, has_copy, Q, EMU)
+                logit_w = _exact_logits(q_win, wk_ptr + wrow, has_copy, EMU)
                 logits = tl.where(use_w, logit_w, logit_i)
                 logits = tl.where(ok[None, :], logits * qk_scale, float("-inf"))
                 p, alpha, m_i, l_i = _softmax_step(logits, m_i, l_i)
@@ -412,7 +410,7 @@ def attention_kernel(
             j = j0 + offs_t
             ok = j < new_hi
             nrow = (q_start + j).to(tl.int64) * stride_nt + h * stride_nh
-            logits = _exact_logits(round_to(q_full, NEW_T, EMU), kn_ptr + nrow, ok, Q, EMU)
+            logits = _exact_logits(round_to(q_full, NEW_T, EMU), kn_ptr + nrow, ok, EMU)
             causal = ok[None, :] & ((prefix + j)[None, :] <= position[:, None])
             logits = tl.where(causal, logits * qk_scale, float("-inf"))
             p, alpha, m_i, l_i = _softmax_step(logits, m_i, l_i)

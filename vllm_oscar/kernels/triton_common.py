@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-#: bf16 bit pattern 0x4300 = 128.0; 0x43XX = 128 + XX for XX < 128.
-UNPACK_BIAS: float = 128.0
+#: bf16 bit pattern 0x4300 = 128.0; 0x43XX = 128 + XX for XX < 128 (as a kernel constexpr).
+BIAS: tl.constexpr = tl.constexpr(128.0)
 #: Unpack modes (see module docstring).
 UNPACK_PORTABLE: int = 0
 UNPACK_PTX: int = 1

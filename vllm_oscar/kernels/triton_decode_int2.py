@@ -23,9 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, unpack_plane
-
-BIAS: tl.constexpr = tl.constexpr(128.0)
+from vllm_oscar.kernels.triton_common import BIAS, mma, plane_factor, round_to, unpack_plane
 
 
 @triton.jit
