@@ -89,3 +89,16 @@ def test_shipped_rotation_fits_smollm2_and_is_found_by_identity(smollm2) -> None
     config = transformers.AutoConfig.from_pretrained(smollm2.source)
     vllm_style = ModelIdentity.from_hf_config(config, name="/models/SmolLM2-135M-Instruct")
     assert find_shipped_rotation(vllm_style) == SHIPPED
+
+
+@pytest.mark.slow
+def test_gguf_file_loads_directly(smollm2) -> None:
+    """The GGUF itself (transformers dequantizes it and converts its tokenizer: ~15-90 s here)."""
+    from vllm_oscar.models.smollm2 import gguf_path
+
+    loaded = load_model(gguf_path())
+    assert loaded.identity.shape_mismatches(smollm2.identity) == []
+    assert loaded.identity.architecture == "LlamaForCausalLM"  # from the class: GGUF configs name none
+    assert loaded.identity.name == "SmolLM2-135M-Instruct.Q4_1"
+    assert loaded.identity.weights_sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert find_shipped_rotation(loaded.identity) == SHIPPED
