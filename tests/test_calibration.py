@@ -153,6 +153,21 @@ def test_statistics_equal_float64_brute_force() -> None:
     assert stats.samples.query[0].shape == (2, TOKENS, 4, 16)
 
 
+def test_excluded_samples_are_kept_but_left_out_of_the_statistics() -> None:
+    model = tiny_llama(seed=11)
+    tokens = torch.randint(0, 97, (5, TOKENS))
+    stats = collect_statistics(model, tokens, batch_size=2, sample_sequences=3, exclude_samples=True, progress=False)
+    expected = brute_force_targets(brute_force_qkv(model, tokens[3:]), group=2)
+    assert stats.num_tokens == 2 * TOKENS
+    assert (stats.key_target - expected["key"]).abs().max() <= 2e-5 * expected["key"].abs().max()
+    assert (stats.value_output - expected["output"]).abs().max() <= 2e-5 * expected["output"].abs().max()
+    assert stats.samples is not None and stats.samples.num_sequences == 3
+    q0 = brute_force_qkv(model, tokens[:3])[0][0]  # layer 0 queries [3, Hq, T, D]
+    assert torch.allclose(stats.samples.query[0].double(), q0.transpose(1, 2), atol=1e-4)
+    with pytest.raises(ValueError, match="all 3 sequences are clip-search samples"):
+        collect_statistics(model, tokens[:3], sample_sequences=3, exclude_samples=True, progress=False)
+
+
 def test_collect_statistics_rejects_bad_tokens() -> None:
     model = tiny_llama(seed=4)
     with pytest.raises(ValueError, match=r"integer tensor \[N, T\]"):

@@ -53,13 +53,14 @@ def test_calibrate_command_end_to_end(smollm2, tmp_path: Path, capsys) -> None:
     if not CORPUS.is_file():
         pytest.skip(f"{CORPUS} is not available")
     out = tmp_path / "smollm2.safetensors"
-    args = ["calibrate", "--model", "smollm2", "--data", str(CORPUS), "--out", str(out), "--tokens", "256",
+    args = ["calibrate", "--model", "smollm2", "--data", str(CORPUS), "--out", str(out), "--tokens", "384",
             "--seq-len", "64", "--clip-sequences", "4", "--clip-sink", "4", "--clip-recent", "16",
             "--clip-grid", "0.9", "1.0", "--threads", "1", "--quiet"]
     assert main(args) == 0
     loaded = load_rotation_file(out, expected_identity=smollm2.identity)
     calibration = loaded.metadata["calibration"]
-    assert calibration["tokens"] == 256 and calibration["sequences"] == 4
+    assert calibration["tokens"] == 384 and calibration["sequences"] == 6
+    assert calibration["statistics_tokens"] == 128  # the 4 clip-search sequences are held out
     assert calibration["data"][0]["file"] == "brown.txt.xz" and len(calibration["tokens_sha256"]) == 64
     assert loaded.metadata["clip_search"]["grid"] == [0.9, 1.0]
     assert all(l.clip_k in (0.9, 1.0, 0.96) for l in loaded.layers)

@@ -64,8 +64,9 @@ CALIBRATION_TEXT_FRACTION: float = 1.0 - CORPUS_HELDOUT_FRACTION
 #: Default calibration size: tokens of prefill and tokens per calibration sequence.
 DEFAULT_CALIBRATION_TOKENS: int = 32768
 DEFAULT_CALIBRATION_SEQ_LEN: int = 1024
-#: Calibration sequences whose post-RoPE Q/K/V are kept for the clip-ratio search
-#: (half select the ratios, the other half judge per-layer against per-model ratios).
+#: Calibration sequences whose post-RoPE Q/K/V are kept for the clip-ratio search and
+#: left out of the rotation statistics (half select the ratios, the other half judge
+#: per-layer against per-model ratios on data neither the rotations nor the choice saw).
 DEFAULT_CLIP_SEARCH_SEQUENCES: int = 4
 #: Clip ratios tried by the search (1.0 = no clipping).
 CLIP_RATIO_GRID: tuple[float, ...] = (0.70, 0.75, 0.80, 0.84, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98, 1.0)

@@ -56,15 +56,17 @@ def calibrate(loaded: LoadedModel, data_paths: Sequence[str | os.PathLike[str]],
     options = options or CalibrationOptions()
     started = time.perf_counter()
     data = calibration_tokens(loaded.tokenizer, data_paths, options.num_tokens, options.seq_len, options.text_fraction)
-    if options.clip_search and data.tokens.shape[0] < max(options.clip_sequences, 2):
+    if options.clip_search and data.tokens.shape[0] <= max(options.clip_sequences, 2):
         raise ValueError(
-            f"the clip search keeps {options.clip_sequences} sequences (>= 2) but only {data.tokens.shape[0]} "
-            f"sequences of {options.seq_len} tokens are calibrated; raise --tokens or lower --clip-sequences."
+            f"the clip search holds out {options.clip_sequences} sequences (>= 2) from the statistics but only "
+            f"{data.tokens.shape[0]} sequences of {options.seq_len} tokens are calibrated; raise --tokens or "
+            "lower --clip-sequences."
         )
     tokenize_seconds = time.perf_counter() - started
     stats = collect_statistics(
         loaded.model, data.tokens, loaded.identity, options.batch_size,
-        sample_sequences=options.clip_sequences if options.clip_search else 0, progress=options.progress,
+        sample_sequences=options.clip_sequences if options.clip_search else 0, exclude_samples=True,
+        progress=options.progress,
     )
     phase = time.perf_counter()
     rotation_set = build_rotations(stats, options.per_head, options.use_hadamard, options.use_bit_reversal,
@@ -82,6 +84,8 @@ def calibrate(loaded: LoadedModel, data_paths: Sequence[str | os.PathLike[str]],
     rotation_set.metadata["calibration"] = {
         "tokens": int(data.tokens.numel()),
         "sequences": int(data.tokens.shape[0]),
+        "statistics_tokens": stats.num_tokens,
+        "clip_search_sequences": options.clip_sequences if options.clip_search else 0,
         "seq_len": options.seq_len,
         "tokens_sha256": data.sha256,
         "data": data.sources,

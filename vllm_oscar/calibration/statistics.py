@@ -89,10 +89,15 @@ class CalibrationStats:
 
 
 class StatisticsAccumulator:
-    """Receives one attention call at a time (the capture callback) and sums in float64."""
+    """Receives one attention call at a time (the capture callback) and sums in float64.
+
+    The first ``sample_sequences`` sequences are kept as samples; with
+    ``exclude_samples`` they are left out of the sums, so a clip search on them measures
+    rotations that never saw them.
+    """
 
     def __init__(self, identity: ModelIdentity, sample_sequences: int = 0,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", exclude_samples: bool = False) -> None:
         layers, heads, dim = identity.num_layers, identity.num_kv_heads, identity.head_dim
         shape = (layers, heads, dim, dim)
         self.identity = identity
@@ -102,6 +107,8 @@ class StatisticsAccumulator:
         self.energy_weight = torch.zeros(layers, heads, dtype=torch.float64, device=device)
         self.tokens = torch.zeros(layers, dtype=torch.int64)
         self.sample_sequences = sample_sequences
+        self.exclude_samples = exclude_samples
+        self.sequences_seen = [0] * layers
         self.samples: list[dict[str, list[torch.Tensor]]] = [
             {"query": [], "key": [], "value": []} for _ in range(layers)
         ]
@@ -130,6 +137,13 @@ class StatisticsAccumulator:
                  output: torch.Tensor, scaling: float) -> None:
         """Add one attention call: query [B, Hq, T, D], key/value [B, Hkv, T, D], output [B, T, Hq, D]."""
         self._check(layer, query, key, value, output)
+        self._keep_samples(layer, query, key, value)
+        first = max(0, self.sample_sequences - self.sequences_seen[layer]) if self.exclude_samples else 0
+        self.sequences_seen[layer] += query.shape[0]
+        self.scaling[layer] = scaling
+        if first >= query.shape[0]:
+            return
+        query, key, value, output = query[first:], key[first:], value[first:], output[first:]
         ident = self.identity
         batch, _, tokens, dim = query.shape
         groups = (batch, ident.num_kv_heads, ident.group_size, tokens, dim)
@@ -144,8 +158,6 @@ class StatisticsAccumulator:
         self.energy_sum[layer] += torch.einsum("bht,bhti,bhtj->hij", weight, v, v)
         self.energy_weight[layer] += weight.sum(dim=(0, 2))
         self.tokens[layer] += batch * tokens
-        self.scaling[layer] = scaling
-        self._keep_samples(layer, query, key, value)
 
     def _keep_samples(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         store = self.samples[layer]
@@ -197,6 +209,7 @@ def collect_statistics(
     identity: Optional[ModelIdentity] = None,
     batch_size: int = 1,
     sample_sequences: int = 0,
+    exclude_samples: bool = False,
     progress: bool = True,
 ) -> CalibrationStats:
     """Run ``model`` over calibration tokens and return the float64 statistics.
@@ -209,6 +222,8 @@ def collect_statistics(
         identity: the model's identity (default: ModelIdentity.from_model(model)).
         sample_sequences: keep post-RoPE Q/K/V of this many first sequences (float32)
             for search_clip_ratios.
+        exclude_samples: leave the sample sequences out of the statistics (then the
+            clip search's held-out sequences are held out from the rotations too).
         progress: show a tqdm bar (tokens, tokens/s, ETA).
     """
     identity = identity or ModelIdentity.from_model(model)
@@ -224,8 +239,17 @@ def collect_statistics(
     total = sum(int(b.numel()) for b in batches)
     if total == 0:
         raise ValueError("token_batches is empty: calibration needs at least one sequence of tokens.")
+    excluded, remaining = 0, sample_sequences if exclude_samples else 0
+    for batch in batches:
+        take = min(remaining, int(batch.shape[0]))
+        excluded, remaining = excluded + take * int(batch.shape[1]), remaining - take
+    if excluded >= total:
+        raise ValueError(
+            f"all {sum(int(b.shape[0]) for b in batches)} sequences are clip-search samples "
+            f"(sample_sequences={sample_sequences}) excluded from the statistics; calibrate more tokens."
+        )
     device = next(model.parameters()).device
-    accumulator = StatisticsAccumulator(identity, sample_sequences, device)
+    accumulator = StatisticsAccumulator(identity, sample_sequences, device, exclude_samples)
     decoder = _decoder(model)
     bar = tqdm(total=total, unit="tok", unit_scale=True, desc="calibration", disable=not progress)
     started = time.perf_counter()
@@ -235,6 +259,6 @@ def collect_statistics(
             bar.update(int(batch.numel()))
     bar.close()
     stats = dataclasses.replace(accumulator.finish(), seconds=time.perf_counter() - started)
-    if stats.num_tokens != total:
-        raise ValueError(f"captured {stats.num_tokens} tokens per layer but fed {total}.")
+    if stats.num_tokens != total - excluded:
+        raise ValueError(f"captured {stats.num_tokens} tokens per layer but fed {total - excluded} for statistics.")
     return stats
