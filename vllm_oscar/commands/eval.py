@@ -48,12 +48,16 @@ def run(args: argparse.Namespace) -> int:
         passkey_lengths=args.passkey, greedy_prompts=args.greedy_prompts, greedy_new_tokens=args.greedy_new_tokens,
         device=args.device, dtype=args.dtype, rotations=args.rotations,
     )
-    doc = run_evaluation(settings, args.methods)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2))
-    table = markdown_table(doc)
-    out.with_suffix(".md").write_text(table)
-    plot(doc, out.with_suffix(".png"))
-    print(table)
+
+    def write(doc: dict) -> None:
+        """JSON, table and plot of what is measured so far (after every stage)."""
+        out.write_text(json.dumps(doc, indent=2))
+        out.with_suffix(".md").write_text(markdown_table(doc))
+        plot(doc, out.with_suffix(".png"))
+
+    doc = run_evaluation(settings, args.methods, checkpoint=write)
+    write(doc)
+    print(markdown_table(doc))
     return 0

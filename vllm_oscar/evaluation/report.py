@@ -57,8 +57,7 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
 
     methods = {n: m for n, m in doc["methods"].items() if n != "bf16"}
     panels = [("kld", "KL(BF16 || method), nats/token", True), ("ppl", "perplexity", False)]
-    has_stress = any("stress" in m for m in methods.values())
-    if has_stress:
+    if all("stress" in m for m in methods.values()):
         panels.append(("stress", "stress-window KL, nats/token", True))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5))
     for ax, (key, label, log) in zip(axes, panels):

@@ -82,27 +82,27 @@ def passkey_accuracy(model, cases: list[PasskeyCase], method: KVMethod, sink: in
 
 
 @torch.no_grad()
-def greedy_tokens(model, prompt: torch.Tensor, new_tokens: int, method: KVMethod, sink: int, recent: int) -> torch.Tensor:
-    """[new_tokens] greedy continuation of ``prompt`` [T] decoded with a KV cache under ``method``."""
+def greedy_tokens(model, prompts: torch.Tensor, new_tokens: int, method: KVMethod, sink: int, recent: int) -> torch.Tensor:
+    """[B, new_tokens] greedy continuations of ``prompts`` [B, T] (equal lengths, no padding),
+    decoded together with a KV cache under ``method``."""
     device = next(model.parameters()).device
     with use_method(model, method, sink, recent):
         out = model.generate(
-            prompt[None].to(device),
+            prompts.to(device),
+            attention_mask=torch.ones_like(prompts, device=device),
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             do_sample=False,
             use_cache=True,
             pad_token_id=model.config.eos_token_id,
         )
-    return out[0, prompt.numel() :].cpu()
+    return out[:, prompts.shape[1] :].cpu()
 
 
 def greedy_agreement(
-    model, prompts: list[torch.Tensor], reference: list[torch.Tensor], method: KVMethod, sink: int, recent: int
+    model, prompts: torch.Tensor, reference: torch.Tensor, method: KVMethod, sink: int, recent: int
 ) -> float:
-    """Mean common-prefix length of the method's greedy tokens with the BF16 ones."""
-    lengths = [
-        common_prefix_length(greedy_tokens(model, p, r.numel(), method, sink, recent), r)
-        for p, r in zip(prompts, reference)
-    ]
+    """Mean common-prefix length of the method's greedy tokens with the BF16 ones [B, N]."""
+    tokens = greedy_tokens(model, prompts, reference.shape[1], method, sink, recent)
+    lengths = [common_prefix_length(a, b) for a, b in zip(tokens, reference)]
     return sum(lengths) / len(lengths)

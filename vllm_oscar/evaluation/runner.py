@@ -12,7 +12,7 @@ import os
 import platform
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from tqdm import tqdm
@@ -138,8 +138,15 @@ def perplexity_metrics(
     return {name: stats.summary() for name, stats in totals.items()}
 
 
-def run_evaluation(settings: EvalSettings, names: list[str]) -> dict[str, Any]:
-    """Run every measurement the settings ask for; return the JSON document."""
+def run_evaluation(
+    settings: EvalSettings, names: list[str], checkpoint: Optional[Callable[[dict[str, Any]], None]] = None
+) -> dict[str, Any]:
+    """Run every measurement the settings ask for; return the JSON document.
+
+    ``checkpoint`` (optional) receives the document after each stage (metrics, stress,
+    passkey, greedy), so a run cut short keeps what it measured.
+    """
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.time()
@@ -166,8 +173,28 @@ def run_evaluation(settings: EvalSettings, names: list[str]) -> dict[str, Any]:
         }
         for name, m in methods.items()
     }
+    meta = {
+        "commit": _commit(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+        "device": _device_name(settings.device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "geometry": dataclasses.asdict(geometry),
+        "calibration": calibration,
+        "scored_positions": "t >= sink + recent (queries that read quantized history), up to T - 2",
+        "stages_done": [],
+    }
+    doc = {"meta": meta, "settings": dataclasses.asdict(settings), "methods": results}
+
+    def stage_done(stage: str) -> None:
+        meta["stages_done"].append(stage)
+        meta["seconds"] = round(time.time() - started, 1)
+        if checkpoint is not None:
+            checkpoint(doc)
+
     for name, values in perplexity_metrics(model, sequences, methods, settings.sink, settings.recent, "standard").items():
         results[name].update(values)
+    stage_done("standard")
     if settings.stress:
         stress = perplexity_metrics(model, sequences, methods, settings.stress_sink, settings.stress_recent, "stress")
         for name, values in stress.items():
@@ -177,28 +204,17 @@ def run_evaluation(settings: EvalSettings, names: list[str]) -> dict[str, Any]:
                     settings.seq_len, geometry.head_dim, geometry.num_layers, settings.stress_sink, settings.stress_recent
                 ),
             }
+        stage_done("stress")
     if settings.passkey_lengths:
         cases = passkey_cases(tokenizer, settings.passkey_lengths, settings.passkey_depths, settings.seed)
         for name, method in tqdm(methods.items(), desc="passkey", unit="method"):
             results[name]["passkey"] = passkey_accuracy(model, cases, method, settings.sink, settings.recent)
+        stage_done("passkey")
     if settings.greedy_prompts:
-        prompts = [row[: settings.greedy_prompt_len] for row in sequences[: settings.greedy_prompts]]
+        prompts = sequences[: settings.greedy_prompts, : settings.greedy_prompt_len]
         bf16 = methods["bf16"]
-        reference = [greedy_tokens(model, p, settings.greedy_new_tokens, bf16, settings.sink, settings.recent) for p in prompts]
+        reference = greedy_tokens(model, prompts, settings.greedy_new_tokens, bf16, settings.sink, settings.recent)
         for name, method in tqdm(methods.items(), desc="greedy", unit="method"):
             results[name]["greedy_prefix"] = greedy_agreement(model, prompts, reference, method, settings.sink, settings.recent)
-
-    import transformers
-
-    meta = {
-        "commit": _commit(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
-        "device": _device_name(settings.device),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "seconds": round(time.time() - started, 1),
-        "geometry": dataclasses.asdict(geometry),
-        "calibration": calibration,
-        "scored_positions": "t >= sink + recent (queries that read quantized history), up to T - 2",
-    }
-    return {"meta": meta, "settings": dataclasses.asdict(settings), "methods": results}
+        stage_done("greedy")
+    return doc
