@@ -34,96 +34,86 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_oscar.kernels.triton_common import BIAS, mma, plane_factor, round_to, unpack_plane
+from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, scaled_codes
 
 LOG2E: float = 1.4426950408889634
 
 @triton.jit
-def _int2_logits(q0, q1, q2, q3, qb0, qb1, qb2, qb3, qo0, qo1, qo2, qo3,
+def _int2_logits(q0, q1, q2, q3, qo0, qo1, qo2, qo3,
                  code_ptrs, scale_ptrs, zero_ptrs, load_ok,
                  NG: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr):
     """[M, BT] fp32 logits q . k^ of one tile from packed K codes.
 
-    q_p: [M, Q] bf16 plane p of the rotated query divided by F_p; qb_p = BIAS * sum(q_p)
-    and qo_p = sum of the undivided plane (fp32 [M]). code_ptrs: [BT, Q] byte pointers;
-    scale_ptrs/zero_ptrs: [BT] pointers to group 0 of each position.
+    q_p: [M, Q] bf16 plane p of the rotated query divided by F_p (so q_p . (F_p code) is
+    the plane's q . code); qo_p = sum of the undivided plane (fp32 [M]). code_ptrs:
+    [BT, Q] byte pointers; scale_ptrs/zero_ptrs: [BT] pointers to group 0 of each position.
     """
     b = tl.load(code_ptrs, mask=load_ok[:, None], other=0)
-    r0 = mma(q0, tl.trans(unpack_plane(b, 0, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
+    r0 = mma(q0, tl.trans(scaled_codes(b, 0, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
     if NG == 1:
-        r0 = mma(q1, tl.trans(unpack_plane(b, 1, MODE)), r0, EMU)
-        r0 = mma(q2, tl.trans(unpack_plane(b, 2, MODE)), r0, EMU)
-        r0 = mma(q3, tl.trans(unpack_plane(b, 3, MODE)), r0, EMU)
+        r0 = mma(q1, tl.trans(scaled_codes(b, 1, MODE)), r0, EMU)
+        r0 = mma(q2, tl.trans(scaled_codes(b, 2, MODE)), r0, EMU)
+        r0 = mma(q3, tl.trans(scaled_codes(b, 3, MODE)), r0, EMU)
         s0 = tl.load(scale_ptrs, mask=load_ok, other=0.0).to(tl.float32)
         z0 = tl.load(zero_ptrs, mask=load_ok, other=0.0).to(tl.float32)
-        logits = s0[None, :] * (r0 - (qb0 + qb1 + qb2 + qb3)[:, None]) + z0[None, :] * (qo0 + qo1 + qo2 + qo3)[:, None]
+        logits = s0[None, :] * r0 + z0[None, :] * (qo0 + qo1 + qo2 + qo3)[:, None]
     elif NG == 2:
-        r0 = mma(q1, tl.trans(unpack_plane(b, 1, MODE)), r0, EMU)
-        r2 = mma(q2, tl.trans(unpack_plane(b, 2, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
-        r2 = mma(q3, tl.trans(unpack_plane(b, 3, MODE)), r2, EMU)
+        r0 = mma(q1, tl.trans(scaled_codes(b, 1, MODE)), r0, EMU)
+        r2 = mma(q2, tl.trans(scaled_codes(b, 2, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
+        r2 = mma(q3, tl.trans(scaled_codes(b, 3, MODE)), r2, EMU)
         s0 = tl.load(scale_ptrs, mask=load_ok, other=0.0).to(tl.float32)
         z0 = tl.load(zero_ptrs, mask=load_ok, other=0.0).to(tl.float32)
         s1 = tl.load(scale_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)
         z1 = tl.load(zero_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)
-        logits = s0[None, :] * (r0 - (qb0 + qb1)[:, None]) + z0[None, :] * (qo0 + qo1)[:, None]
-        logits += s1[None, :] * (r2 - (qb2 + qb3)[:, None]) + z1[None, :] * (qo2 + qo3)[:, None]
+        logits = s0[None, :] * r0 + z0[None, :] * (qo0 + qo1)[:, None]
+        logits += s1[None, :] * r2 + z1[None, :] * (qo2 + qo3)[:, None]
     else:
-        r1 = mma(q1, tl.trans(unpack_plane(b, 1, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
-        r2 = mma(q2, tl.trans(unpack_plane(b, 2, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
-        r3 = mma(q3, tl.trans(unpack_plane(b, 3, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
-        logits = tl.load(scale_ptrs, mask=load_ok, other=0.0).to(tl.float32)[None, :] * (r0 - qb0[:, None])
+        r1 = mma(q1, tl.trans(scaled_codes(b, 1, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
+        r2 = mma(q2, tl.trans(scaled_codes(b, 2, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
+        r3 = mma(q3, tl.trans(scaled_codes(b, 3, MODE)), tl.zeros([q0.shape[0], b.shape[0]], tl.float32), EMU)
+        logits = tl.load(scale_ptrs, mask=load_ok, other=0.0).to(tl.float32)[None, :] * r0
         logits += tl.load(zero_ptrs, mask=load_ok, other=0.0).to(tl.float32)[None, :] * qo0[:, None]
-        logits += tl.load(scale_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)[None, :] * (r1 - qb1[:, None])
+        logits += tl.load(scale_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)[None, :] * r1
         logits += tl.load(zero_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)[None, :] * qo1[:, None]
-        logits += tl.load(scale_ptrs + 2, mask=load_ok, other=0.0).to(tl.float32)[None, :] * (r2 - qb2[:, None])
+        logits += tl.load(scale_ptrs + 2, mask=load_ok, other=0.0).to(tl.float32)[None, :] * r2
         logits += tl.load(zero_ptrs + 2, mask=load_ok, other=0.0).to(tl.float32)[None, :] * qo2[:, None]
-        logits += tl.load(scale_ptrs + 3, mask=load_ok, other=0.0).to(tl.float32)[None, :] * (r3 - qb3[:, None])
+        logits += tl.load(scale_ptrs + 3, mask=load_ok, other=0.0).to(tl.float32)[None, :] * r3
         logits += tl.load(zero_ptrs + 3, mask=load_ok, other=0.0).to(tl.float32)[None, :] * qo3[:, None]
     return logits
 
 
 @triton.jit
-def _int2_values(p, acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, zw3,
+def _int2_values(p, acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3,
                  code_ptrs, scale_ptrs, zero_ptrs, load_ok, NG: tl.constexpr, MODE: tl.constexpr,
                  EMU: tl.constexpr):
     """Accumulate p [M, BT] (fp32, 0 where not INT2) times dequantized V of one tile.
 
-    acc_p [M, Q]: sum of bf16(p * scale) @ (BIAS + F_p code), sw_p [M]: sum of those bf16
-    weights, zw_p [M]: sum of p * offset. The true plane-p output is
-    (acc_p - BIAS * sw_p) / F_p + zw_p (applied once at the end).
+    acc_p [M, Q]: sum of bf16(p * scale) @ (F_p code); zw_p [M]: sum of p * offset. The
+    true plane-p output is acc_p / F_p + zw_p (applied once at the end).
     """
     b = tl.load(code_ptrs, mask=load_ok[:, None], other=0)
     s0 = tl.load(scale_ptrs, mask=load_ok, other=0.0).to(tl.float32)
     z0 = tl.load(zero_ptrs, mask=load_ok, other=0.0).to(tl.float32)
     w0 = round_to(p * s0[None, :], tl.bfloat16, EMU)
-    ws0 = tl.sum(w0.to(tl.float32), axis=1)
     zs0 = tl.sum(p * z0[None, :], axis=1)
-    acc0 = mma(w0, unpack_plane(b, 0, MODE), acc0, EMU)
-    sw0 += ws0
+    acc0 = mma(w0, scaled_codes(b, 0, MODE), acc0, EMU)
     zw0 += zs0
     if NG == 1:
-        acc1 = mma(w0, unpack_plane(b, 1, MODE), acc1, EMU)
-        acc2 = mma(w0, unpack_plane(b, 2, MODE), acc2, EMU)
-        acc3 = mma(w0, unpack_plane(b, 3, MODE), acc3, EMU)
-        sw1 += ws0
-        sw2 += ws0
-        sw3 += ws0
+        acc1 = mma(w0, scaled_codes(b, 1, MODE), acc1, EMU)
+        acc2 = mma(w0, scaled_codes(b, 2, MODE), acc2, EMU)
+        acc3 = mma(w0, scaled_codes(b, 3, MODE), acc3, EMU)
         zw1 += zs0
         zw2 += zs0
         zw3 += zs0
     elif NG == 2:
-        acc1 = mma(w0, unpack_plane(b, 1, MODE), acc1, EMU)
-        sw1 += ws0
+        acc1 = mma(w0, scaled_codes(b, 1, MODE), acc1, EMU)
         zw1 += zs0
         s1 = tl.load(scale_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)
         z1 = tl.load(zero_ptrs + 1, mask=load_ok, other=0.0).to(tl.float32)
         w1 = round_to(p * s1[None, :], tl.bfloat16, EMU)
-        ws1 = tl.sum(w1.to(tl.float32), axis=1)
         zs1 = tl.sum(p * z1[None, :], axis=1)
-        acc2 = mma(w1, unpack_plane(b, 2, MODE), acc2, EMU)
-        acc3 = mma(w1, unpack_plane(b, 3, MODE), acc3, EMU)
-        sw2 += ws1
-        sw3 += ws1
+        acc2 = mma(w1, scaled_codes(b, 2, MODE), acc2, EMU)
+        acc3 = mma(w1, scaled_codes(b, 3, MODE), acc3, EMU)
         zw2 += zs1
         zw3 += zs1
     else:
@@ -132,18 +122,15 @@ def _int2_values(p, acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, z
             zg = tl.load(zero_ptrs + g, mask=load_ok, other=0.0).to(tl.float32)
             wg = round_to(p * sg[None, :], tl.bfloat16, EMU)
             if g == 1:
-                acc1 = mma(wg, unpack_plane(b, 1, MODE), acc1, EMU)
-                sw1 += tl.sum(wg.to(tl.float32), axis=1)
+                acc1 = mma(wg, scaled_codes(b, 1, MODE), acc1, EMU)
                 zw1 += tl.sum(p * zg[None, :], axis=1)
             elif g == 2:
-                acc2 = mma(wg, unpack_plane(b, 2, MODE), acc2, EMU)
-                sw2 += tl.sum(wg.to(tl.float32), axis=1)
+                acc2 = mma(wg, scaled_codes(b, 2, MODE), acc2, EMU)
                 zw2 += tl.sum(p * zg[None, :], axis=1)
             else:
-                acc3 = mma(wg, unpack_plane(b, 3, MODE), acc3, EMU)
-                sw3 += tl.sum(wg.to(tl.float32), axis=1)
+                acc3 = mma(wg, scaled_codes(b, 3, MODE), acc3, EMU)
                 zw3 += tl.sum(p * zg[None, :], axis=1)
-    return acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, zw3
+    return acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3
 
 
 @triton.jit
@@ -240,15 +227,11 @@ def attention_kernel(
     qf1 = tl.load(q_row[:, None] + Q + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     qf2 = tl.load(q_row[:, None] + 2 * Q + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     qf3 = tl.load(q_row[:, None] + 3 * Q + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    # INT2 operands: bf16 planes divided by F_p (exact), their bias sums, and plain sums.
+    # INT2 operands: bf16 planes divided by F_p (exact) and their plain sums.
     q0 = round_to(round_to(qf0, tl.bfloat16, EMU).to(tl.float32) / plane_factor(0, MODE), tl.bfloat16, EMU)
     q1 = round_to(round_to(qf1, tl.bfloat16, EMU).to(tl.float32) / plane_factor(1, MODE), tl.bfloat16, EMU)
     q2 = round_to(round_to(qf2, tl.bfloat16, EMU).to(tl.float32) / plane_factor(2, MODE), tl.bfloat16, EMU)
     q3 = round_to(round_to(qf3, tl.bfloat16, EMU).to(tl.float32) / plane_factor(3, MODE), tl.bfloat16, EMU)
-    qb0 = BIAS * tl.sum(q0.to(tl.float32), axis=1)
-    qb1 = BIAS * tl.sum(q1.to(tl.float32), axis=1)
-    qb2 = BIAS * tl.sum(q2.to(tl.float32), axis=1)
-    qb3 = BIAS * tl.sum(q3.to(tl.float32), axis=1)
     qo0 = tl.sum(round_to(qf0, tl.bfloat16, EMU).to(tl.float32), axis=1)
     qo1 = tl.sum(round_to(qf1, tl.bfloat16, EMU).to(tl.float32), axis=1)
     qo2 = tl.sum(round_to(qf2, tl.bfloat16, EMU).to(tl.float32), axis=1)
@@ -263,10 +246,6 @@ def attention_kernel(
     acc1 = tl.zeros([M, Q], tl.float32)
     acc2 = tl.zeros([M, Q], tl.float32)
     acc3 = tl.zeros([M, Q], tl.float32)
-    sw0 = tl.zeros([M], tl.float32)
-    sw1 = tl.zeros([M], tl.float32)
-    sw2 = tl.zeros([M], tl.float32)
-    sw3 = tl.zeros([M], tl.float32)
     zw0 = tl.zeros([M], tl.float32)
     zw1 = tl.zeros([M], tl.float32)
     zw2 = tl.zeros([M], tl.float32)
@@ -325,7 +304,7 @@ def attention_kernel(
                 kz = (base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot * PARAM
                 vs = (base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot * PARAM
                 vz = (base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot * PARAM
-            logits = _int2_logits(q0, q1, q2, q3, qb0, qb1, qb2, qb3, qo0, qo1, qo2, qo3,
+            logits = _int2_logits(q0, q1, q2, q3, qo0, qo1, qo2, qo3,
                                   k_codes, ks, kz, ok, NG, MODE, EMU)
             logits = tl.where(ok[None, :], logits * qk_scale, float("-inf"))
             p, alpha, m_i, l_i = _softmax_step(logits, m_i, l_i)
@@ -333,16 +312,12 @@ def attention_kernel(
             acc1 *= alpha[:, None]
             acc2 *= alpha[:, None]
             acc3 *= alpha[:, None]
-            sw0 *= alpha
-            sw1 *= alpha
-            sw2 *= alpha
-            sw3 *= alpha
             zw0 *= alpha
             zw1 *= alpha
             zw2 *= alpha
             zw3 *= alpha
-            acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, zw3 = _int2_values(
-                p, acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, zw3,
+            acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3 = _int2_values(
+                p, acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3,
                 v_codes, vs, vz, ok, NG, MODE, EMU)
 
     # Mixed tiles: [0, sink_end) and [int2_end, prefix) (decode: int2_end..length).
@@ -379,7 +354,7 @@ def attention_kernel(
                 vs = (base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot * PARAM
                 vz = (base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot * PARAM
                 wrow = (tl.where(has_copy, wblk, 0).to(tl.int64) * stride_w0 + slot * stride_w1 + h * stride_w2)
-                logit_i = _int2_logits(q0, q1, q2, q3, qb0, qb1, qb2, qb3, qo0, qo1, qo2, qo3,
+                logit_i = _int2_logits(q0, q1, q2, q3, qo0, qo1, qo2, qo3,
                                        k_codes, ks, kz, ok, NG, MODE, EMU)
                 logit_w = _exact_logits(q_win, wk_ptr + wrow, has_copy, EMU)
                 logits = tl.where(use_w, logit_w, logit_i)
@@ -389,16 +364,12 @@ def attention_kernel(
                 acc1 *= alpha[:, None]
                 acc2 *= alpha[:, None]
                 acc3 *= alpha[:, None]
-                sw0 *= alpha
-                sw1 *= alpha
-                sw2 *= alpha
-                sw3 *= alpha
                 zw0 *= alpha
                 zw1 *= alpha
                 zw2 *= alpha
                 zw3 *= alpha
-                acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, zw3 = _int2_values(
-                    tl.where(use_w, 0.0, p), acc0, acc1, acc2, acc3, sw0, sw1, sw2, sw3, zw0, zw1, zw2, zw3,
+                acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3 = _int2_values(
+                    tl.where(use_w, 0.0, p), acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3,
                     v_codes, vs, vz, ok, NG, MODE, EMU)
                 acc0, acc1, acc2, acc3 = _exact_values(tl.where(use_w, p, 0.0), acc0, acc1, acc2, acc3,
                                                        wv_ptr + wrow, has_copy, Q, MODE, WIN_T, EMU)
@@ -418,10 +389,6 @@ def attention_kernel(
             acc1 *= alpha[:, None]
             acc2 *= alpha[:, None]
             acc3 *= alpha[:, None]
-            sw0 *= alpha
-            sw1 *= alpha
-            sw2 *= alpha
-            sw3 *= alpha
             zw0 *= alpha
             zw1 *= alpha
             zw2 *= alpha
@@ -430,10 +397,10 @@ def attention_kernel(
 
     # Finish: remove bias and plane factors, normalise.
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    o0 = ((acc0 - BIAS * sw0[:, None]) / plane_factor(0, MODE) + zw0[:, None]) * inv_l[:, None]
-    o1 = ((acc1 - BIAS * sw1[:, None]) / plane_factor(1, MODE) + zw1[:, None]) * inv_l[:, None]
-    o2 = ((acc2 - BIAS * sw2[:, None]) / plane_factor(2, MODE) + zw2[:, None]) * inv_l[:, None]
-    o3 = ((acc3 - BIAS * sw3[:, None]) / plane_factor(3, MODE) + zw3[:, None]) * inv_l[:, None]
+    o0 = (acc0 / plane_factor(0, MODE) + zw0[:, None]) * inv_l[:, None]
+    o1 = (acc1 / plane_factor(1, MODE) + zw1[:, None]) * inv_l[:, None]
+    o2 = (acc2 / plane_factor(2, MODE) + zw2[:, None]) * inv_l[:, None]
+    o3 = (acc3 / plane_factor(3, MODE) + zw3[:, None]) * inv_l[:, None]
     if DECODE:
         o_row = out_ptr + b.to(tl.int64) * stride_ot + head * stride_oh + pid * stride_os
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))

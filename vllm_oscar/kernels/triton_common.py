@@ -91,6 +91,18 @@ def unpack_plane(b, P: tl.constexpr, MODE: tl.constexpr):
 
 
 @triton.jit
+def scaled_codes(b, P: tl.constexpr, MODE: tl.constexpr):
+    """uint8 [T, C] packed bytes -> bf16 [T, C]: F_P * (code of plane P), exact.
+
+    unpack_plane minus BIAS, subtracted in fp32 (exact for these small integers; the
+    Triton 3.9 interpreter does bf16 arithmetic on the raw bit patterns, so no bf16
+    subtraction). Used where a tensor-core accumulation of many BIAS-sized terms would
+    lose the small code part (wide MMAs of the general kernel, e.g. prefill tiles).
+    """
+    return (unpack_plane(b, P, MODE).to(tl.float32) - BIAS).to(tl.bfloat16)
+
+
+@triton.jit
 def mma(a, b, acc, EMULATE: tl.constexpr):
     """acc + a @ b with fp32 accumulation (tensor cores for bf16/fp16 operands).
 
