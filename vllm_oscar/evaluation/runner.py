@@ -31,6 +31,7 @@ from vllm_oscar.evaluation.metrics import TokenStats, token_stats
 from vllm_oscar.evaluation.retrieval import greedy_agreement, greedy_tokens, passkey_accuracy, passkey_cases
 from vllm_oscar.evaluation.variants import (
     BASELINES,
+    FILE_METHODS,
     OSCAR_VARIANTS,
     Geometry,
     baseline_method,
@@ -98,10 +99,10 @@ def build_methods(
     for name in names:
         if name in BASELINES:
             methods[name] = baseline_method(name, geometry)
-        elif name == "oscar-file":
+        elif name in FILE_METHODS:
             if not settings.rotations:
-                raise ValueError("method oscar-file needs --rotations FILE.")
-            methods[name] = file_method(settings.rotations)
+                raise ValueError(f"method {name} needs --rotations FILE.")
+            methods[name] = file_method(settings.rotations, refit=name == "oscar-file-refit")
     wanted = [n for n in names if n in OSCAR_VARIANTS]
     if wanted:
         calib = calibration_tokens(

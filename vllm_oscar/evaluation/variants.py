@@ -11,6 +11,7 @@ Names (``--methods``):
     kivi2                KIVI-2, group 32
     turboquant_4bit_nc / turboquant_3bit_nc   vLLM's TurboQuant presets
     oscar-file           OSCAR from --rotations FILE, as stored (clip ratios included)
+    oscar-file-refit     ... plus the least-squares grid refit
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
     oscar-layer          ... one rotation per layer (head-averaged targets)
@@ -19,6 +20,7 @@ Names (``--methods``):
     oscar-head-clip      ... clip ratios searched per model / per layer (calibration.search_clip_ratios)
     oscar-head-center    ... calibrated per-(layer, head) K/V means removed before quantization
     oscar-head-refit     ... least-squares (scale, offset) refit per row (evaluation.refit)
+    oscar-head-center-refit  ... centering + refit (reference clip ratios as the starting grid)
     oscar-head-best      ... clip search + centering + refit
     int2-hadamard-refit  Hadamard + refit (is the gain the basis or the quantizer?)
 """
@@ -55,9 +57,10 @@ BASELINES = (
 )
 OSCAR_VARIANTS = (
     "oscar-head", "oscar-head-vlogit", "oscar-layer", "oscar-head-noH", "oscar-head-lm",
-    "oscar-head-clip", "oscar-head-center", "oscar-head-refit", "oscar-head-best",
+    "oscar-head-clip", "oscar-head-center", "oscar-head-refit", "oscar-head-center-refit", "oscar-head-best",
 )
-ALL_METHODS = (*BASELINES, "oscar-file", *OSCAR_VARIANTS)
+FILE_METHODS = ("oscar-file", "oscar-file-refit")
+ALL_METHODS = (*BASELINES, *FILE_METHODS, *OSCAR_VARIANTS)
 
 
 @dataclasses.dataclass
@@ -167,6 +170,11 @@ def oscar_methods(
             built[name] = RowMethod(
                 name, "OSCAR per-head, least-squares grid refit", _layers_from(head()), refit_iterations=REFIT_ITERATIONS
             )
+        elif name == "oscar-head-center-refit":
+            built[name] = RowMethod(
+                name, "OSCAR per-head, K/V centering + least-squares grid refit",
+                _layers_from(head(), sample_means(stats)), refit_iterations=REFIT_ITERATIONS,
+            )
         elif name == "oscar-head-best":
             built[name] = RowMethod(
                 name, "OSCAR per-head, searched clips + centering + refit",
@@ -177,9 +185,12 @@ def oscar_methods(
     return built
 
 
-def file_method(path: str) -> KVMethod:
-    """OSCAR exactly as a rotation file stores it (rotations and clip ratios)."""
+def file_method(path: str, refit: bool = False) -> KVMethod:
+    """OSCAR exactly as a rotation file stores it (rotations and clip ratios), optionally
+    with the least-squares grid refit (clip ratios then only set the starting grid)."""
     from vllm_oscar.calibration.files import load_rotation_file
 
-    rotation_set = load_rotation_file(path)
-    return RowMethod("oscar-file", f"OSCAR from {path}", _layers_from(rotation_set))
+    layers = _layers_from(load_rotation_file(path))
+    if refit:
+        return RowMethod("oscar-file-refit", f"OSCAR from {path} + grid refit", layers, refit_iterations=REFIT_ITERATIONS)
+    return RowMethod("oscar-file", f"OSCAR from {path}", layers)
