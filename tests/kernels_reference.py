@@ -276,3 +276,18 @@ def check_write_case(result, prerotated: bool) -> None:
     rest = torch.ones(flat_k.shape[0], dtype=torch.bool)
     rest[wslots[in_window]] = False
     assert bool(flat_k[rest].isnan().all()) and bool(flat_v[rest].isnan().all())
+
+
+def ref_prefill_from_cache(state: PagedState, query: torch.Tensor, query_start_loc: list[int], sink: int,
+                           recent: int, scale: float) -> torch.Tensor:
+    """[T, Hq, D] float64 reference of oscar_prefill(chunk_from_cache=True): each chunk row at
+    position t attends to cached positions 0..t by the read rule, as decoding would."""
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    for b, n in enumerate(state.seq_lens.tolist()):
+        begin, end = query_start_loc[b], query_start_loc[b + 1]
+        start = n - (end - begin)
+        for i in range(begin, end):
+            position = start + (i - begin)
+            k, v = ref_context(state, b, position + 1, position, sink, recent)
+            out[i] = ref_softmax_attention(query[i], k, v, scale)
+    return out

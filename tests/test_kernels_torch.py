@@ -13,6 +13,7 @@ from kernels_reference import (
     random_rotations,
     ref_decode,
     ref_prefill,
+    ref_prefill_from_cache,
     ref_quantize,
     ref_unpack,
     relative_error,
@@ -88,6 +89,24 @@ def test_torch_prefill_matches_reference() -> None:
                                 state.seq_lens, sink, recent, scale)
     expected = ref_prefill(state, query, key, value, qsl, sink, recent, scale)
     assert relative_error(got, expected) < 1e-5
+
+
+def test_torch_prefill_chunk_from_cache_matches_decoding_token_by_token() -> None:
+    gen = torch.Generator().manual_seed(13)
+    hq, hkv, dim, bs, sink, recent = 4, 2, 32, 4, 3, 6
+    chunks, lens = [9, 1, 14], [30, 1, 14]
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=1)
+    qsl = [0, 9, 10, 24]
+    query = torch.randn(qsl[-1], hq, dim, generator=gen)
+    got = kernels.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
+                                state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
+                                state.seq_lens, sink, recent, 0.3, chunk_from_cache=True)
+    assert relative_error(got, ref_prefill_from_cache(state, query, qsl, sink, recent, 0.3)) < 1e-5
+    with pytest.raises(ValueError, match="key_rot=None"):
+        kernels.oscar_prefill(query, query[:, :2], query[:, :2], state.cache, state.window_k, state.window_v, layout,
+                              state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
+                              state.seq_lens, sink, recent, 0.3, chunk_from_cache=True)
 
 
 def test_write_then_decode_reads_what_was_written() -> None:

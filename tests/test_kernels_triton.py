@@ -19,6 +19,7 @@ from kernels_reference import (
     random_paged_state,
     ref_decode,
     ref_prefill,
+    ref_prefill_from_cache,
     relative_error,
     write_case,
 )
@@ -143,6 +144,23 @@ def test_triton_prefill_matches_reference() -> None:
                                    config=triton_ops.AttentionConfig(block_t=16))
     expected = ref_prefill(state, query.double(), key.double(), value.double(), qsl, sink, recent, 0.2)
     for row in range(total):
+        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
+
+
+def test_triton_prefill_chunk_from_cache_matches_decoding_token_by_token() -> None:
+    gen = torch.Generator().manual_seed(23)
+    hq, hkv, dim, bs, sink, recent = 4, 2, 64, 16, 5, 20
+    chunks, lens = [40, 1, 17], [75, 1, 17]
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=1)
+    qsl = [0, 40, 41, 58]
+    query = torch.randn(qsl[-1], hq, dim, generator=gen).to(torch.bfloat16)
+    got = triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
+                                   state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
+                                   state.seq_lens, sink, recent, 0.2, max_query_len=max(chunks),
+                                   config=triton_ops.AttentionConfig(block_t=16), chunk_from_cache=True)
+    expected = ref_prefill_from_cache(state, query.double(), qsl, sink, recent, 0.2)
+    for row in range(qsl[-1]):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
 
 

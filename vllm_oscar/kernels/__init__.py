@@ -103,20 +103,23 @@ def oscar_prefill(
     softmax_scale: float,
     out: Optional[torch.Tensor] = None,
     max_query_len: Optional[int] = None,
+    chunk_from_cache: bool = False,
 ) -> torch.Tensor:
     """Chunked prefill over a cached prefix (varlen) -> out_rot [T, Hq, D].
 
     CUDA -> Triton kernel (grid sized from ``max_query_len``, a Python int >= every chunk
-    length; default: T), CPU -> torch. Other arguments: torch_ops.oscar_prefill.
+    length; default: T), CPU -> torch. ``chunk_from_cache``: read the (already written)
+    chunk from the caches by the decode read rule instead of key_rot/value_rot (pass None).
+    Other arguments: torch_ops.oscar_prefill.
     """
     impl = implementation_for(int2_cache)
     if impl is torch_ops:
         return torch_ops.oscar_prefill(query_rot, key_rot, value_rot, int2_cache, window_k, window_v, layout,
                                        block_table, window_block_table, query_start_loc, seq_lens, sink,
-                                       recent, softmax_scale, out)
+                                       recent, softmax_scale, out, chunk_from_cache)
     return impl.oscar_prefill(query_rot, key_rot, value_rot, int2_cache, window_k, window_v, layout,
                               block_table, window_block_table, query_start_loc, seq_lens, sink, recent,
-                              softmax_scale, out, max_query_len)
+                              softmax_scale, out, max_query_len, chunk_from_cache=chunk_from_cache)
 
 
 __all__ = [

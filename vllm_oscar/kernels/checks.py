@@ -184,14 +184,23 @@ def check_attention_common(
 
 def check_prefill_extra(
     query_rot: torch.Tensor,
-    key_rot: torch.Tensor,
-    value_rot: torch.Tensor,
+    key_rot: torch.Tensor | None,
+    value_rot: torch.Tensor | None,
     query_start_loc: torch.Tensor,
     num_kv_heads: int,
     num_requests: int,
     head_dim: int,
+    chunk_from_cache: bool = False,
 ) -> None:
-    """oscar_prefill only: the chunk's own rotated K/V rows and the query offsets."""
+    """oscar_prefill only: the chunk's own rotated K/V rows and the query offsets.
+
+    With chunk_from_cache the rows are read from the caches: key_rot/value_rot must be None.
+    """
+    check_index("query_start_loc", query_start_loc, (num_requests + 1,))
+    if chunk_from_cache:
+        if key_rot is not None or value_rot is not None:
+            raise ValueError("chunk_from_cache=True reads the chunk from the caches: pass key_rot=None, value_rot=None.")
+        return
     t = query_rot.shape[0]
     check_rows3("key_rot", key_rot, num_kv_heads, head_dim)
     check_rows3("value_rot", value_rot, num_kv_heads, head_dim)
@@ -200,4 +209,3 @@ def check_prefill_extra(
             f"key_rot and value_rot must have one row per query token ({t}); got "
             f"{key_rot.shape[0]} and {value_rot.shape[0]}."
         )
-    check_index("query_start_loc", query_start_loc, (num_requests + 1,))

@@ -153,10 +153,11 @@ def _attend(
     recent: int,
     softmax_scale: float,
 ) -> torch.Tensor:
-    """Attention of queries [T, Hq, D] at ``positions`` [T] over a cached prefix and new rows.
+    """Attention of queries [T, Hq, D] at ``positions`` [T] over cached rows and new rows.
 
-    prefix: _prefix_rows output for positions [0, P) (P may be 0). new_k/new_v: [T, Hkv, D]
-    rows at positions P..P+T-1, attended causally in full precision (None in decode).
+    prefix: _prefix_rows output for positions [0, P) (P may be 0); a query sees the cached
+    positions s <= its position. new_k/new_v: [T, Hkv, D] rows at positions P..P+T-1,
+    attended causally in full precision (None in decode and when the chunk is cached).
     Returns [T, Hq, D] float32.
     """
     k_int2, v_int2, k_bf16, v_bf16, has_copy = prefix
@@ -171,6 +172,8 @@ def _attend(
         torch.einsum("thgd,hsd->thgs", q, k_bf16),
         torch.einsum("thgd,hsd->thgs", q, k_int2),
     )
+    visible = (s[None, :] <= positions[:, None])[:, None, None, :]
+    logits = logits.masked_fill(~visible, float("-inf"))
     if new_k is not None:
         own = torch.einsum("thgd,jhd->thgj", q, new_k.to(torch.float32))
         causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
@@ -251,6 +254,7 @@ def oscar_prefill(
     recent: int,
     softmax_scale: float,
     out: Optional[torch.Tensor] = None,
+    chunk_from_cache: bool = False,
 ) -> torch.Tensor:
     """A chunk of new tokens per request attends causally to itself and to its cached prefix.
 
@@ -260,13 +264,17 @@ def oscar_prefill(
         query_start_loc: [B+1] int, request b owns rows [qsl[b], qsl[b+1]).
         seq_lens: [B] int: cached prefix + chunk length; the prefix is read from the caches
             by the read rule, position of chunk row i of request b = prefix_b + i.
+        chunk_from_cache: the chunk's rows were already written to the caches; read them
+            from there by the same rule as the prefix (key_rot = value_rot = None), so the
+            result equals decoding the chunk token by token. Default: exact rows, BF16.
         Other arguments as oscar_decode.
     Returns:
         out_rot [T, Hq, D] in query dtype.
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                         window_block_table, seq_lens, sink, recent, softmax_scale, out)
-    check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim)
+    check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
+                        chunk_from_cache)
     views = page_views(int2_cache, layout)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
@@ -282,8 +290,13 @@ def oscar_prefill(
             )
         if chunk == 0:
             continue
-        prefix = _prefix_rows(request, prefix_len, views, window_k, window_v, layout, block_table, window_block_table)
         positions = torch.arange(prefix_len, length, device=query_rot.device)
+        if chunk_from_cache:
+            cached = _prefix_rows(request, length, views, window_k, window_v, layout, block_table, window_block_table)
+            result[begin:end] = _attend(query_rot[begin:end], positions, cached, None, None, sink, recent,
+                                        softmax_scale)
+            continue
+        prefix = _prefix_rows(request, prefix_len, views, window_k, window_v, layout, block_table, window_block_table)
         result[begin:end] = _attend(query_rot[begin:end], positions, prefix, key_rot[begin:end],
                                     value_rot[begin:end], sink, recent, softmax_scale)
     return _finish(result, query_rot, out)

@@ -15,7 +15,10 @@ window copy; INT2 otherwise. Three loops:
   and V accumulates  (p * scale) @ codes  +  sum_s p * offset  per group.
 * mixed tiles (sink, recent, and in prefill the recent window of the tile's earliest
   query): both readings are loaded (masked) and chosen per (row, position).
-* prefill only: the chunk's own rows (key_rot/value_rot), causally, exact.
+* prefill only: the chunk's own rows (key_rot/value_rot), causally, exact; or, with
+  CHUNK_FROM_CACHE, no such loop: the chunk's rows (already written) are cached positions
+  like the prefix, read causally by the same rule, so a prefill computes what decoding
+  token by token would.
 
 Decode grid: (NSPLIT + NSINK + NREC, B, Hkv): programs 0..NSPLIT-1 split the pure INT2
 range of the request into NSPLIT contiguous tile ranges (split-K); each of the next NSINK
@@ -186,7 +189,7 @@ def attention_kernel(
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, DECODE: tl.constexpr, MODE: tl.constexpr,
     WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr, PID_OFFSET: tl.constexpr,
-    NSINK: tl.constexpr,
+    NSINK: tl.constexpr, CHUNK_FROM_CACHE: tl.constexpr,
 ):
     """See module docstring. Decode writes partials (out: [B, Hq, NSPLIT+2, D] fp32, lse:
     [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype).
@@ -209,7 +212,10 @@ def attention_kernel(
         q_start = tl.load(qsl_ptr + b)
         n_new = tl.load(qsl_ptr + b + 1) - q_start
         tile_tok = pid * BLOCK_M
-        prefix = length - n_new
+        if CHUNK_FROM_CACHE:
+            prefix = length  # the chunk's rows are read from the caches too, by the rule
+        else:
+            prefix = length - n_new
     if tile_tok >= n_new:
         return
 
@@ -218,9 +224,7 @@ def attention_kernel(
     head_in_group = rows % GP
     row_ok = (head_in_group < GROUP) & (tok < n_new) & (rows // GP < BLOCK_M)
     head = h * GROUP + head_in_group
-    position = prefix + tok  # decode: the current token at length - 1 (== prefix, counted below)
-    if DECODE:
-        position = length - 1 + tok * 0
+    position = length - n_new + tok  # decode: the current token, length - 1
     q_row = q_ptr + (q_start + tok).to(tl.int64) * stride_qt + head * stride_qh
     cols = tl.arange(0, Q)
     qf0 = tl.load(q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
@@ -358,7 +362,8 @@ def attention_kernel(
                                        k_codes, ks, kz, ok, NG, MODE, EMU)
                 logit_w = _exact_logits(q_win, wk_ptr + wrow, has_copy, EMU)
                 logits = tl.where(use_w, logit_w, logit_i)
-                logits = tl.where(ok[None, :], logits * qk_scale, float("-inf"))
+                visible = ok[None, :] & (s[None, :] <= position[:, None])  # causal (chunk from cache)
+                logits = tl.where(visible, logits * qk_scale, float("-inf"))
                 p, alpha, m_i, l_i = _softmax_step(logits, m_i, l_i)
                 acc0 *= alpha[:, None]
                 acc1 *= alpha[:, None]
@@ -374,7 +379,7 @@ def attention_kernel(
                 acc0, acc1, acc2, acc3 = _exact_values(tl.where(use_w, p, 0.0), acc0, acc1, acc2, acc3,
                                                        wv_ptr + wrow, has_copy, Q, MODE, WIN_T, EMU)
 
-    if not DECODE:
+    if (not DECODE) and (not CHUNK_FROM_CACHE):
         # The chunk's own rows, causally: key j sits at position prefix + j.
         new_hi = tl.minimum(n_new, tile_tok + BLOCK_M)
         for j0 in range(0, new_hi, BLOCK_T):

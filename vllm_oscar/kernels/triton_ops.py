@@ -252,7 +252,7 @@ def oscar_decode(
         lse, lse.stride(0), lse.stride(1),
         sink, recent, softmax_scale * LOG2E,
         BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"], PID_OFFSET=first,
-        NSINK=nsink, **meta,
+        NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
     )
     merge_kernel[(batch, hq)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
@@ -279,6 +279,7 @@ def oscar_prefill(
     out: Optional[torch.Tensor] = None,
     max_query_len: Optional[int] = None,
     config: AttentionConfig = DEFAULT_PREFILL,
+    chunk_from_cache: bool = False,
 ) -> torch.Tensor:
     """Varlen chunked prefill over a cached prefix; arguments as torch_ops.oscar_prefill.
 
@@ -287,11 +288,13 @@ def oscar_prefill(
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                         window_block_table, seq_lens, sink, recent, softmax_scale, out)
-    check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim)
+    check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
+                        chunk_from_cache)
     _check_triton_layout(layout)
-    _check_last_dim_contiguous(query_rot=query_rot, key_rot=key_rot, value_rot=value_rot,
+    new_k, new_v = (query_rot, query_rot) if chunk_from_cache else (key_rot, value_rot)  # unused if from cache
+    _check_last_dim_contiguous(query_rot=query_rot, key_rot=new_k, value_rot=new_v,
                                window_k=window_k, window_v=window_v)
-    if key_rot.stride() != value_rot.stride() or window_k.stride() != window_v.stride():
+    if new_k.stride() != new_v.stride() or window_k.stride() != window_v.stride():
         raise ValueError("key_rot/value_rot and window_k/window_v must have matching strides.")
     t, hq, d = query_rot.shape
     if out is None:
@@ -305,7 +308,7 @@ def oscar_prefill(
     grid = (triton.cdiv(max_query_len, block_m), batch, hkv)
     attention_kernel[grid](
         query_rot, query_rot.stride(0), query_rot.stride(1),
-        key_rot, value_rot, key_rot.stride(0), key_rot.stride(1),
+        new_k, new_v, new_k.stride(0), new_k.stride(1),
         int2_cache, int2_cache.stride(0), int2_cache.stride(1),
         window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
         block_table, window_block_table, block_table.stride(0),
@@ -314,7 +317,7 @@ def oscar_prefill(
         out, 0, 0,
         sink, recent, softmax_scale * LOG2E,
         BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, PID_OFFSET=0, NSINK=0,
-        NEW_T=TL_DTYPES[key_rot.dtype], **meta,
+        NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, **meta,
     )
     return out
 
