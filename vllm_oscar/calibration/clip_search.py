@@ -57,7 +57,7 @@ def window_masks(tokens: int, sink: int, recent: int, device: torch.device | str
 
 @dataclasses.dataclass
 class LayerSample:
-    """One layer's rotated sample: q [S, Hq, T, D], k/v [S, Hq, T, D] (GQA-expanded), float32."""
+    """One layer's rotated sample: q [S, Hq, T, D], k/v [S, Hkv, T, D], float32, rows x @ R."""
 
     query: torch.Tensor
     key: torch.Tensor
@@ -146,8 +146,9 @@ class ClipSearchResult:
         per_model: (r_K, r_V) minimising the summed relative errors over layers (or the
             reference pair when that is better on the held-out sequences).
         per_layer: [(r_K, r_V)] per layer.
-        heldout: joint held-out relative error summed over layers for "per_model",
-            "per_layer" and "reference" (DEFAULT_CLIP_RATIO_K/V) ratios.
+        heldout: joint held-out relative error summed over layers for "per_model" (the
+            searched pair, before any fall-back), "per_layer" and "reference"
+            (DEFAULT_CLIP_RATIO_K/V) ratios.
         use_per_layer: whether per-layer ratios won by CLIP_PER_LAYER_MIN_GAIN.
     """
 
