@@ -21,10 +21,12 @@ Statistics
         k [B,Hkv,T,D], v [B,Hkv,T,D], out [B,T,Hq,D], scaling) for every attention call,
         post-RoPE; the model's outputs are bit-identical with and without it.
     collect_statistics(model, token_batches [N, T], identity=None, batch_size=1,
-                       sample_sequences=0) -> CalibrationStats
+                       sample_sequences=0, exclude_samples=False) -> CalibrationStats
         float64 [L, Hkv, D, D]: .key_target (C_K pooled over the query heads of a KV
         head), .value_output (V^T S^T S V, causal softmax), .value_logit_energy
-        (reference-code form); .num_tokens; .samples (Q/K/V of the first sequences).
+        (reference-code form); .num_tokens; .samples (Q/K/V of the first
+        sample_sequences sequences; exclude_samples=True leaves them out of the sums so
+        the clip search judges on data the rotations never saw, as `calibrate` does).
 
 Rotations
     build_rotations(stats, per_head=True, use_hadamard=True, use_bit_reversal=True,
