@@ -108,7 +108,7 @@ def engine_kwargs(model: Path, rotations: Path, **parallel: Any) -> dict[str, An
     return kwargs
 
 
-def run_engine(kwargs: dict[str, Any]) -> dict[str, Any]:
+def run_engine(kwargs: dict[str, Any], prompts: list[str] = PROMPTS, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """Start an engine, generate greedily, collect every worker's OSCAR report, shut down.
 
     Returns {"token_ids": [[...] per prompt], "reports": [one per worker]}. Runs in the
@@ -120,7 +120,8 @@ def run_engine(kwargs: dict[str, Any]) -> dict[str, Any]:
     with scoped_env({**ENGINE_ENV, **(TWO_RANK_BIND if world == 2 else {})}):
         llm = LLM(**kwargs)  # workers inherit the environment at start-up
     try:
-        outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
         reports = llm.collective_rpc("oscar_report")
         return {"token_ids": [list(o.outputs[0].token_ids) for o in outputs], "reports": reports}
     finally:

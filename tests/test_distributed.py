@@ -99,6 +99,12 @@ def _layer_index(name: str) -> int:
     return extract_layer_index(name)
 
 
+def _check_worker(report: dict[str, Any]) -> None:
+    """Worker-wide: no BF16-window position was served from INT2 (fallbacks are counted)."""
+    assert report["status"]["fallback_positions"] == 0
+    assert report["status"]["impl_classes"] == ["OscarAttentionImpl"]
+
+
 def _check_layer(report: dict[str, Any], expected: Any, kv: slice) -> None:
     """One layer's report: OSCAR impl, KV head count and rotations of heads ``kv``."""
     assert report["backend"] == "OSCAR"
@@ -115,6 +121,7 @@ def _check_layer(report: dict[str, Any], expected: Any, kv: slice) -> None:
 def test_single_process_serves_every_layer_with_oscar(single: dict[str, Any], file_rotations: Any) -> None:
     (report,) = single["reports"]
     assert (report["tp_size"], report["pp_size"]) == (1, 1)
+    _check_worker(report)
     assert sorted(map(_layer_index, report["layers"])) == list(range(setup.TINY_LAYERS))
     for name, layer in report["layers"].items():
         _check_layer(layer, file_rotations.layers[_layer_index(name)], slice(0, setup.TINY_KV_HEADS))
@@ -126,6 +133,7 @@ def test_tp2_each_rank_loads_only_its_kv_heads(tp2: dict[str, Any], file_rotatio
     assert [(r["tp_rank"], r["tp_size"], r["pp_size"]) for r in reports] == [(0, 2, 1), (1, 2, 1)]
     assert len({r["pid"] for r in reports}) == 2
     for report in reports:
+        _check_worker(report)
         kv = kv_head_slice(setup.TINY_KV_HEADS, 2, report["tp_rank"])
         assert sorted(map(_layer_index, report["layers"])) == list(range(setup.TINY_LAYERS))
         for name, layer in report["layers"].items():
@@ -165,6 +173,7 @@ def test_ray_pp2_stages_load_only_their_layers(ray_pp2: dict[str, Any], file_rot
     reports = sorted(ray_pp2["reports"], key=lambda r: r["pp_rank"])
     assert [(r["pp_rank"], r["pp_size"], r["tp_size"]) for r in reports] == [(0, 2, 1), (1, 2, 1)]
     for report in reports:
+        _check_worker(report)
         start, end = get_pp_indices(setup.TINY_LAYERS, report["pp_rank"], 2)
         assert sorted(map(_layer_index, report["layers"])) == list(range(start, end))
         for name, layer in report["layers"].items():

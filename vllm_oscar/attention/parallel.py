@@ -126,7 +126,8 @@ class OscarWorkerExtension:
     def oscar_report(self) -> dict[str, Any]:
         """This worker's parallel ranks and, per attention layer, what serves it.
 
-        Returns {"pid", "tp_rank", "tp_size", "pp_rank", "pp_size", "layers": {layer_name:
+        Returns {"pid", "tp_rank", "tp_size", "pp_rank", "pp_size", "status" (the
+        worker-wide counters of vllm_oscar.attention.status.worker_status), "layers": {layer_name:
         {"backend", "impl", "num_kv_heads", "rotation_source", "k_rotation", "v_rotation",
         "clip_k", "clip_v"}}}; rotations are nested lists [Hkv_local][D][D] (plain data, so
         every executor returns them alike; None when the layer has no OSCAR rotations).
@@ -134,6 +135,8 @@ class OscarWorkerExtension:
         import os
 
         from vllm.distributed import get_pp_group, get_tp_group
+
+        from vllm_oscar.attention.status import worker_status
 
         context = self.vllm_config.compilation_config.static_forward_context  # type: ignore[attr-defined]
         layers: dict[str, Any] = {}
@@ -159,5 +162,6 @@ class OscarWorkerExtension:
             "tp_size": get_tp_group().world_size,
             "pp_rank": get_pp_group().rank_in_group,
             "pp_size": get_pp_group().world_size,
+            "status": worker_status(self),
             "layers": layers,
         }
