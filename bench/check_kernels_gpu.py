@@ -73,6 +73,7 @@ def dense_attention(q, positions, ctx, sink, recent, scale, new_k=None, new_v=No
     s = torch.arange(length, device=q.device)
     use_w = (((s[None] < sink) | (s[None] > positions[:, None] - recent)) & has[None])[:, None, None, :]
     logits = torch.where(use_w, torch.einsum("thgd,hsd->thgs", qg, k_w), torch.einsum("thgd,hsd->thgs", qg, k_i))
+    logits = logits.masked_fill(~(s[None] <= positions[:, None])[:, None, None, :], float("-inf"))  # causal
     if new_k is not None:
         own = torch.einsum("thgd,jhd->thgj", qg, new_k.double())
         causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
@@ -183,6 +184,23 @@ def check_prefill(report: list) -> None:
         report.append({"check": "prefill", "unpack": mode, "rel_errors": errors, "ok": ok})
         print(f"prefill chunks {chunks} unpack={mode}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}",
               flush=True)
+    # chunk_from_cache: the chunk is read from the caches by the rule (as decoding would).
+    out = torch.full_like(q, float("nan"))
+    triton_ops.oscar_prefill(q, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                             state.window_block_table, torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+                             state.seq_lens, sink, recent, scale, out=out, max_query_len=max(chunks),
+                             chunk_from_cache=True)
+    errors = []
+    for b, n in enumerate(lens):
+        lo, hi = qsl[b], qsl[b + 1]
+        if hi == lo:
+            continue
+        exp = dense_attention(q[lo:hi], torch.arange(n - (hi - lo), n, device=DEVICE),
+                              dense_context(state, b, n, DEVICE), sink, recent, scale)
+        errors.append(rel(out[lo:hi], exp))
+    ok = max(errors) < TOLERANCE
+    report.append({"check": "prefill_chunk_from_cache", "rel_errors": errors, "ok": ok})
+    print(f"prefill chunk_from_cache: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
 
 
 def check_graph(report: list) -> None:
