@@ -56,7 +56,7 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     methods = {n: m for n, m in doc["methods"].items() if n != "bf16"}
-    panels = [("kld", "KL(BF16 || method), nats/token", True), ("ppl", "perplexity", False)]
+    panels = [("kld", "KL(BF16 || method), nats/token", True), ("ppl", "perplexity", True)]
     if all("stress" in m for m in methods.values()):
         panels.append(("stress", "stress-window KL, nats/token", True))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5))

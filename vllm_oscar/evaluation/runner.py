@@ -24,6 +24,7 @@ from vllm_oscar.config import (
     EVAL_STRESS_RECENT_TOKENS,
     EVAL_STRESS_SINK_TOKENS,
 )
+from vllm_oscar.calibration.data import sha256_file
 from vllm_oscar.evaluation.data import heldout_sequences
 from vllm_oscar.evaluation.harness import method_logits
 from vllm_oscar.evaluation.methods import KVMethod
@@ -182,6 +183,7 @@ def run_evaluation(
         "transformers": transformers.__version__,
         "geometry": dataclasses.asdict(geometry),
         "calibration": calibration,
+        "rotations_sha256": sha256_file(settings.rotations) if settings.rotations else None,
         "scored_positions": "t >= sink + recent (queries that read quantized history), up to T - 2",
         "stages_done": [],
     }
