@@ -69,14 +69,14 @@ def scoped_env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
-def make_tiny_llama(folder: Path, tokenizer_source: Path) -> Path:
-    """Save a random float32 Llama of the TINY_* shape with a copy of a tokenizer."""
+def make_tiny_llama(folder: Path, tokenizer_source: Path, kv_heads: int = TINY_KV_HEADS) -> Path:
+    """Save a random float32 Llama of the TINY_* shape (``kv_heads`` KV heads) with a copy of a tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=49152, hidden_size=TINY_QUERY_HEADS * TINY_HEAD_DIM, intermediate_size=512,
         num_hidden_layers=TINY_LAYERS, num_attention_heads=TINY_QUERY_HEADS,
-        num_key_value_heads=TINY_KV_HEADS, head_dim=TINY_HEAD_DIM, max_position_embeddings=1024,
+        num_key_value_heads=kv_heads, head_dim=TINY_HEAD_DIM, max_position_embeddings=1024,
         initializer_range=0.2, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
     )
     torch.manual_seed(0)
