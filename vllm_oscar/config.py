@@ -204,3 +204,6 @@ TURBOQUANT_PRESETS: dict[str, tuple[int, int]] = {"turboquant_4bit_nc": (4, 4), 
 TURBOQUANT_BOUNDARY_SKIP_LAYERS: int = 2
 #: Query positions per chunk of the evaluation attention (bounds its score memory).
 EVAL_QUERY_CHUNK: int = 1024
+#: Fit/assign rounds of the least-squares (scale, offset) grid refit (evaluation.refit);
+#: on Gaussian rows the error stops improving after 2-3.
+GRID_REFIT_ITERATIONS: int = 4

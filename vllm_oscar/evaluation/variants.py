@@ -35,6 +35,7 @@ import torch
 from vllm_oscar.config import (
     DEFAULT_CLIP_RATIO_K,
     DEFAULT_CLIP_RATIO_V,
+    GRID_REFIT_ITERATIONS,
     KIVI_GROUP_SIZE,
     TURBOQUANT_PRESETS,
     VALUE_FORM_LOGIT_ENERGY,
@@ -49,8 +50,6 @@ from vllm_oscar.evaluation.methods import (
     identity_layers,
 )
 
-#: Least-squares refit rounds of the "-refit" variants (converges in 2-3 on Gaussian rows).
-REFIT_ITERATIONS = 4
 
 BASELINES = (
     "bf16", "int2-naive", "int2-quarot", "int2-hadamard-clip", "int2-hadamard-refit", "kivi2", *TURBOQUANT_PRESETS,
@@ -107,7 +106,7 @@ def baseline_method(name: str, geometry: Geometry) -> KVMethod:
         return RowMethod(name, "Hadamard + clip 0.96/0.92, per-token INT2", layers)
     if name == "int2-hadamard-refit":
         layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
-        return RowMethod(name, "Hadamard + least-squares grid refit, per-token INT2", layers, refit_iterations=REFIT_ITERATIONS)
+        return RowMethod(name, "Hadamard + least-squares grid refit, per-token INT2", layers, refit_iterations=GRID_REFIT_ITERATIONS)
     if name == "kivi2":
         return KiviMethod(KIVI_GROUP_SIZE)
     if name in TURBOQUANT_PRESETS:
@@ -168,17 +167,17 @@ def oscar_methods(
             built[name] = RowMethod(name, "OSCAR per-head, K/V mean centering", _layers_from(head(), sample_means(stats)))
         elif name == "oscar-head-refit":
             built[name] = RowMethod(
-                name, "OSCAR per-head, least-squares grid refit", _layers_from(head()), refit_iterations=REFIT_ITERATIONS
+                name, "OSCAR per-head, least-squares grid refit", _layers_from(head()), refit_iterations=GRID_REFIT_ITERATIONS
             )
         elif name == "oscar-head-center-refit":
             built[name] = RowMethod(
                 name, "OSCAR per-head, K/V centering + least-squares grid refit",
-                _layers_from(head(), sample_means(stats)), refit_iterations=REFIT_ITERATIONS,
+                _layers_from(head(), sample_means(stats)), refit_iterations=GRID_REFIT_ITERATIONS,
             )
         elif name == "oscar-head-best":
             built[name] = RowMethod(
                 name, "OSCAR per-head, searched clips + centering + refit",
-                _layers_from(clipped(), sample_means(stats)), refit_iterations=REFIT_ITERATIONS,
+                _layers_from(clipped(), sample_means(stats)), refit_iterations=GRID_REFIT_ITERATIONS,
             )
         else:
             raise ValueError(f"{name!r} is not an OSCAR variant; known: {', '.join(OSCAR_VARIANTS)}.")
@@ -192,5 +191,5 @@ def file_method(path: str, refit: bool = False) -> KVMethod:
 
     layers = _layers_from(load_rotation_file(path))
     if refit:
-        return RowMethod("oscar-file-refit", f"OSCAR from {path} + grid refit", layers, refit_iterations=REFIT_ITERATIONS)
+        return RowMethod("oscar-file-refit", f"OSCAR from {path} + grid refit", layers, refit_iterations=GRID_REFIT_ITERATIONS)
     return RowMethod("oscar-file", f"OSCAR from {path}", layers)
