@@ -89,9 +89,11 @@ def runs(smollm2_path, monkeypatch_module):
         stop_llm(llm)
 
     monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    # 64 blocks of 16 tokens: one 1024-token sequence fits; the four preemption prompts
+    # (~410 tokens each with their generations) do not fit together.
     llm = start_llm(smollm2_path, kv_cache_dtype="oscar", enable_prefix_caching=False,
                     enable_chunked_prefill=True, max_num_batched_tokens=64, num_gpu_blocks_override=64,
-                    **common)
+                    **{**common, "max_model_len": 1024})
     try:
         results["C_shared"] = greedy(llm, _shared_prompts(llm), SHARED_TOKENS)
         results["C_preempt"] = greedy(llm, _preempt_prompts(llm), PREEMPT_TOKENS, ignore_eos=True)

@@ -168,73 +168,32 @@ def unsupported_reasons(head_size: int, use_mla: bool, has_sliding_window: bool,
 
 
 @dataclasses.dataclass
-class PrefillRound:
-    """One oscar_prefill call: sub-chunks of at most ``recent`` new tokens, one per request.
-
-    token_index int64 [T]: rows of the step's tokens; query_start_loc int32 [R+1] over them;
-    seq_lens int32 [R]: tokens before the sub-chunk + its length; block_table and
-    window_block_table int32 [R, max_blocks] (-1: no BF16 copy).
-    """
-
-    token_index: torch.Tensor
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    window_block_table: torch.Tensor
-    max_query_len: int
-
-
-@dataclasses.dataclass
 class OscarMetadata:
     """One step's attention metadata; requests ordered decodes first.
 
     Every new token at position t reads each cached position s <= t by the decode read
     rule (BF16 iff sink or recent window and a copy exists, else INT2), including the
-    earlier new tokens of its own chunk: do_kv_cache_update writes the chunk first. So
-    outputs do not depend on chunking, prefix-cache hits or preemption. Decodes run
-    oscar_decode. Prefill chunks are cut into sub-chunks of at most ``recent`` tokens and
-    run as oscar_prefill rounds: inside a sub-chunk every pair is within the recent window
-    (read in BF16, which is what oscar_prefill does for the chunk's own rows), and
-    everything before it is read from the caches by the rule, so each round computes
-    exactly the decode rule. Tensors on the layer's device:
+    earlier new tokens of its own chunk: do_kv_cache_update writes the chunk first, and
+    prefills run ``oscar_prefill(chunk_from_cache=True)``. So outputs do not depend on
+    chunking, prefix-cache hits or preemption. Tensors on the layer's device; the decode
+    part covers the first ``num_decodes`` requests (one token each), the prefill part the
+    others (query_start_loc rebased to their first token):
 
-        block_table, window_block_table  int32 [num_decodes, max_blocks]
-        seq_lens                         int32 [num_decodes]
+        block_table, window_block_table  int32 [B, max_blocks] (window: -1 = read INT2)
+        seq_lens                         int32 [B]
+        prefill_query_start_loc          int32 [B - num_decodes + 1]
         window_slot_mapping              int64 [N]  BF16 slot of each new token, -1: no copy
     """
 
     num_actual_tokens: int  # N: new tokens of the step (no padding)
     num_decodes: int
     max_seq_len: int
+    max_query_len: int
     block_table: torch.Tensor
     window_block_table: torch.Tensor
     seq_lens: torch.Tensor
+    prefill_query_start_loc: torch.Tensor
     window_slot_mapping: torch.Tensor
-    prefill_rounds: list[PrefillRound]
-
-
-def prefill_rounds(starts: list[int], seq_lens: list[int], first: int, sub_chunk: int
-                   ) -> list[tuple[list[int], list[int], list[int], list[int]]]:
-    """Cut requests ``first..`` into rounds of sub-chunks of <= ``sub_chunk`` tokens.
-
-    Returns per round (request indices, token rows, query_start_loc, seq_lens), in host ints.
-    """
-    rounds = []
-    offset = 0
-    while True:
-        requests, rows, locs, lens = [], [], [0], []
-        for r in range(first, len(seq_lens)):
-            begin, end = starts[r] + offset, min(starts[r + 1], starts[r] + offset + sub_chunk)
-            if begin >= end:
-                continue
-            requests.append(r)
-            rows.extend(range(begin, end))
-            locs.append(locs[-1] + end - begin)
-            lens.append(seq_lens[r] - (starts[r + 1] - end))
-        if not requests:
-            return rounds
-        rounds.append((requests, rows, locs, lens))
-        offset += sub_chunk
 
 
 def window_geometry(vllm_config: VllmConfig, config: OscarConfig) -> tuple[int, int]:
@@ -262,8 +221,6 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
                 f"OSCAR sized its window store for block size {block_size} but the KV cache uses "
                 f"{kv_cache_spec.block_size}; pass --block-size explicitly (a multiple of {KERNEL_BLOCK_MULTIPLE}).")
         self.manager = window_store.shared_manager(capacity, block_size, config.sink_tokens, config.recent_tokens)
-        # Sub-chunk length of prefill rounds: every in-sub-chunk pair is in the recent window.
-        self.sub_chunk = max(1, config.recent_tokens)
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -271,34 +228,21 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
         cam = common_attn_metadata
         num_reqs = cam.num_reqs
         num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(cam, decode_threshold=1)
-        starts = cam.query_start_loc_cpu[: num_reqs + 1].tolist()
-        query_lens = [b - a for a, b in zip(starts[:-1], starts[1:])]
+        starts = cam.query_start_loc_cpu[: num_reqs + 1]
         seq_lens_cpu = cam.seq_lens_cpu_upper_bound if cam.seq_lens_cpu_upper_bound is not None else cam.seq_lens.cpu()
-        seq_lens = seq_lens_cpu[:num_reqs].tolist()
         block_table = cam.block_table_tensor[:num_reqs]
-        plan = self.manager.plan(block_table.cpu(), seq_lens, query_lens)
+        plan = self.manager.plan(block_table.cpu(), seq_lens_cpu[:num_reqs].tolist(), starts.diff().tolist())
         device = block_table.device
-        window_table = plan.window_block_table.to(device)
-        rounds = []
-        for requests, rows, locs, lens in prefill_rounds(starts, seq_lens, num_decodes, self.sub_chunk):
-            index = torch.tensor(requests, device=device)
-            rounds.append(PrefillRound(
-                token_index=torch.tensor(rows, dtype=torch.int64, device=device),
-                query_start_loc=torch.tensor(locs, dtype=torch.int32, device=device),
-                seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-                block_table=block_table[index],
-                window_block_table=window_table[index],
-                max_query_len=max(b - a for a, b in zip(locs[:-1], locs[1:])),
-            ))
         return OscarMetadata(
-            num_actual_tokens=starts[-1],
+            num_actual_tokens=int(starts[-1]),
             num_decodes=num_decodes,
             max_seq_len=cam.max_seq_len,
-            block_table=block_table[:num_decodes],
-            window_block_table=window_table[:num_decodes],
-            seq_lens=cam.seq_lens[:num_decodes],
+            max_query_len=cam.max_query_len,
+            block_table=block_table,
+            window_block_table=plan.window_block_table.to(device),
+            seq_lens=cam.seq_lens[:num_reqs],
+            prefill_query_start_loc=cam.query_start_loc[num_decodes: num_reqs + 1] - num_decode_tokens,
             window_slot_mapping=plan.window_slot_mapping.to(device),
-            prefill_rounds=rounds,
         )
 
 
@@ -340,8 +284,6 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
             reasons.append("ALiBi is not supported; drop OSCAR for this model")
         if logits_soft_cap:
             reasons.append("logit soft-capping is not supported; drop OSCAR for this model")
-        if current_oscar_config(get_current_vllm_config()).recent_tokens < 1:
-            reasons.append("recent_tokens must be >= 1 (a query's own token is in its recent window)")
         if kv_sharing_target_layer_name is not None:
             reasons.append("cross-layer KV sharing is not supported; drop OSCAR for this model")
         if reasons:
@@ -427,7 +369,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         if attn_metadata is None:  # memory profiling
             return output
         m = attn_metadata
-        n, nd = m.num_actual_tokens, m.num_decodes
+        n, bd = m.num_actual_tokens, m.num_decodes
         rotations = self.rotations
         cache = self._int2_cache(kv_cache)
         sink, recent = self.config.sink_tokens, self.config.recent_tokens
@@ -435,21 +377,15 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         q_rot = rotate_rows(query[:n].view(n, self.num_heads, self.head_size), rotations.k_rotation,
                             out_dtype=torch.float32)
         out_rot = torch.empty_like(q_rot)
-        if nd:
-            oscar_decode(q_rot[:nd], cache, self.window_k, self.window_v, self.layout, m.block_table,
-                         m.window_block_table, m.seq_lens, sink, recent, self.scale, out=out_rot[:nd],
-                         max_seq_len=m.max_seq_len)
-        if m.prefill_rounds:
-            # The chunk's own rows exactly as the window store holds them (same rounding).
-            k_rot = rotate_rows(key[:n].view(n, self.num_kv_heads, self.head_size), rotations.k_rotation,
-                                out_dtype=self.window_k.dtype)
-            v_rot = rotate_rows(value[:n].view(n, self.num_kv_heads, self.head_size), rotations.v_rotation,
-                                out_dtype=self.window_v.dtype)
-            for r in m.prefill_rounds:
-                out_rot[r.token_index] = oscar_prefill(
-                    q_rot[r.token_index], k_rot[r.token_index], v_rot[r.token_index], cache, self.window_k,
-                    self.window_v, self.layout, r.block_table, r.window_block_table, r.query_start_loc,
-                    r.seq_lens, sink, recent, self.scale, max_query_len=r.max_query_len)
+        if bd:
+            oscar_decode(q_rot[:bd], cache, self.window_k, self.window_v, self.layout, m.block_table[:bd],
+                         m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, self.scale,
+                         out=out_rot[:bd], max_seq_len=m.max_seq_len)
+        if n > bd:
+            oscar_prefill(q_rot[bd:], None, None, cache, self.window_k, self.window_v, self.layout,
+                          m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc,
+                          m.seq_lens[bd:], sink, recent, self.scale, out=out_rot[bd:],
+                          max_query_len=m.max_query_len, chunk_from_cache=True)
         result = rotate_rows(out_rot, rotations.v_rotation, inverse=True, out_dtype=output.dtype)
         output.view(-1, self.num_heads, self.head_size)[:n] = result
         return output
