@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib-seq-len", type=int, default=DEFAULT_CALIBRATION_SEQ_LEN)
     parser.add_argument("--clip-sequences", type=int, default=4, help="calibration sequences kept for the clip search")
     parser.add_argument("--passkey", type=int, nargs="*", default=[], metavar="LEN", help="passkey haystack lengths")
+    parser.add_argument("--passkey-depths", type=float, nargs="+", default=[0.25, 0.5, 0.75], metavar="D",
+                        help="where the key sits in the haystack, as a fraction of it")
     parser.add_argument("--greedy-prompts", type=int, default=0, help="prompts for greedy-generation agreement")
     parser.add_argument("--greedy-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cpu")
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, data=args.data, seq_len=args.seq_len, num_seqs=args.num_seqs, sink=args.sink,
         recent=args.recent, stress=args.stress, calib_data=args.calib_data, calib_tokens=args.calib_tokens,
         calib_seq_len=args.calib_seq_len, clip_sequences=args.clip_sequences,
-        passkey_lengths=args.passkey, greedy_prompts=args.greedy_prompts, greedy_new_tokens=args.greedy_new_tokens,
+        passkey_lengths=args.passkey, passkey_depths=args.passkey_depths,
+        greedy_prompts=args.greedy_prompts, greedy_new_tokens=args.greedy_new_tokens,
         device=args.device, dtype=args.dtype, rotations=args.rotations,
     )
     out = Path(args.json)
