@@ -108,11 +108,14 @@ def engine_kwargs(model: Path, rotations: Path, **parallel: Any) -> dict[str, An
     return kwargs
 
 
-def run_engine(kwargs: dict[str, Any], prompts: list[str] = PROMPTS, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+def run_engine(kwargs: dict[str, Any], prompts: list[str] = PROMPTS, max_tokens: int = MAX_TOKENS,
+               logprobs: int = 0) -> dict[str, Any]:
     """Start an engine, generate greedily, collect every worker's OSCAR report, shut down.
 
-    Returns {"token_ids": [[...] per prompt], "reports": [one per worker]}. Runs in the
-    calling process (the test process or a Ray actor).
+    Returns {"token_ids": [[...] per prompt], "reports": [one per worker]}, plus
+    "top_logprobs" (per prompt and position, the ``logprobs`` best log-probabilities,
+    descending) when ``logprobs`` > 0. Runs in the calling process (the test process or a
+    Ray actor).
     """
     from vllm import LLM, SamplingParams
 
@@ -120,12 +123,38 @@ def run_engine(kwargs: dict[str, Any], prompts: list[str] = PROMPTS, max_tokens:
     with scoped_env({**ENGINE_ENV, **(TWO_RANK_BIND if world == 2 else {})}):
         llm = LLM(**kwargs)  # workers inherit the environment at start-up
     try:
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                logprobs=logprobs or None)
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        reports = llm.collective_rpc("oscar_report")
-        return {"token_ids": [list(o.outputs[0].token_ids) for o in outputs], "reports": reports}
+        result = {"token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+                  "reports": llm.collective_rpc("oscar_report")}
+        if logprobs:
+            result["top_logprobs"] = [
+                [sorted((entry.logprob for entry in step.values()), reverse=True)[:logprobs]
+                 for step in o.outputs[0].logprobs] for o in outputs]
+        return result
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+def first_divergence(reference: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per prompt where greedy tokens of ``other`` first differ from ``reference``.
+
+    Both runs need "top_logprobs" (>= 2). Each entry: {"position" (None: identical),
+    "reference_gap" (top-1 minus top-2 log-probability of the reference there), and
+    "max_logprob_delta" (largest |top-1 log-probability difference| before it)}.
+    """
+    found = []
+    for ids_a, ids_b, lp_a, lp_b in zip(reference["token_ids"], other["token_ids"],
+                                        reference["top_logprobs"], other["top_logprobs"]):
+        position = next((i for i, (a, b) in enumerate(zip(ids_a, ids_b)) if a != b), None)
+        end = len(ids_a) if position is None else position
+        found.append({
+            "position": position,
+            "reference_gap": None if position is None else lp_a[position][0] - lp_a[position][1],
+            "max_logprob_delta": max((abs(a[0] - b[0]) for a, b in zip(lp_a[:end], lp_b[:end])), default=0.0),
+        })
+    return found
 
 
 def oscar_config(model: Path, rotations: Path) -> Any:
