@@ -44,7 +44,7 @@ SHARED_QUESTIONS = [
     "What is stored in district 1?",
 ]
 SHARED_TOKENS = 24
-PREEMPT_TOKENS = 160
+PREEMPT_TOKENS = 96
 
 
 def _shared_prompts(llm) -> list[str]:
@@ -60,48 +60,58 @@ def _metric(llm, name: str) -> float:
     return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == name)
 
 
-@pytest.fixture(scope="module")
-def runs(smollm2_path, monkeypatch_module):
-    options: dict = {}  # the product default: the rotations shipped for SmolLM2 in rotations/
-    common = dict(max_model_len=2048, block_size=16, additional_config={"oscar": options},
-                  disable_log_stats=False)
-    results: dict = {"options": options}
+COMMON = dict(max_model_len=2048, block_size=16, additional_config={"oscar": {}}, disable_log_stats=False)
 
+
+@pytest.fixture(scope="module")
+def engine_a(smollm2_path, monkeypatch_module) -> dict:
+    """OSCAR via kv_cache_dtype="oscar" (shipped rotations), prefix caching on."""
     monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", KV_SPACE_GIB)
-    llm = start_llm(smollm2_path, kv_cache_dtype="oscar", enable_prefix_caching=True, **common)
+    llm = start_llm(smollm2_path, kv_cache_dtype="oscar", enable_prefix_caching=True, **COMMON)
     try:
-        results["A_status_start"] = oscar_status(llm)
         prompts = _shared_prompts(llm)
         first = greedy(llm, prompts[:1], SHARED_TOKENS)
-        results["A_shared"] = first + greedy(llm, prompts[1:], SHARED_TOKENS)
-        results["A_prefix_hits"] = _metric(llm, "vllm:prefix_cache_hits")
-        results["A_preempt"] = greedy(llm, _preempt_prompts(llm), PREEMPT_TOKENS, ignore_eos=True)
-        results["A_long"] = greedy(llm, chat_prompts(llm, QUESTIONS), LONG_TOKENS, ignore_eos=True)
-        results["A_status"] = oscar_status(llm)
+        results = {"shared": first + greedy(llm, prompts[1:], SHARED_TOKENS),
+                   "prefix_hits": _metric(llm, "vllm:prefix_cache_hits"),
+                   "preempt": greedy(llm, _preempt_prompts(llm), PREEMPT_TOKENS, ignore_eos=True),
+                   "long": greedy(llm, chat_prompts(llm, QUESTIONS), LONG_TOKENS, ignore_eos=True)}
+        results["status"] = oscar_status(llm)
+        return results
     finally:
         stop_llm(llm)
 
-    llm = start_llm(smollm2_path, max_model_len=2048, block_size=32, disable_log_stats=False)
+
+@pytest.fixture(scope="module")
+def engine_b(smollm2_path, monkeypatch_module) -> dict:
+    """vLLM's own CPU backend (BF16 KV), same KV budget."""
+    monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", KV_SPACE_GIB)
+    llm = start_llm(smollm2_path, max_model_len=2048, block_size=32)
     try:
-        results["B_status"] = oscar_status(llm)
-        results["B_long"] = greedy(llm, chat_prompts(llm, QUESTIONS), LONG_TOKENS, ignore_eos=True)
+        return {"status": oscar_status(llm),
+                "long": greedy(llm, chat_prompts(llm, QUESTIONS), LONG_TOKENS, ignore_eos=True)}
     finally:
         stop_llm(llm)
 
+
+@pytest.fixture(scope="module")
+def engine_c(smollm2_path, monkeypatch_module) -> dict:
+    """OSCAR, prefix caching off, chunked prefill (64-token budget), preempting pool.
+
+    64 blocks of 16 tokens: one 1024-token sequence fits; the four preemption prompts
+    (~330 tokens each with their generations) do not fit together.
+    """
     monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    # 64 blocks of 16 tokens: one 1024-token sequence fits; the four preemption prompts
-    # (~410 tokens each with their generations) do not fit together.
     llm = start_llm(smollm2_path, kv_cache_dtype="oscar", enable_prefix_caching=False,
                     enable_chunked_prefill=True, max_num_batched_tokens=64, num_gpu_blocks_override=64,
-                    **{**common, "max_model_len": 1024})
+                    **{**COMMON, "max_model_len": 1024})
     try:
-        results["C_shared"] = greedy(llm, _shared_prompts(llm), SHARED_TOKENS)
-        results["C_preempt"] = greedy(llm, _preempt_prompts(llm), PREEMPT_TOKENS, ignore_eos=True)
-        results["C_preemptions"] = _metric(llm, "vllm:num_preemptions")
-        results["C_status"] = oscar_status(llm)
+        results = {"shared": greedy(llm, _shared_prompts(llm), SHARED_TOKENS),
+                   "preempt": greedy(llm, _preempt_prompts(llm), PREEMPT_TOKENS, ignore_eos=True),
+                   "preemptions": _metric(llm, "vllm:num_preemptions")}
+        results["status"] = oscar_status(llm)
+        return results
     finally:
         stop_llm(llm)
-    return results
 
 
 @pytest.fixture(scope="module")
@@ -111,54 +121,55 @@ def monkeypatch_module():
     mp.undo()
 
 
-def test_kv_cache_dtype_oscar_runs_the_oscar_backend(runs):
-    status = runs["A_status"]
+@pytest.mark.timeout(3600)
+def test_kv_cache_dtype_oscar_runs_the_oscar_backend(engine_a):
+    status = engine_a["status"]
     assert status["impl_classes"] == ["OscarAttentionImpl"]
     assert status["num_attention_layers"] == 30
     assert status["rotation_sources"] == ["shipped"]
-    assert runs["B_status"]["impl_classes"] == ["CPUAttentionBackendImpl"]
-    assert all(len(ids) == LONG_TOKENS for ids in runs["A_long"])
+    assert status["fallback_positions"] == 0, status
+    assert all(len(ids) == LONG_TOKENS for ids in engine_a["long"])
 
 
-def test_no_window_position_fell_back_to_int2(runs):
-    for engine in ("A_status", "C_status"):
-        assert runs[engine]["fallback_positions"] == 0, runs[engine]
-
-
-def test_greedy_agreement_with_vllm_bf16_backend(runs, record_property):
+@pytest.mark.timeout(3600)
+def test_greedy_agreement_with_vllm_bf16_backend(engine_a, engine_b, record_property):
+    assert engine_b["status"]["impl_classes"] == ["CPUAttentionBackendImpl"]
     prefixes = []
-    for ours, reference in zip(runs["A_long"], runs["B_long"]):
-        n = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), len(ours))
-        prefixes.append(n)
+    for ours, reference in zip(engine_a["long"], engine_b["long"]):
+        prefixes.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), len(ours)))
     share_32 = sum(n >= 32 for n in prefixes) / len(prefixes)
     mean_prefix = sum(prefixes) / len(prefixes)
     report = {"matching_prefixes": prefixes, "share_first_32": share_32, "mean_matching_prefix": mean_prefix,
-              "tokens": LONG_TOKENS, "oscar_options": runs["options"]}
+              "tokens": LONG_TOKENS}
     record_property("greedy_agreement", json.dumps(report))
     print("greedy agreement OSCAR vs CPU_ATTN (BF16):", json.dumps(report))
-    # The generations are coherent and start the same way as BF16 on average; a 135M model
-    # in bf16 flips near-tie tokens, so only a loose floor is asserted. Numbers: docs/design.md.
+    # A 135M model in bf16 flips near-tie tokens: OSCAR with every position in BF16
+    # windows matched BF16 for only 5-53 tokens (docs/design.md), so only a floor is asserted.
     assert mean_prefix >= 8
 
 
-def test_prefix_caching_on_and_off_give_identical_greedy_outputs(runs):
-    assert runs["A_prefix_hits"] > 0  # the later requests really hit the shared prefix
-    assert runs["A_shared"] == runs["C_shared"]
-
-
-def test_preemption_and_chunked_prefill_give_identical_greedy_outputs(runs):
-    assert runs["C_preemptions"] > 0  # the small pool really preempted requests
-    assert runs["A_preempt"] == runs["C_preempt"]
-
-
-def test_kv_capacity_is_at_least_6x_bf16_under_the_same_budget(runs, record_property):
-    oscar, bf16 = runs["A_status"], runs["B_status"]
+@pytest.mark.timeout(3600)
+def test_kv_capacity_is_at_least_6x_bf16_under_the_same_budget(engine_a, engine_b, record_property):
+    oscar, bf16 = engine_a["status"], engine_b["status"]
     oscar_tokens = oscar["kv_cache_blocks"] * oscar["block_size"]
     bf16_tokens = bf16["kv_cache_blocks"] * bf16["block_size"]
-    ratio = oscar_tokens / bf16_tokens
     report = {"head_dim": 64, "budget_gib": float(KV_SPACE_GIB), "oscar_tokens": oscar_tokens,
-              "bf16_tokens": bf16_tokens, "ratio": ratio, "window_store_bytes": oscar["window_store_bytes"]}
+              "bf16_tokens": bf16_tokens, "ratio": oscar_tokens / bf16_tokens,
+              "window_store_bytes": oscar["window_store_bytes"]}
     record_property("kv_capacity_d64", json.dumps(report))
     print("KV capacity D=64:", json.dumps(report))
     assert oscar["window_store_bytes"] > 0
-    assert ratio >= 6.0
+    assert oscar_tokens / bf16_tokens >= 6.0
+
+
+@pytest.mark.timeout(3600)
+def test_prefix_caching_on_and_off_give_identical_greedy_outputs(engine_a, engine_c):
+    assert engine_a["prefix_hits"] > 0  # the later requests really hit the shared prefix
+    assert engine_a["shared"] == engine_c["shared"]
+    assert engine_c["status"]["fallback_positions"] == 0
+
+
+@pytest.mark.timeout(3600)
+def test_preemption_and_chunked_prefill_give_identical_greedy_outputs(engine_a, engine_c):
+    assert engine_c["preemptions"] > 0  # the small pool really preempted requests
+    assert engine_a["preempt"] == engine_c["preempt"]
