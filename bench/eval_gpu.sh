@@ -32,9 +32,9 @@ run() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -m vllm_oscar.cli eval --model /tmp/smollm2 --device cuda \
     --data model_parts_c/brown.txt.xz --calib-data model_parts_c/brown.txt.xz model_parts_c/pydoc_rst.txt.xz \
-    --json "$OUT/quality_gpu.json" --seq-len 2048 --num-seqs "${NUM_SEQS:-8}" --stress \
+    --rotations rotations/SmolLM2-135M-Instruct.safetensors --json "$OUT/quality_gpu.json" --seq-len 2048 --num-seqs "${NUM_SEQS:-8}" --stress \
     --passkey 2048 4096 8192 --greedy-prompts "${GREEDY_PROMPTS:-2}" --greedy-new-tokens 64 \
-    --methods ${METHODS:-bf16 int2-naive int2-quarot int2-hadamard-clip int2-hadamard-refit kivi2 turboquant_4bit_nc turboquant_3bit_nc oscar-head oscar-head-vlogit oscar-layer oscar-head-noH oscar-head-lm oscar-head-clip oscar-head-center oscar-head-refit oscar-head-best} \
+    --methods ${METHODS:-bf16 int2-naive int2-quarot int2-hadamard-clip int2-hadamard-refit kivi2 turboquant_4bit_nc turboquant_3bit_nc oscar-head oscar-head-vlogit oscar-layer oscar-head-noH oscar-head-lm oscar-head-clip oscar-head-center oscar-head-refit oscar-head-center-refit oscar-head-best oscar-file oscar-file-refit} \
     2>&1 | tee "$OUT/eval_gpu.log"
 }
 
