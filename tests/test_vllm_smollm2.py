@@ -97,13 +97,13 @@ def engine_b(smollm2_path, monkeypatch_module) -> dict:
 def engine_c(smollm2_path, monkeypatch_module) -> dict:
     """OSCAR, prefix caching off, chunked prefill (64-token budget), preempting pool.
 
-    64 blocks of 16 tokens: one 1024-token sequence fits; the four preemption prompts
+    64 blocks of 16 tokens (vLLM keeps one back): one 960-token sequence fits; the four preemption prompts
     (~330 tokens each with their generations) do not fit together.
     """
     monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     llm = start_llm(smollm2_path, kv_cache_dtype="oscar", enable_prefix_caching=False,
                     enable_chunked_prefill=True, max_num_batched_tokens=64, num_gpu_blocks_override=64,
-                    **{**COMMON, "max_model_len": 1024})
+                    **{**COMMON, "max_model_len": 960})
     try:
         results = {"shared": greedy(llm, _shared_prompts(llm), SHARED_TOKENS),
                    "preempt": greedy(llm, _preempt_prompts(llm), PREEMPT_TOKENS, ignore_eos=True),
