@@ -17,6 +17,11 @@ import pytest
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # LLM.collective_rpc ships vllm_oscar.attention.status.worker_status to the workers.
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+# Without a GPU, Triton kernels can only run in its interpreter. Triton fixes a kernel's
+# mode when the module defining it is imported, so the switch must be on before any test
+# module imports vllm_oscar.kernels (the OSCAR backend itself runs torch ops on CPU).
+if not os.environ.get("CUDA_VISIBLE_DEVICES") and not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 #: Engine options shared by the end-to-end tests (short contexts, few sequences, eager).
 ENGINE_DEFAULTS: dict[str, Any] = {
