@@ -1,9 +1,9 @@
-"""Prefix caching, chunked prefill and preemption change no greedy token (tiny Qwen3, D=128).
+"""Prefix caching and chunked prefill change no greedy token (tiny Qwen3, D=128).
 
 Small windows (sink 4, recent 16) so that most of every prompt is read as INT2 history:
 the engine with prefix caching (later requests hit the shared prefix and replay only its
-recent window) and the engine without it, prefilling in 16-token chunks from a pool small
-enough to preempt, must agree token for token (OSCAR applies the decode read rule to
+recent window) and the engine without it, prefilling in 16-token chunks, must agree token
+for token (OSCAR applies the decode read rule to
 every query). Cheap companion of the SmolLM2 tests (2 layers, random weights).
 """
 
@@ -30,18 +30,16 @@ def _run(model, **options) -> dict:
         else:
             ids = greedy(llm, PROMPTS, TOKENS, ignore_eos=True)
         metrics = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
-        return {"ids": ids, "status": oscar_status(llm), "hits": metrics.get("vllm:prefix_cache_hits", 0),
-                "preemptions": metrics.get("vllm:num_preemptions", 0)}
+        return {"ids": ids, "status": oscar_status(llm), "hits": metrics.get("vllm:prefix_cache_hits", 0)}
     finally:
         stop_llm(llm)
 
 
 @pytest.mark.timeout(3600)
-def test_prefix_hits_chunking_and_preemption_change_no_token(tiny_qwen3_path):
+def test_prefix_hits_and_chunked_prefill_change_no_token(tiny_qwen3_path):
     cached = _run(tiny_qwen3_path, enable_prefix_caching=True)
     chunked = _run(tiny_qwen3_path, enable_prefix_caching=False, enable_chunked_prefill=True,
-                   max_num_batched_tokens=16, num_gpu_blocks_override=32)  # 31 usable: one request at a time
+                   max_num_batched_tokens=16)
     assert cached["hits"] > 0
-    assert chunked["preemptions"] > 0
     assert cached["status"]["fallback_positions"] == 0 and chunked["status"]["fallback_positions"] == 0
     assert cached["ids"] == chunked["ids"]
