@@ -9,13 +9,12 @@ arithmetic and the weight loader are vLLM's.
 
 from __future__ import annotations
 
-import dataclasses
 from unittest import mock
 
 import pytest
 import torch
 
-from vllm_oscar.attention.parallel import kv_head_slice, slice_rotations
+from vllm_oscar.attention.parallel import kv_head_slice
 
 HIDDEN = 16
 HEAD_DIM = 8
@@ -108,50 +107,3 @@ def test_layouts_vllm_rejects_are_rejected(total_kv: int, tp_size: int) -> None:
 def test_bad_arguments(args: tuple[int, int, int]) -> None:
     with pytest.raises(ValueError):
         kv_head_slice(*args)
-
-
-@dataclasses.dataclass(frozen=True)
-class _LayerRotations:
-    k_rotation: torch.Tensor
-    v_rotation: torch.Tensor
-    clip_k: float
-    name: str
-
-
-def _per_head(total: int, dim: int) -> torch.Tensor:
-    """[total, dim, dim] where head h is filled with h."""
-    return torch.arange(total, dtype=torch.float32)[:, None, None].expand(total, dim, dim).clone()
-
-
-def test_slice_rotations_tensor_mapping_dataclass() -> None:
-    total, dim = 4, 8
-    kv = kv_head_slice(total, 2, 1)  # heads 2, 3
-    rot = _per_head(total, dim)
-
-    sliced = slice_rotations(rot, kv)
-    assert sliced.shape == (2, dim, dim) and sliced.is_contiguous()
-    assert sliced[:, 0, 0].tolist() == [2.0, 3.0]
-
-    per_layer = {"k_rotation": rot, "v_rotation": rot + 10, "clip_k": 0.96, "clip_v": torch.tensor(0.92),
-                 "clip_k_per_head": torch.tensor([0.9, 0.91, 0.92, 0.93]), "method": "qqt_r_h_pbr"}
-    out = slice_rotations({"layers.0": per_layer}, kv)["layers.0"]
-    assert out["v_rotation"][:, 0, 0].tolist() == [12.0, 13.0]
-    assert out["clip_k"] == 0.96 and float(out["clip_v"]) == pytest.approx(0.92)
-    assert out["clip_k_per_head"].tolist() == pytest.approx([0.92, 0.93])
-    assert out["method"] == "qqt_r_h_pbr"
-
-    layer = slice_rotations(_LayerRotations(rot, rot + 10, 0.96, "layers.0"), kv)
-    assert isinstance(layer, _LayerRotations)
-    assert layer.k_rotation[:, 0, 0].tolist() == [2.0, 3.0] and layer.name == "layers.0"
-
-
-def test_slice_rotations_replicated_head() -> None:
-    rot = _per_head(2, 8)
-    slices = [slice_rotations(rot, kv_head_slice(2, 4, r)) for r in range(4)]
-    assert [s.shape[0] for s in slices] == [1, 1, 1, 1]
-    assert [float(s[0, 0, 0]) for s in slices] == [0.0, 0.0, 1.0, 1.0]
-
-
-def test_slice_rotations_too_few_heads() -> None:
-    with pytest.raises(ValueError, match="fewer than 4 KV heads"):
-        slice_rotations(_per_head(2, 8), slice(2, 4))

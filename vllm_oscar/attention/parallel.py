@@ -23,13 +23,7 @@ lazily to read the rank of the calling worker.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from typing import Any, TypeVar
-
-import torch
-
-T = TypeVar("T")
+from typing import Any
 
 
 def kv_head_slice(total_kv_heads: int, tp_size: int, tp_rank: int) -> slice:
@@ -75,43 +69,6 @@ def current_kv_head_slice(total_kv_heads: int) -> slice:
         get_tensor_model_parallel_world_size(),
         get_tensor_model_parallel_rank(),
     )
-
-
-def slice_rotations(rotations: T, kv_slice: slice) -> T:
-    """Keep only the KV heads of ``kv_slice`` in per-head rotation data.
-
-    ``rotations`` may be a tensor whose first axis is the global KV head
-    ([Hkv_total, D, D] rotations, [Hkv_total] per-head clip ratios), a Mapping (e.g.
-    ``{"k_rotation": ..., "v_rotation": ..., "clip_k": 0.96}``) or a dataclass; these
-    are walked recursively. Every tensor with at least one axis is sliced on axis 0;
-    scalars, 0-d tensors, strings and other values pass through unchanged. A per-layer
-    rotation shared by all heads (RotationZoo v1, [D, D]) must be expanded to
-    [Hkv_total, D, D] before slicing.
-
-    Raises ValueError when a tensor has fewer heads than ``kv_slice.stop``.
-    """
-    if isinstance(rotations, torch.Tensor):
-        if rotations.dim() == 0:
-            return rotations
-        if rotations.shape[0] < kv_slice.stop:
-            raise ValueError(
-                f"per-head tensor of shape {tuple(rotations.shape)} has fewer than "
-                f"{kv_slice.stop} KV heads; cannot take heads [{kv_slice.start}, "
-                f"{kv_slice.stop})."
-            )
-        return rotations[kv_slice].contiguous()  # type: ignore[return-value]
-    if isinstance(rotations, Mapping):
-        return type(rotations)(  # type: ignore[call-arg]
-            {key: slice_rotations(value, kv_slice) for key, value in rotations.items()}
-        )
-    if dataclasses.is_dataclass(rotations) and not isinstance(rotations, type):
-        changes: dict[str, Any] = {
-            field.name: slice_rotations(getattr(rotations, field.name), kv_slice)
-            for field in dataclasses.fields(rotations)
-            if field.init
-        }
-        return dataclasses.replace(rotations, **changes)
-    return rotations
 
 
 class OscarWorkerExtension:
