@@ -5,7 +5,9 @@ with the layer's rotations and the serving windows (sink S, recent W):
 
     exact:      O = softmax(q k^T * scaling, causal) v                    per query head
     quantized:  position s is read exactly when s < S or t - s < W (BF16 windows), and
-                from fake_quantize(x @ R, r) (clip, INT2, dequantize) otherwise
+                from fake_quantize(x @ R, r) otherwise: the write path's quantizer
+                (quant.quantize_rows: clip, INT2 grid, least-squares refit when
+                refit_iterations > 0, as OscarConfig serves it), dequantized
     error(r)  = sum ||O^ - O||^2 / sum ||O||^2   over query heads and positions t >= S + W
 
 (positions t < S + W have no INT2 history, so no error). Rotations are orthogonal, so the
@@ -37,7 +39,9 @@ from vllm_oscar.config import (
     DEFAULT_CLIP_RATIO_V,
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
+    GRID_REFIT_ITERATIONS,
     check_clip_ratio,
+    check_refit_iterations,
 )
 from vllm_oscar.quant.quantizer import fake_quantize
 
@@ -90,9 +94,10 @@ class LayerErrorModel:
     """
 
     def __init__(self, sample: LayerSample, group_size: int, num_query_heads: int, sink: int, recent: int,
-                 scale_dtype: torch.dtype) -> None:
+                 scale_dtype: torch.dtype, refit_iterations: int = 0) -> None:
         self.group_size = group_size
         self.scale_dtype = scale_dtype
+        self.refit_iterations = refit_iterations
         tokens = sample.query.shape[2]
         first = min(sink + recent, tokens)
         device = sample.query.device
@@ -113,7 +118,8 @@ class LayerErrorModel:
         cache_key = (which, ratio)
         if cache_key not in self._cache:
             rows = self.key if which == "k" else self.value
-            self._cache[cache_key] = fake_quantize(rows, ratio, self.group_size, self.scale_dtype)
+            self._cache[cache_key] = fake_quantize(rows, ratio, self.group_size, self.scale_dtype,
+                                                   refit_iterations=self.refit_iterations)
         return self._cache[cache_key]
 
     def _output(self, logits: torch.Tensor, value_history: torch.Tensor) -> torch.Tensor:
@@ -150,6 +156,8 @@ class ClipSearchResult:
             searched pair, before any fall-back), "per_layer" and "reference"
             (DEFAULT_CLIP_RATIO_K/V) ratios.
         use_per_layer: whether per-layer ratios won by CLIP_PER_LAYER_MIN_GAIN.
+        refit_iterations: the quantizer's refit rounds the errors were measured with
+            (0 = plain clipped min/max).
     """
 
     grid: tuple[float, ...]
@@ -161,6 +169,7 @@ class ClipSearchResult:
     use_per_layer: bool
     sink: int
     recent: int
+    refit_iterations: int = 0
 
     @property
     def chosen(self) -> list[tuple[float, float]]:
@@ -174,6 +183,7 @@ class ClipSearchResult:
             "grid": list(self.grid),
             "sink": self.sink,
             "recent": self.recent,
+            "refit_iterations": self.refit_iterations,
             "per_model": list(self.per_model),
             "use_per_layer": self.use_per_layer,
             "heldout_error_sum": {k: round(v, 6) for k, v in self.heldout.items()},
@@ -197,6 +207,7 @@ def search_clip_ratios(
     sink: int = DEFAULT_SINK_TOKENS,
     recent: int = DEFAULT_RECENT_TOKENS,
     progress: bool = True,
+    refit_iterations: int = GRID_REFIT_ITERATIONS,
 ) -> ClipSearchResult:
     """Search r_K and r_V (per model and per layer) for the smallest attention-output error.
 
@@ -208,7 +219,11 @@ def search_clip_ratios(
         group_size: quantization group (default head_dim, the validated setting).
         scale_dtype: storage dtype of scale/offset (fp16 as served).
         sink / recent: BF16 windows of the serving layout.
+        refit_iterations: least-squares grid refit rounds of the quantizer measured, as
+            served (OscarConfig.refit_iterations; default on). With the refit the clip ratio
+            only sets the grid the refit starts from.
     """
+    check_refit_iterations(refit_iterations)
     for ratio in grid:
         check_clip_ratio("grid ratio", ratio)
     ident = rotation_set.identity
@@ -228,7 +243,7 @@ def search_clip_ratios(
     judge = range(1, samples.num_sequences, 2)
     key_errors = torch.zeros(ident.num_layers, len(grid), dtype=torch.float64)
     value_errors = torch.zeros_like(key_errors)
-    args = (group, ident.num_query_heads, sink, recent, scale_dtype)
+    args = (group, ident.num_query_heads, sink, recent, scale_dtype, refit_iterations)
     for layer in tqdm(range(ident.num_layers), desc="clip search", unit="layer", disable=not progress):
         selector = LayerErrorModel(rotated_sample(samples, rotation_set, layer, select), *args)
         for column, ratio in enumerate(grid):
@@ -247,4 +262,5 @@ def search_clip_ratios(
         per_model = candidates["reference"][0]
     best_model_level = min(heldout["per_model"], heldout["reference"])
     use_per_layer = heldout["per_layer"] < (1.0 - CLIP_PER_LAYER_MIN_GAIN) * best_model_level
-    return ClipSearchResult(grid, key_errors, value_errors, per_model, per_layer, heldout, use_per_layer, sink, recent)
+    return ClipSearchResult(grid, key_errors, value_errors, per_model, per_layer, heldout, use_per_layer, sink, recent,
+                            refit_iterations)

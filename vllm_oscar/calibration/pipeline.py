@@ -23,6 +23,7 @@ from vllm_oscar.config import (
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
     DEFAULT_VALUE_FORM,
+    GRID_REFIT_ITERATIONS,
 )
 
 
@@ -43,6 +44,7 @@ class CalibrationOptions:
     clip_grid: tuple[float, ...] = CLIP_RATIO_GRID
     clip_sink: int = DEFAULT_SINK_TOKENS
     clip_recent: int = DEFAULT_RECENT_TOKENS
+    clip_refit_iterations: int = GRID_REFIT_ITERATIONS
     progress: bool = True
 
 
@@ -77,7 +79,8 @@ def calibrate(loaded: LoadedModel, data_paths: Sequence[str | os.PathLike[str]],
         assert stats.samples is not None
         phase = time.perf_counter()
         result = search_clip_ratios(rotation_set, stats.samples, options.clip_grid, sink=options.clip_sink,
-                                    recent=options.clip_recent, progress=options.progress)
+                                    recent=options.clip_recent, progress=options.progress,
+                                    refit_iterations=options.clip_refit_iterations)
         rotation_set = result.apply(rotation_set)
         clip_seconds = time.perf_counter() - phase
     device = str(next(loaded.model.parameters()).device)

@@ -55,7 +55,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"clip K:     {sorted(set(clip_k))}   clip V: {sorted(set(clip_v))}")
     if "heldout_error_sum" in search:
         print(f"clip search: per_layer={search['use_per_layer']}, held-out output error "
-              f"{json.dumps(search['heldout_error_sum'])}, windows {search['sink']}/{search['recent']}")
+              f"{json.dumps(search['heldout_error_sum'])}, windows {search['sink']}/{search['recent']}, "
+              f"grid refit rounds {search.get('refit_iterations', 0)} (files without the key: 0, plain min/max)")
     elif search:
         print(f"clip search: {json.dumps(search)}")
     worst = max(max(orthogonality_error(l.k_rotation.double()), orthogonality_error(l.v_rotation.double()))

@@ -20,7 +20,6 @@ from typing import Optional, Sequence
 import torch
 
 from vllm_oscar.config import WINDOW_BITS
-from vllm_oscar.evaluation.refit import refit_quantize
 from vllm_oscar.quant import body_bits_per_element, fake_quantize, hadamard_matrix
 
 
@@ -136,7 +135,8 @@ class RowMethod(KVMethod):
         scale_dtype: storage dtype of scale and offset.
         lloyd_max: Gaussian Lloyd-Max levels instead of the min/max grid, on K and V.
         refit_iterations: > 0: least-squares refit of each group's (scale, offset) to its
-            unclipped values (quant.refit.refit_quantize); same storage, same decode.
+            unclipped values (the product's write quantizer, quant.quantize_rows); same
+            storage, same decode.
     """
 
     def __init__(
@@ -170,10 +170,7 @@ class RowMethod(KVMethod):
             rows = rows - mean
         rotated = _rotate(rows, rotation, inverse=False)
         group = self.group_size or rows.shape[-1]
-        if self.refit_iterations:
-            quantized = refit_quantize(rotated, clip, group, self.scale_dtype, self.refit_iterations)
-        else:
-            quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max)
+        quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max, self.refit_iterations)
         restored = _rotate(quantized, rotation, inverse=True)
         return restored + mean if mean is not None else restored
 

@@ -18,6 +18,8 @@ from vllm_oscar.quant.quantizer import (
     dequantize,
     fake_quantize,
     quantize,
+    quantize_rows,
+    refit_grid,
 )
 from vllm_oscar.quant.rotation import (
     compose_rotation,
@@ -40,6 +42,8 @@ __all__ = [
     "orthogonality_error",
     "pack_codes",
     "quantize",
+    "quantize_rows",
+    "refit_grid",
     "rotation_from_covariance",
     "row_bytes",
     "unpack_codes",

@@ -12,6 +12,11 @@ and the decode kernel uses it directly: ``q . k^ = scale * (q . codes) + offset 
 
 Codes are computed from the scale and offset *after* rounding them to their storage
 dtype, so dequantization with the stored values is exactly what a kernel reproduces.
+
+The write path's quantizer (``quantize_rows``) is: clip -> min/max grid -> optional
+least-squares refit (``refit_grid``) of each group's (scale, offset) against the
+UNCLIPPED values. The refit returns the same (codes, scale, offset) form, so storage and
+decode do not change.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from vllm_oscar.config import (
     SCALE_EPS,
     check_clip_ratio,
     check_group_size,
+    check_refit_iterations,
     check_scale_dtype,
 )
 
@@ -147,6 +153,94 @@ def quantize(
     return QuantizedRows(codes.reshape(rows.shape), scale, offset, group_size)
 
 
+def _grid_error(grouped: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Per-group squared error sum_i (x_i - c_i s - o)^2 of a grid (all in the working dtype)."""
+    return ((grouped - (codes * scale[..., None] + offset[..., None])) ** 2).sum(dim=-1)
+
+
+def refit_grid(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> QuantizedRows:
+    """Least-squares refit of each group's (scale, offset) to ``rows``, from ``initial``.
+
+    The min/max grid (after clipping) spends its 4 levels on the group's range; for
+    bell-shaped rotated rows the MSE-optimal uniform grid is narrower. Lloyd's algorithm
+    restricted to uniform grids, per group of G values x_i with codes c_i:
+
+        fit:    s = cov(c, x) / var(c)   (the previous s if var(c) = 0: all codes equal)
+                s <- max(s, SCALE_EPS) rounded to the storage dtype
+                o = mean(x) - s mean(c)  rounded to the storage dtype
+        assign: c_i = clamp(round((x_i - o) / s), 0, 3)
+
+    (means are sums / G). Every iterate is scored by sum_i (x_i - c_i s - o)^2 with the
+    rounded (s, o), against the UNCLIPPED rows; per group the iterate with the smallest
+    error wins (ties keep the earlier one, ``initial`` first), so the result is never
+    worse than ``initial`` on ``rows``.
+
+    Args:
+        rows: [..., D] float tensor: the rows ``initial`` was made from, before clipping.
+        initial: their quantization (quantize(clip_rows(rows, r), ...)); its scale dtype
+            is the storage dtype of the result.
+        iterations: fit/assign rounds (0 returns ``initial``).
+    Returns:
+        QuantizedRows with the same shapes and dtypes as ``initial``.
+    """
+    check_rows("rows", rows)
+    check_refit_iterations(iterations)
+    if iterations == 0:
+        return initial
+    work = _working_dtype(rows)
+    group = initial.group_size
+    grouped = _grouped(rows.to(work), group)
+    storage = initial.scale.dtype
+    best_codes = _grouped(initial.codes, group)
+    best_scale, best_offset = initial.scale, initial.offset
+    scale, offset = best_scale.to(work), best_offset.to(work)
+    codes = best_codes.to(work)
+    best_error = _grid_error(grouped, codes, scale, offset)
+    x_mean = grouped.sum(dim=-1) / group
+    x_centered = grouped - x_mean[..., None]
+    for _ in range(iterations):
+        code_mean = codes.sum(dim=-1) / group
+        code_centered = codes - code_mean[..., None]
+        variance = (code_centered * code_centered).sum(dim=-1) / group
+        covariance = (code_centered * x_centered).sum(dim=-1) / group
+        spread = variance > 0
+        fitted = torch.where(spread, covariance / torch.where(spread, variance, 1.0), scale)
+        new_scale = fitted.clamp(min=SCALE_EPS).to(storage)
+        scale = new_scale.to(work)
+        new_offset = (x_mean - scale * code_mean).to(storage)
+        offset = new_offset.to(work)
+        new_codes = _codes_for(grouped, scale, offset)
+        codes = new_codes.to(work)
+        error = _grid_error(grouped, codes, scale, offset)
+        better = error < best_error
+        best_codes = torch.where(better[..., None], new_codes, best_codes)
+        best_scale = torch.where(better, new_scale, best_scale)
+        best_offset = torch.where(better, new_offset, best_offset)
+        best_error = torch.where(better, error, best_error)
+    return QuantizedRows(best_codes.reshape(rows.shape), best_scale, best_offset, group)
+
+
+def quantize_rows(
+    rows: torch.Tensor,
+    clip_ratio: float,
+    group_size: int,
+    scale_dtype: torch.dtype = torch.float16,
+    refit_iterations: int = 0,
+    lloyd_max: bool = False,
+) -> QuantizedRows:
+    """The write path's quantizer: clip, min/max (or Lloyd-Max) grid, optional refit.
+
+    Args:
+        rows: [..., D] float tensor (rotated, NOT clipped).
+        clip_ratio: in (0, 1]; clips the rows the initial grid is made from.
+        group_size, scale_dtype, lloyd_max: as quantize.
+        refit_iterations: rounds of refit_grid against the unclipped rows (0: none).
+    """
+    check_refit_iterations(refit_iterations)
+    initial = quantize(clip_rows(rows, clip_ratio), group_size, scale_dtype, lloyd_max)
+    return refit_grid(rows, initial, refit_iterations)
+
+
 def dequantize(quantized: QuantizedRows, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[..., D] values code * scale + offset in ``dtype``."""
     grouped_codes = _grouped(quantized.codes, quantized.group_size).to(dtype)
@@ -160,7 +254,8 @@ def fake_quantize(
     group_size: int,
     scale_dtype: torch.dtype = torch.float16,
     lloyd_max: bool = False,
+    refit_iterations: int = 0,
 ) -> torch.Tensor:
-    """clip -> quantize -> dequantize, in the dtype of ``rows`` (for evaluation and tests)."""
-    quantized = quantize(clip_rows(rows, clip_ratio), group_size, scale_dtype, lloyd_max)
+    """quantize_rows -> dequantize, in the dtype of ``rows`` (for evaluation and tests)."""
+    quantized = quantize_rows(rows, clip_ratio, group_size, scale_dtype, refit_iterations, lloyd_max)
     return dequantize(quantized, _working_dtype(rows)).to(rows.dtype)
