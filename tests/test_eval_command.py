@@ -92,3 +92,32 @@ def test_eval_runs_and_reports_exact_bits(workdir, rotation_file) -> None:
     tq_layer = (4.5 * (SEQ_LEN - window) + 16 * window) / SEQ_LEN
     assert methods["turboquant_3bit_nc"]["bpe"] == pytest.approx((tq_layer + 4 * 16) / 5)
     assert doc["settings"]["seq_len"] == SEQ_LEN and doc["meta"]["geometry"]["head_dim"] == HEAD_DIM
+
+
+def test_eval_batches_subsets_and_time_budget(workdir, rotation_file) -> None:
+    """--batch-size 2 gives the batch-1 numbers; passkey/greedy run only for the methods
+    asked; a spent --max-seconds still writes a JSON and table listing what was skipped."""
+    common = [
+        "--model", str(workdir / "model"), "--data", str(workdir / "corpus.txt"),
+        "--seq-len", str(SEQ_LEN), "--num-seqs", "2", "--sink", str(SINK), "--recent", str(RECENT),
+    ]
+    one, two = workdir / "batch1.json", workdir / "batch2.json"
+    assert main(["eval", *common, "--json", str(one), "--methods", "bf16", "kivi2", "int2-quarot"]) == 0
+    assert main([
+        "eval", *common, "--json", str(two), "--methods", "bf16", "kivi2", "int2-quarot", "--batch-size", "2",
+        "--passkey", "200", "--passkey-methods", "bf16", "kivi2", "--greedy-prompts", "1", "--greedy-new-tokens", "3",
+        "--greedy-methods", "int2-quarot",
+    ]) == 0
+    a, b = json.loads(one.read_text())["methods"], json.loads(two.read_text())["methods"]
+    for name in a:
+        assert b[name]["kld"] == pytest.approx(a[name]["kld"], rel=1e-3, abs=1e-7)
+        assert b[name]["ppl"] == pytest.approx(a[name]["ppl"], rel=1e-4)
+        assert "metrics" in b[name]["seconds"]
+    assert [n for n in b if "passkey" in b[n]] == ["bf16", "kivi2"]
+    assert [n for n in b if "greedy_prefix" in b[n]] == ["int2-quarot"]
+
+    late = workdir / "late.json"
+    assert main(["eval", *common, "--json", str(late), "--methods", "bf16", "kivi2", "--max-seconds", "0"]) == 0
+    doc = json.loads(late.read_text())
+    assert doc["meta"]["skipped"] == ["metrics:bf16", "metrics:kivi2"]
+    assert "Not run (time budget)" in late.with_suffix(".md").read_text()

@@ -1,6 +1,7 @@
 """`vllm-oscar eval`: OSCAR against BF16 and baselines on held-out text, with exact bits.
 
-Writes the JSON (--json), and beside it a markdown table (.md) and a plot (.png).
+Writes the JSON (--json), and beside it a markdown table (.md) and a plot (.png): the
+JSON and table after every method, so a run stopped by a time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the key sits in the haystack, as a fraction of it")
     parser.add_argument("--greedy-prompts", type=int, default=0, help="prompts for greedy-generation agreement")
     parser.add_argument("--greedy-new-tokens", type=int, default=64)
+    parser.add_argument("--passkey-methods", nargs="+", default=None, metavar="METHOD",
+                        help="run passkey only for these methods (default: all of --methods)")
+    parser.add_argument("--greedy-methods", nargs="+", default=None, metavar="METHOD",
+                        help="run greedy agreement only for these methods (default: all of --methods)")
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="sequences per forward pass in the perplexity metrics (GPU: 8)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="start no new (stage, method) after this many seconds; skipped work is "
+                             "listed in the JSON (meta.skipped)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 
@@ -49,16 +59,23 @@ def run(args: argparse.Namespace) -> int:
         calib_seq_len=args.calib_seq_len, clip_sequences=args.clip_sequences,
         passkey_lengths=args.passkey, passkey_depths=args.passkey_depths,
         greedy_prompts=args.greedy_prompts, greedy_new_tokens=args.greedy_new_tokens,
-        device=args.device, dtype=args.dtype, rotations=args.rotations,
+        device=args.device, dtype=args.dtype, rotations=args.rotations, batch_size=args.batch_size,
+        passkey_methods=args.passkey_methods, greedy_methods=args.greedy_methods, max_seconds=args.max_seconds,
     )
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    plotted_stages = [-1]
+
     def write(doc: dict) -> None:
-        """JSON, table and plot of what is measured so far (after every stage)."""
+        """JSON and table of what is measured so far (after every method); the plot
+        after every finished stage (it takes about a second)."""
         out.write_text(json.dumps(doc, indent=2))
         out.with_suffix(".md").write_text(markdown_table(doc))
-        plot(doc, out.with_suffix(".png"))
+        stages = len(doc["meta"]["stages_done"])
+        if stages != plotted_stages[0]:
+            plot(doc, out.with_suffix(".png"))
+            plotted_stages[0] = stages
 
     doc = run_evaluation(settings, args.methods, checkpoint=write)
     write(doc)

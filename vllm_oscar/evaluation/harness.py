@@ -133,7 +133,11 @@ def use_method(model, method: KVMethod, sink: int, recent: int) -> Iterator[None
 
 
 @torch.no_grad()
-def method_logits(model, input_ids: torch.Tensor, method: KVMethod, sink: int, recent: int) -> torch.Tensor:
-    """[B, T, vocab] float32 logits of ``input_ids`` [B, T] under ``method``."""
+def method_logits(
+    model, input_ids: torch.Tensor, method: KVMethod, sink: int, recent: int, keep: int = 0
+) -> torch.Tensor:
+    """[B, T, vocab] float32 logits of ``input_ids`` [B, T] under ``method``
+    ([B, keep, vocab] of the last ``keep`` positions when keep > 0: the LM head then runs
+    only there)."""
     with use_method(model, method, sink, recent):
-        return model(input_ids, use_cache=False).logits.float()
+        return model(input_ids, use_cache=False, logits_to_keep=keep).logits.float()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import torch
 
@@ -58,8 +59,27 @@ def token_stats(
         first: first scored position.
     """
     ref = torch.log_softmax(reference_logits[:, first:-1].float(), dim=-1)
-    out = torch.log_softmax(logits[:, first:-1].float(), dim=-1)
-    targets = input_ids[:, first + 1 :].to(out.device)
+    return log_prob_stats(ref, logits[:, first:-1], input_ids[:, first + 1 :])
+
+
+def log_prob_stats(
+    reference_log_probs: torch.Tensor, logits: Optional[torch.Tensor], targets: torch.Tensor
+) -> TokenStats:
+    """Compare at every given position (the caller slices the scored ones).
+
+    Args:
+        reference_log_probs: [B, N, V] float32 BF16 log-probabilities (log_softmax once,
+            reused by every method).
+        logits: [B, N, V] the method's logits at the same positions, or None for the
+            reference itself (KL 0, top-1 1 exactly).
+        targets: [B, N] next tokens.
+    """
+    ref = reference_log_probs
+    targets = targets.to(ref.device)
+    if logits is None:
+        nll = -ref.gather(-1, targets[..., None])[..., 0]
+        return TokenStats(int(nll.numel()), 0.0, float(nll.double().sum()), int(nll.numel()))
+    out = torch.log_softmax(logits.float(), dim=-1)
     kl = (ref.exp() * (ref - out)).sum(dim=-1)
     nll = -out.gather(-1, targets[..., None])[..., 0]
     agree = ref.argmax(dim=-1) == out.argmax(dim=-1)

@@ -13,7 +13,7 @@ def _fmt(value: Any, spec: str) -> str:
 def markdown_table(doc: dict[str, Any]) -> str:
     """One row per method: bits, standard-window metrics, stress, passkey, greedy."""
     settings, methods = doc["settings"], doc["methods"]
-    base_ppl = methods["bf16"]["ppl"]
+    base_ppl = methods["bf16"].get("ppl")
     has_stress = any("stress" in m for m in methods.values())
     lengths = sorted({k for m in methods.values() for k in m.get("passkey", {})}, key=int)
     has_greedy = any("greedy_prefix" in m for m in methods.values())
@@ -24,10 +24,11 @@ def markdown_table(doc: dict[str, Any]) -> str:
     if has_greedy:
         header.append(f"greedy prefix (/{settings['greedy_new_tokens']})")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, m in methods.items():
+    for name, m in methods.items():  # methods not measured (yet) show "-"
+        delta = f"{100 * (m['ppl'] / base_ppl - 1):+.1f}%" if "ppl" in m and base_ppl else "-"
         row = [
-            f"`{name}`", f"{m['body_bits']:.3f}", f"{m['bpe']:.3f}", f"{m['kld']:.4f}", f"{m['ppl']:.3f}",
-            f"{100 * (m['ppl'] / base_ppl - 1):+.1f}%", f"{m['top1']:.3f}",
+            f"`{name}`", f"{m['body_bits']:.3f}", f"{m['bpe']:.3f}", _fmt(m.get("kld"), ".4f"), _fmt(m.get("ppl"), ".3f"),
+            delta, _fmt(m.get("top1"), ".3f"),
         ]
         if has_stress:
             s = m.get("stress", {})
@@ -43,8 +44,10 @@ def markdown_table(doc: dict[str, Any]) -> str:
         f"transformers {meta['transformers']}; model {settings['model']} ({settings['dtype']}); data "
         f"{', '.join(Path(p).name for p in settings['data'])} (held-out part), {settings['num_seqs']} x "
         f"{settings['seq_len']} tokens; windows {settings['sink']}/{settings['recent']}; scored: "
-        f"{meta['scored_positions']}; {meta['seconds']} s."
+        f"{meta['scored_positions']}; {meta.get('seconds', '-')} s."
     )
+    if meta.get("skipped"):
+        lines.append(f"Not run (time budget): {', '.join(meta['skipped'])}.")
     return "\n".join(lines) + "\n"
 
 
@@ -55,7 +58,7 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = {n: m for n, m in doc["methods"].items() if n != "bf16"}
+    methods = {n: m for n, m in doc["methods"].items() if n != "bf16" and "kld" in m}
     panels = [("kld", "KL(BF16 || method), nats/token", True), ("ppl", "perplexity", True)]
     if all("stress" in m for m in methods.values()):
         panels.append(("stress", "stress-window KL, nats/token", True))
@@ -66,7 +69,7 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
             color = "tab:red" if name.startswith("oscar") else "tab:blue"
             ax.scatter(m["body_bits"], y, color=color)
             ax.annotate(name, (m["body_bits"], y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if key == "ppl":
+        if key == "ppl" and "ppl" in doc["methods"]["bf16"]:
             ax.axhline(doc["methods"]["bf16"]["ppl"], color="k", ls="--", lw=1, label="BF16")
             ax.axhline(1.05 * doc["methods"]["bf16"]["ppl"], color="gray", ls=":", lw=1, label="BF16 +5%")
             ax.legend(fontsize=8)

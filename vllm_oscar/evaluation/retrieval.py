@@ -60,8 +60,9 @@ def passkey_case(tokenizer, length: int, depth: float, key: int) -> PasskeyCase:
 
 
 def passkey_correct(logits: torch.Tensor, case: PasskeyCase) -> bool:
-    """True when argmax of ``logits`` [T, V] reproduces every answer token."""
-    predicted = logits[case.answer_start - 1 : -1].argmax(dim=-1)
+    """True when argmax of ``logits`` [T', V] reproduces every answer token (T' <= T: the
+    logits of the last T' positions, at least from answer_start - 1 on)."""
+    predicted = logits[case.answer_start - 1 - (len(case.input_ids) - logits.shape[0]) : -1].argmax(dim=-1)
     return bool(torch.equal(predicted.cpu(), case.input_ids[case.answer_start :]))
 
 
@@ -76,8 +77,10 @@ def passkey_accuracy(model, cases: list[PasskeyCase], method: KVMethod, sink: in
     device = next(model.parameters()).device
     hits: dict[str, list[bool]] = {}
     for case in cases:
-        logits = method_logits(model, case.input_ids[None].to(device), method, sink, recent)[0]
-        hits.setdefault(str(case.length), []).append(passkey_correct(logits, case))
+        answer_logits = method_logits(
+            model, case.input_ids[None].to(device), method, sink, recent, keep=len(case.input_ids) - case.answer_start + 1
+        )[0]
+        hits.setdefault(str(case.length), []).append(passkey_correct(answer_logits, case))
     return {length: sum(h) / len(h) for length, h in hits.items()}
 
 

@@ -1,8 +1,13 @@
 """One evaluation run: load the model, build the methods, measure, return a JSON-able dict.
 
-Order: perplexity metrics (standard windows, then the stress windows), passkey retrieval
-(BF16 first), greedy-generation agreement. Every number is tied to its settings, the
-device, library versions and the git commit in the returned ``meta``.
+Order: perplexity metrics method by method (standard windows, then the stress windows,
+in the order the methods are asked: most important first), then passkey retrieval and
+greedy-generation agreement method by method. The BF16 reference log-probabilities are
+computed once per sequence and reused by every method and both window settings. After
+every method the caller's checkpoint receives the document, so a run cut short keeps
+what it measured; ``max_seconds`` stops starting new work once spent (what was skipped
+is listed in ``meta["skipped"]``). Every number is tied to its settings, the device,
+library versions and the git commit in the returned ``meta``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import time
 from typing import Any, Callable, Optional
 
 import torch
-from tqdm import tqdm
 
 from vllm_oscar.config import (
     DEFAULT_CALIBRATION_SEQ_LEN,
@@ -28,7 +32,7 @@ from vllm_oscar.calibration.data import sha256_file
 from vllm_oscar.evaluation.data import heldout_sequences
 from vllm_oscar.evaluation.harness import method_logits
 from vllm_oscar.evaluation.methods import KVMethod
-from vllm_oscar.evaluation.metrics import TokenStats, token_stats
+from vllm_oscar.evaluation.metrics import TokenStats, log_prob_stats
 from vllm_oscar.evaluation.retrieval import greedy_agreement, greedy_tokens, passkey_accuracy, passkey_cases
 from vllm_oscar.evaluation.variants import (
     BASELINES,
@@ -67,6 +71,10 @@ class EvalSettings:
     dtype: str = "float32"
     seed: int = 0
     rotations: Optional[str] = None
+    batch_size: int = 1
+    passkey_methods: Optional[list[str]] = None
+    greedy_methods: Optional[list[str]] = None
+    max_seconds: Optional[float] = None
 
 
 def _commit() -> str:
@@ -121,23 +129,39 @@ def build_methods(
     return {n: methods[n] for n in names}, provenance
 
 
-def perplexity_metrics(
-    model, sequences: torch.Tensor, methods: dict[str, KVMethod], sink: int, recent: int, label: str
-) -> dict[str, dict[str, float]]:
-    """KL / ppl / top-1 per method at positions >= sink + recent of every sequence."""
+class Reference:
+    """BF16 log-probabilities of every sequence at the positions any window setting scores.
+
+    The BF16 pass reads no quantized row, so it does not depend on the windows: one
+    forward pass per sequence serves every method and both window settings.
+    """
+
+    def __init__(self, model, sequences: torch.Tensor, first: int, batch_size: int) -> None:
+        device = next(model.parameters()).device
+        self.first = first
+        self.log_probs: list[torch.Tensor] = []  # per batch: [b, T - 1 - first, V] float32
+        for start in range(0, len(sequences), batch_size):
+            ids = sequences[start : start + batch_size].to(device)
+            logits = method_logits(model, ids, KVMethod(), 0, 0, keep=ids.shape[1] - first)
+            self.log_probs.append(torch.log_softmax(logits[:, :-1], dim=-1))
+            del logits
+
+
+def window_metrics(
+    model, sequences: torch.Tensor, reference: Reference, method: KVMethod, sink: int, recent: int, batch_size: int
+) -> dict[str, float]:
+    """KL / ppl / top-1 of one method at positions >= sink + recent of every sequence."""
     device = next(model.parameters()).device
     first = sink + recent
-    totals = {name: TokenStats() for name in methods}
-    bar = tqdm(total=len(sequences) * len(methods), desc=f"metrics {label}", unit="pass")
-    for row in sequences:
-        ids = row[None].to(device)
-        reference = method_logits(model, ids, KVMethod(), sink, recent)
-        for name, method in methods.items():
-            logits = reference if method.is_exact else method_logits(model, ids, method, sink, recent)
-            totals[name].add(token_stats(reference, logits, ids, first))
-            bar.update()
-    bar.close()
-    return {name: stats.summary() for name, stats in totals.items()}
+    if first < reference.first:
+        raise ValueError(f"windows {sink}/{recent} score positions the reference does not hold.")
+    totals = TokenStats()
+    for index, start in enumerate(range(0, len(sequences), batch_size)):
+        ids = sequences[start : start + batch_size].to(device)
+        ref = reference.log_probs[index][:, first - reference.first :]
+        logits = None if method.is_exact else method_logits(model, ids, method, sink, recent, keep=ids.shape[1] - first)[:, :-1]
+        totals.add(log_prob_stats(ref, logits, ids[:, first + 1 :]))
+    return totals.summary()
 
 
 def run_evaluation(
@@ -145,8 +169,8 @@ def run_evaluation(
 ) -> dict[str, Any]:
     """Run every measurement the settings ask for; return the JSON document.
 
-    ``checkpoint`` (optional) receives the document after each stage (metrics, stress,
-    passkey, greedy), so a run cut short keeps what it measured.
+    ``checkpoint`` (optional) receives the document after every method of every stage
+    (metrics, passkey, greedy), so a run cut short keeps what it measured.
     """
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -195,29 +219,82 @@ def run_evaluation(
         if checkpoint is not None:
             checkpoint(doc)
 
-    for name, values in perplexity_metrics(model, sequences, methods, settings.sink, settings.recent, "standard").items():
-        results[name].update(values)
-    stage_done("standard")
+    def over_budget(what: str) -> bool:
+        """True (and noted in meta) when max_seconds is spent: ``what`` is not started."""
+        if settings.max_seconds is None or time.time() - started < settings.max_seconds:
+            return False
+        meta.setdefault("skipped", []).append(what)
+        return True
+
+    def method_done(name: str, stage: str, seconds: float) -> None:
+        results[name].setdefault("seconds", {})[stage] = round(seconds, 2)
+        meta["seconds"] = round(time.time() - started, 1)
+        print(f"[eval] {stage:8s} {name:24s} {seconds:7.1f} s (elapsed {meta['seconds']:.0f} s)", flush=True)
+        if checkpoint is not None:
+            checkpoint(doc)
+
+    clock = time.time()
+    first = settings.sink + settings.recent
     if settings.stress:
-        stress = perplexity_metrics(model, sequences, methods, settings.stress_sink, settings.stress_recent, "stress")
-        for name, values in stress.items():
+        first = min(first, settings.stress_sink + settings.stress_recent)
+    reference = Reference(model, sequences, first, settings.batch_size)
+    meta["seconds_setup"] = round(clock - started, 1)
+    meta["seconds_reference"] = round(time.time() - clock, 1)
+    print(f"[eval] setup {meta['seconds_setup']} s (model, calibration, methods, data); "
+          f"BF16 reference {meta['seconds_reference']} s", flush=True)
+    for name, method in methods.items():
+        if over_budget(f"metrics:{name}"):
+            continue
+        clock = time.time()
+        results[name].update(
+            window_metrics(model, sequences, reference, method, settings.sink, settings.recent, settings.batch_size)
+        )
+        if settings.stress:
             results[name]["stress"] = {
-                **values,
-                "bpe": methods[name].bits_per_element(
+                **window_metrics(
+                    model, sequences, reference, method, settings.stress_sink, settings.stress_recent, settings.batch_size
+                ),
+                "bpe": method.bits_per_element(
                     settings.seq_len, geometry.head_dim, geometry.num_layers, settings.stress_sink, settings.stress_recent
                 ),
             }
-        stage_done("stress")
+        method_done(name, "metrics", time.time() - clock)
+    del reference
+    stage_done("metrics")
     if settings.passkey_lengths:
         cases = passkey_cases(tokenizer, settings.passkey_lengths, settings.passkey_depths, settings.seed)
-        for name, method in tqdm(methods.items(), desc="passkey", unit="method"):
-            results[name]["passkey"] = passkey_accuracy(model, cases, method, settings.sink, settings.recent)
+        for name in _subset(methods, settings.passkey_methods):
+            if over_budget(f"passkey:{name}"):
+                continue
+            clock = time.time()
+            results[name]["passkey"] = passkey_accuracy(model, cases, methods[name], settings.sink, settings.recent)
+            method_done(name, "passkey", time.time() - clock)
         stage_done("passkey")
     if settings.greedy_prompts:
         prompts = sequences[: settings.greedy_prompts, : settings.greedy_prompt_len]
-        bf16 = methods["bf16"]
-        reference = greedy_tokens(model, prompts, settings.greedy_new_tokens, bf16, settings.sink, settings.recent)
-        for name, method in tqdm(methods.items(), desc="greedy", unit="method"):
-            results[name]["greedy_prefix"] = greedy_agreement(model, prompts, reference, method, settings.sink, settings.recent)
+        reference_tokens = None
+        for name in _subset(methods, settings.greedy_methods):
+            if over_budget(f"greedy:{name}"):
+                continue
+            clock = time.time()
+            if reference_tokens is None:
+                reference_tokens = greedy_tokens(
+                    model, prompts, settings.greedy_new_tokens, methods["bf16"], settings.sink, settings.recent
+                )
+            results[name]["greedy_prefix"] = (
+                float(settings.greedy_new_tokens) if methods[name].is_exact
+                else greedy_agreement(model, prompts, reference_tokens, methods[name], settings.sink, settings.recent)
+            )
+            method_done(name, "greedy", time.time() - clock)
         stage_done("greedy")
     return doc
+
+
+def _subset(methods: dict[str, KVMethod], wanted: Optional[list[str]]) -> list[str]:
+    """The methods of a stage, in the run's order (None = all; names not run are an error)."""
+    if wanted is None:
+        return list(methods)
+    unknown = [n for n in wanted if n not in methods]
+    if unknown:
+        raise ValueError(f"{unknown} are not among the methods of this run.")
+    return [n for n in methods if n in wanted]
