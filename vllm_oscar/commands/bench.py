@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per program")
     parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
     parser.add_argument("--unpack", type=int, nargs="+", default=[0, 1], help="tune: 0 portable, 1 PTX")
+    parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[4],
+                        help="tune: split-K sizing, programs per SM")
+    parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
+                        help="tune: maxnreg of the INT2 split programs (0 = compiler's choice)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -54,22 +58,21 @@ def run(args: argparse.Namespace) -> int:
     cases = list(itertools.product(args.geometry, args.contexts, args.batches))
     if args.mode == "tune":
         rows = []
+        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, unpack=up, tokens_on_m=not args.rows_on_m,
+                                   programs_per_sm=pps, max_registers=reg or None)
+                   for bt, nw, ns, up, pps, reg in itertools.product(
+                       args.block_t, args.num_warps, args.num_stages, args.unpack, args.programs_per_sm,
+                       args.max_registers)]
         for geometry, context, batch in cases:
-            for bt, nw, ns, up in itertools.product(args.block_t, args.num_warps, args.num_stages, args.unpack):
-                config = AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, unpack=up,
-                                         tokens_on_m=not args.rows_on_m)
-                try:
-                    r = benchmark.run_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
-                                           oscar_config=config, with_baselines=False)
-                    line = f"{r['oscar']['ms']:.4f} ms {r['oscar']['pct_read_bw']:.0f}%"
-                except Exception as error:  # a variant that fails to compile is reported
-                    r = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
-                    line = r["error"]
-                r.update({"geometry": geometry, "context": context, "batch": batch,
-                          "config": {"block_t": bt, "num_warps": nw, "num_stages": ns, "unpack": up}})
+            for r in benchmark.tune_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
+                                         configs):
+                c = r["config"]
+                line = r.get("error") or (f"{r['oscar']['ms']:.4f} ms {r['oscar']['pct_read_bw']:.0f}% "
+                                          f"splits={r['oscar']['splits']}")
+                print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']} "
+                      f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
+                      f"reg={c['max_registers']}: {line}", flush=True)
                 rows.append(r)
-                print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={bt} w={nw} s={ns} "
-                      f"unpack={up}: {line}", flush=True)
         report["tune"] = rows
     else:
         rows = []

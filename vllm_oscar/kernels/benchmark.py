@@ -210,8 +210,7 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     o_bytes = oscar_bytes(case, batch, length, hkv, hq, dim)
     result["oscar"] = {"ms": ms, "layers": oscar_layers, "bytes": o_bytes, "GBps": o_bytes / ms / 1e6,
                        "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
-                       "splits": config.num_splits or triton_ops.decode_splits(
-                           batch, hkv, length, triton_ops.resolved_block_t(config, case.layout), device)}
+                       "splits": _splits(config, case, batch, hkv, length, device)}
     del case, outs
     torch.cuda.empty_cache()
     if not with_baselines:
@@ -264,6 +263,51 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     if "ms" in result["bf16_triton"]:
         result["speedup_vs_bf16_triton"] = result["bf16_triton"]["ms"] / ms
     return result
+
+
+def _splits(config, case: OscarCase, batch: int, hkv: int, length: int, device: torch.device) -> int:
+    """The split-K count oscar_decode uses for this config and case."""
+    from vllm_oscar.kernels import triton_ops
+
+    return config.num_splits or triton_ops.decode_splits(
+        batch, hkv, length, triton_ops.resolved_block_t(config, case.layout), device, config.programs_per_sm)
+
+
+def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int, device: torch.device,
+              bandwidth: dict[str, float], configs: list) -> list[dict]:
+    """OSCAR decode time of each launch config on one shared random case (built once).
+
+    A config that fails to compile or launch is reported with its error, not dropped.
+    """
+    from vllm_oscar.kernels import triton_ops
+
+    hq, hkv, dim = GEOMETRIES[geometry]
+    layout = PageLayout(dim, dim, block_size, torch.float16)
+    layers = layers_for(batch * hkv * length * layout.token_bytes)
+    gen = torch.Generator(device=device).manual_seed(length * 131 + batch)
+    case = make_oscar_case(batch, length, hq, hkv, dim, block_size, layers, device, gen)
+    scale = 1.0 / math.sqrt(dim)
+    outs = [torch.empty_like(case.query) for _ in range(layers)]
+    o_bytes = oscar_bytes(case, batch, length, hkv, hq, dim)
+    rows = []
+    for config in configs:
+        fns = [lambda i=i, c=config: triton_ops.oscar_decode(
+            case.query, case.caches[i], case.window_k[i], case.window_v[i], case.layout, case.block_table,
+            case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale,
+            out=outs[i], max_seq_len=length, config=c) for i in range(layers)]
+        row = {"geometry": geometry, "context": length, "batch": batch, "block_size": block_size,
+               "config": dataclasses.asdict(config)}
+        try:
+            ms = time_graph(fns, reps)
+            row["oscar"] = {"ms": ms, "GBps": o_bytes / ms / 1e6,
+                            "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
+                            "splits": _splits(config, case, batch, hkv, length, device)}
+        except Exception as error:  # noqa: BLE001 - a variant that fails is reported
+            row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        rows.append(row)
+    del case, outs
+    torch.cuda.empty_cache()
+    return rows
 
 
 def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.device, reps: int) -> dict:
