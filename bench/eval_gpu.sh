@@ -55,7 +55,7 @@ run() {
   # 2. The quality table. The eval starts no new (stage, method) after --max-seconds and is
   #    killed at KILL_AT s of this script (the `run` call's limit is 600 s); the JSON and .md
   #    in $OUT hold every method finished before that.
-  local stop=$(( ${STOP_AT:-470} - SECONDS )) kill=$(( ${KILL_AT:-550} - SECONDS ))
+  local stop=$(( ${STOP_AT:-390} - SECONDS )) kill=$(( ${KILL_AT:-500} - SECONDS ))
   echo "[eval_gpu] eval: --max-seconds ${stop}, killed after ${kill} s"
   set +e
   timeout "$kill" python3 -m vllm_oscar.cli eval --model /tmp/smollm2 --device cuda \
