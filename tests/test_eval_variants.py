@@ -60,3 +60,19 @@ def test_refit_never_worse_and_better_than_min_max_on_gaussian_rows() -> None:
 def test_refit_with_zero_iterations_is_the_clipped_quantizer() -> None:
     rows = torch.randn(50, 32, generator=torch.Generator().manual_seed(4))
     assert torch.equal(refit_quantize(rows, 0.9, 32, torch.float16, 0), fake_quantize(rows, 0.9, 32))
+
+
+def test_file_methods_use_the_served_quantizer() -> None:
+    """oscar-file is what the backend serves with default options (OscarConfig's refit)."""
+    from pathlib import Path
+
+    from vllm_oscar.config import GRID_REFIT_ITERATIONS, OscarConfig
+    from vllm_oscar.evaluation.variants import FILE_METHODS, file_method
+
+    shipped = Path(__file__).resolve().parents[1] / "rotations" / "SmolLM2-135M-Instruct.safetensors"
+    built = {name: file_method(str(shipped), name) for name in FILE_METHODS}
+    assert built["oscar-file"].refit_iterations == OscarConfig().refit_iterations
+    assert built["oscar-file-refit"].refit_iterations == GRID_REFIT_ITERATIONS
+    assert built["oscar-file-minmax"].refit_iterations == 0
+    with pytest.raises(ValueError, match="rotation-file method"):
+        file_method(str(shipped), "oscar-file-typo")

@@ -21,6 +21,7 @@ from kernels_reference import (
     write_case,
 )
 from vllm_oscar import kernels
+from vllm_oscar.config import GRID_REFIT_ITERATIONS
 from vllm_oscar.kernels import PageLayout, page_views, rotate_rows, torch_ops
 
 @pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated", [
@@ -30,6 +31,61 @@ from vllm_oscar.kernels import PageLayout, page_views, rotate_rows, torch_ops
 ])
 def test_torch_write_matches_reference(dim, group, bs, scale_dtype, prerotated) -> None:
     check_write_case(write_case(torch_ops, 37, 2, dim, group, bs, scale_dtype, prerotated, seed=dim + bs), prerotated)
+
+
+@pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated", [
+    (64, 64, 16, torch.float16, False),
+    (128, 32, 8, torch.bfloat16, True),
+    (32, 32, 4, torch.float32, False),
+    (64, 16, 16, torch.float16, False),
+])
+def test_torch_write_with_refit_matches_reference(dim, group, bs, scale_dtype, prerotated) -> None:
+    """Refit grids equal the float64 reference away from ties, never lose to min/max, and win overall."""
+    result = write_case(torch_ops, 37, 2, dim, group, bs, scale_dtype, prerotated, seed=dim + bs + 3,
+                        refit_iterations=GRID_REFIT_ITERATIONS)
+    for summary in check_write_case(result, prerotated, GRID_REFIT_ITERATIONS):
+        assert summary["error"] < 0.9 * summary["plain_error"], summary
+
+
+def test_refit_never_worse_than_min_max_on_fresh_rows_with_outliers() -> None:
+    """Per group, the written refit grid's error on the unclipped rotated row is <= the clipped
+    min/max grid's (what the cache held before), on many fresh rows with planted outliers."""
+    for seed in range(4):
+        for ratio in (1.0, 0.84):
+            gen = torch.Generator().manual_seed(100 + seed)
+            rows = rows_with_outliers(64, 2, 64, gen)
+            rotation = random_rotations(2, 64, gen)
+            layout = PageLayout(64, 32 if seed % 2 else 64, 16, torch.float16)
+            written = {}
+            for iterations in (0, GRID_REFIT_ITERATIONS):
+                cache = layout.allocate(4, 2)
+                window = torch.zeros(1, 16, 2, 64, dtype=torch.bfloat16)
+                kernels.oscar_write(rows, rows, rotation, rotation, ratio, ratio, cache, layout, torch.arange(64),
+                                    window, window.clone(), torch.full((64,), -1), refit_iterations=iterations)
+                views = page_views(cache, layout)
+                codes = ref_unpack(views.k_codes.permute(0, 2, 1, 3).reshape(64, 2, 16)).double()
+                grouped = codes.reshape(64, 2, -1, layout.group_size)
+                scale = views.k_scale.permute(0, 2, 1, 3).reshape(64, 2, -1).double()
+                offset = views.k_offset.permute(0, 2, 1, 3).reshape(64, 2, -1).double()
+                written[iterations] = grouped * scale[..., None] + offset[..., None]
+            exact = torch.einsum("nhd,hde->nhe", rows.double(), rotation.double()).reshape(written[0].shape)
+            plain_error = ((exact - written[0]) ** 2).sum(-1)
+            refit_error = ((exact - written[GRID_REFIT_ITERATIONS]) ** 2).sum(-1)
+            assert bool((refit_error <= plain_error * (1 + 1e-6) + 1e-12).all()), (seed, ratio)
+            # Clipping already narrows the grid: the refit gains less from a clipped start.
+            assert float(refit_error.sum()) < (0.95 if ratio < 1.0 else 0.8) * float(plain_error.sum()), (seed, ratio)
+
+
+def test_write_refit_zero_is_the_plain_write_and_bad_values_raise() -> None:
+    plain = write_case(torch_ops, 20, 2, 64, 32, 16, torch.float16, False, seed=9)
+    zero = write_case(kernels, 20, 2, 64, 32, 16, torch.float16, False, seed=9, refit_iterations=0)
+    assert torch.equal(plain[8], zero[8])
+    refit = write_case(kernels, 20, 2, 64, 32, 16, torch.float16, False, seed=9, refit_iterations=2)
+    direct = write_case(torch_ops, 20, 2, 64, 32, 16, torch.float16, False, seed=9, refit_iterations=2)
+    assert torch.equal(refit[8], direct[8]) and not torch.equal(refit[8], plain[8])
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="refit_iterations"):
+            write_case(kernels, 4, 1, 32, 32, 4, torch.float16, False, seed=1, refit_iterations=bad)
 
 
 def test_rotate_rows_gqa_and_inverse() -> None:

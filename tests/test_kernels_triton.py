@@ -23,6 +23,7 @@ from kernels_reference import (
     relative_error,
     write_case,
 )
+from vllm_oscar.config import GRID_REFIT_ITERATIONS
 from vllm_oscar.kernels import PageLayout, torch_ops
 
 _previous = os.environ.get("TRITON_INTERPRET")
@@ -72,6 +73,28 @@ def test_triton_write_agrees_with_torch_write() -> None:
     differing = (a[8] != b[8]).float().mean().item()
     assert differing < 0.01
     torch.testing.assert_close(a[9], b[9], equal_nan=True, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated", [
+    (64, 64, 16, torch.float16, False),
+    (64, 32, 32, torch.bfloat16, True),
+    (128, 32, 16, torch.float32, False),
+    (128, 128, 16, torch.float16, False),
+])
+def test_triton_write_with_refit_matches_reference(dim, group, bs, scale_dtype, prerotated) -> None:
+    """The fused kernel's refit grids equal the float64 reference away from ties (see
+    kernels_reference.check_written_refit) and never lose to the min/max grid."""
+    result = write_case(triton_ops, 21, 2, dim, group, bs, scale_dtype, prerotated, seed=dim + bs + 5,
+                        refit_iterations=GRID_REFIT_ITERATIONS)
+    for summary in check_write_case(result, prerotated, GRID_REFIT_ITERATIONS):
+        assert summary["error"] < 0.9 * summary["plain_error"], summary
+
+
+def test_triton_refit_write_agrees_with_torch_write() -> None:
+    a = write_case(triton_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=GRID_REFIT_ITERATIONS)
+    b = write_case(torch_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=GRID_REFIT_ITERATIONS)
+    differing = (a[8] != b[8]).float().mean().item()
+    assert differing < 0.01
 
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,

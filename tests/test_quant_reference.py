@@ -247,3 +247,49 @@ def test_bad_input_raises_value_error_naming_the_problem(call, words) -> None:
         call()
     for word in words:
         assert word in str(info.value)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dim,group,ratio", [(64, 64, 0.84), (128, 32, 0.96), (64, 16, 1.0)])
+def test_refit_quantizer_matches_float64_reference(scale_dtype, dim, group, ratio) -> None:
+    """quantize_rows(refit) on float32 rows = the float64 refit of tests/kernels_reference.py
+    (written from the formulas) in every group away from a tie; same storage as quantize."""
+    from kernels_reference import TIE_MARGIN, random_rotations, ref_refit, rows_with_outliers
+    from vllm_oscar.config import GRID_REFIT_ITERATIONS
+    from vllm_oscar.quant import quantize_rows
+
+    gen = torch.Generator().manual_seed(dim + group)
+    rows = rows_with_outliers(300, 2, dim, gen)
+    rotation = random_rotations(2, dim, gen)
+    rotated32 = torch.einsum("nhd,hde->nhe", rows.float(), rotation)
+    rotated64 = torch.einsum("nhd,hde->nhe", rows.double(), rotation.double())
+    got = quantize_rows(rotated32, ratio, group, scale_dtype, GRID_REFIT_ITERATIONS)
+    codes, scale, offset, margin = ref_refit(rotated64, ratio, group, scale_dtype, GRID_REFIT_ITERATIONS)
+    assert got.codes.dtype == torch.uint8 and got.scale.dtype == scale_dtype and got.offset.dtype == scale_dtype
+    assert got.codes.shape == rows.shape and got.scale.shape == scale.shape
+    tolerance = 1e-5 if scale_dtype == torch.float32 else 0.0
+    same = (got.codes.long() == codes).reshape(*scale.shape, group).all(-1)
+    same &= (got.scale.double() - scale.double()).abs() <= tolerance * scale.double().abs()
+    same &= (got.offset.double() - offset.double()).abs() <= tolerance * torch.maximum(offset.double().abs(),
+                                                                                     scale.double())
+    assert bool((same | (margin < TIE_MARGIN)).all())
+    assert int((~same).sum()) <= max(2, same.numel() // 100)  # differing groups are all ties
+
+
+def test_refit_grid_zero_rounds_is_the_initial_grid_and_never_loses() -> None:
+    from vllm_oscar.quant import quantize_rows, refit_grid
+
+    gen = torch.Generator().manual_seed(11)
+    rows = torch.randn(400, 64, generator=gen) * torch.linspace(0.2, 3.0, 64)
+    rows[:, 5] += 8.0
+    initial = quantize(clip_rows(rows, 0.9), 32, torch.float16)
+    assert refit_grid(rows, initial, 0) is initial
+    refit = quantize_rows(rows, 0.9, 32, torch.float16, refit_iterations=3)
+    error = lambda q: ((rows - dequantize(q)) ** 2).reshape(400, 2, 32).sum(-1)  # noqa: E731
+    assert bool((error(refit) <= error(initial) * (1 + 1e-6)).all())
+    assert float(error(refit).sum()) < float(error(initial).sum())
+    with pytest.raises(ValueError, match="refit_iterations"):
+        quantize_rows(rows, 0.9, 32, torch.float16, refit_iterations=-1)
+    with pytest.raises(ValueError, match="refit_iterations"):
+        OscarConfig(refit_iterations=-2)
+    assert OscarConfig().refit_iterations > 0

@@ -111,7 +111,7 @@ def build_methods(
         elif name in FILE_METHODS:
             if not settings.rotations:
                 raise ValueError(f"method {name} needs --rotations FILE.")
-            methods[name] = file_method(settings.rotations, refit=name == "oscar-file-refit")
+            methods[name] = file_method(settings.rotations, name)
     wanted = [n for n in names if n in OSCAR_VARIANTS]
     if wanted:
         calib = calibration_tokens(

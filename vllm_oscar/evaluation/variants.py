@@ -10,8 +10,12 @@ Names (``--methods``):
     int2-hadamard-clip   Hadamard + the reference clip ratios (0.96 / 0.92)
     kivi2                KIVI-2, group 32
     turboquant_4bit_nc / turboquant_3bit_nc   vLLM's TurboQuant presets
-    oscar-file           OSCAR from --rotations FILE, as stored (clip ratios included)
-    oscar-file-refit     ... plus the least-squares grid refit
+    oscar-file           OSCAR from --rotations FILE as the vLLM backend serves it with default
+                         options: the file's rotations and clip ratios, and the write quantizer of
+                         OscarConfig (least-squares grid refit, refit_iterations = 4)
+    oscar-file-refit     ... with the refit always on (GRID_REFIT_ITERATIONS; = oscar-file now)
+    oscar-file-minmax    ... with the plain clipped min/max grid (refit_iterations = 0; what
+                         oscar-file meant before the refit was served)
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
     oscar-layer          ... one rotation per layer (head-averaged targets)
@@ -19,7 +23,7 @@ Names (``--methods``):
     oscar-head-lm        ... Lloyd-Max levels on every write (K and V)
     oscar-head-clip      ... clip ratios searched per model / per layer (calibration.search_clip_ratios)
     oscar-head-center    ... calibrated per-(layer, head) K/V means removed before quantization
-    oscar-head-refit     ... least-squares (scale, offset) refit per row (evaluation.refit)
+    oscar-head-refit     ... least-squares (scale, offset) refit per row (quant.quantize_rows)
     oscar-head-center-refit  ... centering + refit (reference clip ratios as the starting grid)
     oscar-head-best      ... clip search + centering + refit
     int2-hadamard-refit  Hadamard + refit (is the gain the basis or the quantizer?)
@@ -36,6 +40,7 @@ from vllm_oscar.config import (
     DEFAULT_CLIP_RATIO_K,
     DEFAULT_CLIP_RATIO_V,
     GRID_REFIT_ITERATIONS,
+    OscarConfig,
     KIVI_GROUP_SIZE,
     TURBOQUANT_PRESETS,
     VALUE_FORM_LOGIT_ENERGY,
@@ -58,7 +63,7 @@ OSCAR_VARIANTS = (
     "oscar-head", "oscar-head-vlogit", "oscar-layer", "oscar-head-noH", "oscar-head-lm",
     "oscar-head-clip", "oscar-head-center", "oscar-head-refit", "oscar-head-center-refit", "oscar-head-best",
 )
-FILE_METHODS = ("oscar-file", "oscar-file-refit")
+FILE_METHODS = ("oscar-file", "oscar-file-refit", "oscar-file-minmax")
 ALL_METHODS = (*BASELINES, *FILE_METHODS, *OSCAR_VARIANTS)
 
 
@@ -184,12 +189,17 @@ def oscar_methods(
     return built
 
 
-def file_method(path: str, refit: bool = False) -> KVMethod:
-    """OSCAR exactly as a rotation file stores it (rotations and clip ratios), optionally
-    with the least-squares grid refit (clip ratios then only set the starting grid)."""
+def file_method(path: str, name: str = "oscar-file") -> KVMethod:
+    """OSCAR exactly as a rotation file stores it (rotations and clip ratios), with the write
+    quantizer of ``name`` (FILE_METHODS): "oscar-file" = what the backend serves with default
+    options (OscarConfig().refit_iterations), "oscar-file-refit" = grid refit on,
+    "oscar-file-minmax" = plain clipped min/max grid."""
     from vllm_oscar.calibration.files import load_rotation_file
 
+    iterations = {"oscar-file": OscarConfig().refit_iterations, "oscar-file-refit": GRID_REFIT_ITERATIONS,
+                  "oscar-file-minmax": 0}
+    if name not in iterations:
+        raise ValueError(f"{name!r} is not a rotation-file method; known: {', '.join(FILE_METHODS)}.")
     layers = _layers_from(load_rotation_file(path))
-    if refit:
-        return RowMethod("oscar-file-refit", f"OSCAR from {path} + grid refit", layers, refit_iterations=GRID_REFIT_ITERATIONS)
-    return RowMethod("oscar-file", f"OSCAR from {path}", layers)
+    quantizer = f"grid refit, {iterations[name]} rounds" if iterations[name] else "clipped min/max grid"
+    return RowMethod(name, f"OSCAR from {path} ({quantizer})", layers, refit_iterations=iterations[name])

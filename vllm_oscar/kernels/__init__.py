@@ -47,14 +47,18 @@ def oscar_write(
     window_v: torch.Tensor,
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
+    refit_iterations: int = 0,
 ) -> None:
     """Write new K/V rows: INT2 into the paged cache, rotated BF16 copies into the window store.
 
-    CUDA -> Triton kernel, CPU -> torch. Arguments: torch_ops.oscar_write.
+    CUDA -> Triton kernel, CPU -> torch. ``refit_iterations``: least-squares grid refit
+    rounds (the backend passes OscarConfig.refit_iterations; 0 = clipped min/max grid).
+    Arguments: torch_ops.oscar_write.
     """
     impl = implementation_for(int2_cache)
     impl.oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
-                     slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
+                     slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated,
+                     refit_iterations=refit_iterations)
 
 
 def oscar_decode(

@@ -24,7 +24,8 @@ from vllm_oscar.kernels.checks import (
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
-from vllm_oscar.quant import QuantizedRows, clip_rows, dequantize, pack_codes, quantize, unpack_codes
+from vllm_oscar.config import check_refit_iterations
+from vllm_oscar.quant import QuantizedRows, dequantize, pack_codes, quantize_rows, unpack_codes
 
 
 def _store_int2(
@@ -36,9 +37,10 @@ def _store_int2(
     codes_plane: torch.Tensor,
     scale_plane: torch.Tensor,
     offset_plane: torch.Tensor,
+    refit_iterations: int,
 ) -> None:
-    """Clip, quantize and pack rows [n, Hkv, D] into slots (blocks[i], offsets[i])."""
-    quantized = quantize(clip_rows(rows, clip_ratio), layout.group_size, layout.scale_dtype)
+    """Clip, quantize (+ grid refit), pack rows [n, Hkv, D] into slots (blocks[i], offsets[i])."""
+    quantized = quantize_rows(rows, clip_ratio, layout.group_size, layout.scale_dtype, refit_iterations)
     codes_plane[blocks, :, offsets] = pack_codes(quantized.codes)
     scale_plane[blocks, :, offsets] = quantized.scale
     offset_plane[blocks, :, offsets] = quantized.offset
@@ -58,6 +60,7 @@ def oscar_write(
     window_v: torch.Tensor,
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
+    refit_iterations: int = 0,
 ) -> None:
     """Rotate, clip, quantize and pack new K/V rows into the INT2 cache; copy window rows.
 
@@ -72,9 +75,13 @@ def oscar_write(
         window_k, window_v: [num_window_blocks, block_size, Hkv, D] (bf16); the rotated rows
             are stored where window_slot_mapping >= 0.
         window_slot_mapping: [N] int, window_block * block_size + offset, -1 = no BF16 copy.
+        refit_iterations: rounds of the least-squares (scale, offset) refit of each group
+            against its unclipped rotated values (quant.quantize_rows / refit_grid), starting
+            from the clipped min/max grid; 0 = that grid as is. Same storage either way.
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
+    check_refit_iterations(refit_iterations)
     k_rot = rotate_rows(key, k_rotation, out_dtype=torch.float32)
     v_rot = value.to(torch.float32) if value_prerotated else rotate_rows(value, v_rotation, out_dtype=torch.float32)
     bs = layout.block_size
@@ -86,8 +93,10 @@ def oscar_write(
         if int(blocks.max()) >= int2_cache.shape[0]:
             raise ValueError(f"slot_mapping addresses block {int(blocks.max())} but int2_cache has {int2_cache.shape[0]}.")
         views = page_views(int2_cache, layout)
-        _store_int2(k_rot[keep], clip_k, layout, blocks, offsets, views.k_codes, views.k_scale, views.k_offset)
-        _store_int2(v_rot[keep], clip_v, layout, blocks, offsets, views.v_codes, views.v_scale, views.v_offset)
+        _store_int2(k_rot[keep], clip_k, layout, blocks, offsets, views.k_codes, views.k_scale, views.k_offset,
+                    refit_iterations)
+        _store_int2(v_rot[keep], clip_v, layout, blocks, offsets, views.v_codes, views.v_scale, views.v_offset,
+                    refit_iterations)
 
     in_window = window_slot_mapping >= 0
     if bool(in_window.any()):

@@ -1,6 +1,7 @@
 """Triton write kernel: rotate, clip, quantize and pack new K/V rows; copy window rows.
 
-One launch per layer step. Grid: (cdiv(N, BLOCK_N), Hkv); a program takes BLOCK_N tokens
+One launch per layer step (the refit adds REFIT passes over the rows held in registers,
+no memory traffic). Grid: (cdiv(N, BLOCK_N), Hkv); a program takes BLOCK_N tokens
 of one KV head and does, for K and then V:
 
     y      = x @ R[h]                    tl.dot, fp32 operands, IEEE precision, K-tiled
@@ -9,12 +10,18 @@ of one KV head and does, for K and then V:
                                          bisection on the float bit patterns (32 steps)
     y      = clamp(y, -tau, tau)
     scale  = max(max_g - min_g, eps) / 3 -> storage dtype; offset = min_g -> storage dtype
-    code   = clamp(floor((y - offset) / scale + 0.5), 0, 3)      (rounded scale/offset)
+    code   = clamp(round((y - offset) / scale), 0, 3)            (rounded scale/offset)
+    REFIT rounds (least-squares grid refit, quant.quantizer.refit_grid), against the
+    UNCLIPPED rotated rows x, per group of G:
+        s = cov(code, x) / var(code) (unchanged if var = 0), max(s, eps) -> storage dtype
+        o = mean(x) - s mean(code) -> storage dtype
+        code = clamp(round((x - o) / s), 0, 3)
+      keeping per group the (code, s, o) with the smallest sum (x - code s - o)^2
+      (strictly smaller replaces; the clipped min/max grid is the first candidate)
     byte j = code[j] | code[j+D/4] << 2 | code[j+D/2] << 4 | code[j+3D/4] << 6
 
-Rounding note: floor(x + 0.5) rounds exact halves up where torch.round rounds to even;
-exact halves need (y - offset) / scale to land exactly on k + 0.5, which float data of
-rotated rows essentially never does.
+Rounding note: codes round half to even (floor(p + 0.5), minus 1 at an exact half with an
+odd result), as torch.round does on the CPU path.
 """
 
 from __future__ import annotations
@@ -60,23 +67,72 @@ def _clip(y, CLIP_INDEX: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h,
+def _assign(x, scale, zero):
+    """Codes (as fp32) of grouped rows x [BN, NG, G] on the grids (scale, zero) [BN, NG].
+
+    Rounds half to even, as torch.round: an exact half (frequent only when the inputs and
+    the grid are exactly representable, e.g. prerotated bf16 values with bf16 scales)
+    gives the code the CPU path gives."""
+    position = (x - zero[:, :, None]) / scale[:, :, None]
+    level = tl.floor(position + 0.5)
+    odd_half = ((level - position) == 0.5) & ((level - 2.0 * tl.floor(level * 0.5)) == 1.0)
+    level = tl.where(odd_half, level - 1.0, level)
+    return tl.minimum(tl.maximum(level, 0.0), 3.0)
+
+
+@triton.jit
+def _grid_error(x, codes, scale, zero):
+    """[BN, NG] sum over the group of (x - codes * scale - zero)^2."""
+    diff = x - (codes * scale[:, :, None] + zero[:, :, None])
+    return tl.sum(diff * diff, axis=2)
+
+
+@triton.jit
+def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
                     CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr,
                     BS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, SCALE_T: tl.constexpr,
-                    EPS: tl.constexpr, EMU: tl.constexpr):
-    """Quantize clipped rows y [BN, D] and store codes/scale/offset at their slots."""
+                    EPS: tl.constexpr, EMU: tl.constexpr, REFIT: tl.constexpr):
+    """Quantize clipped rows y [BN, D] (refit against the unclipped rows x when REFIT > 0)
+    and store codes/scale/offset at their slots."""
     BN: tl.constexpr = y.shape[0]
     NG: tl.constexpr = D // G
     Q: tl.constexpr = D // 4
     grouped = tl.reshape(y, [BN, NG, G])
     low = tl.min(grouped, axis=2)
     high = tl.max(grouped, axis=2)
-    scale_s = round_to(tl.maximum(high - low, EPS) / 3.0, SCALE_T, EMU)
-    low_s = round_to(low, SCALE_T, EMU)
-    scale = scale_s.to(tl.float32)
-    zero = low_s.to(tl.float32)
-    level = tl.floor((grouped - zero[:, :, None]) / scale[:, :, None] + 0.5)
-    codes = tl.minimum(tl.maximum(level, 0.0), 3.0).to(tl.int32)
+    scale = round_to(tl.maximum(high - low, EPS) / 3.0, SCALE_T, EMU).to(tl.float32)
+    zero = round_to(low, SCALE_T, EMU).to(tl.float32)
+    codes_f = _assign(grouped, scale, zero)
+    if REFIT > 0:
+        xg = tl.reshape(x, [BN, NG, G])
+        best_codes = codes_f
+        best_scale = scale
+        best_zero = zero
+        best_error = _grid_error(xg, codes_f, scale, zero)
+        x_mean = tl.sum(xg, axis=2) / G
+        x_centered = xg - x_mean[:, :, None]
+        for _ in tl.static_range(REFIT):
+            code_mean = tl.sum(codes_f, axis=2) / G
+            code_centered = codes_f - code_mean[:, :, None]
+            variance = tl.sum(code_centered * code_centered, axis=2) / G
+            covariance = tl.sum(code_centered * x_centered, axis=2) / G
+            spread = variance > 0.0
+            fitted = tl.where(spread, covariance / tl.where(spread, variance, 1.0), scale)
+            scale = round_to(tl.maximum(fitted, EPS), SCALE_T, EMU).to(tl.float32)
+            zero = round_to(x_mean - scale * code_mean, SCALE_T, EMU).to(tl.float32)
+            codes_f = _assign(xg, scale, zero)
+            error = _grid_error(xg, codes_f, scale, zero)
+            better = error < best_error
+            best_codes = tl.where(better[:, :, None], codes_f, best_codes)
+            best_scale = tl.where(better, scale, best_scale)
+            best_zero = tl.where(better, zero, best_zero)
+            best_error = tl.where(better, error, best_error)
+        codes_f = best_codes
+        scale = best_scale
+        zero = best_zero
+    codes = codes_f.to(tl.int32)
+    scale_s = scale.to(SCALE_T)  # exact: already rounded to SCALE_T
+    low_s = zero.to(SCALE_T)
     planes = tl.reshape(codes, [BN, 4, Q])
     shifts = (2 * tl.arange(0, 4))[None, :, None]
     packed = tl.sum(planes << shifts, axis=1).to(tl.uint8)  # [BN, Q]
@@ -115,8 +171,10 @@ def oscar_write_kernel(
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     CLIP_K: tl.constexpr, CLIP_V: tl.constexpr, DO_CLIP_K: tl.constexpr, DO_CLIP_V: tl.constexpr,
     ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr,
+    REFIT: tl.constexpr = 0,
 ):
-    """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|."""
+    """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
+    REFIT: least-squares grid refit rounds (0 = the clipped min/max grid)."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -128,12 +186,16 @@ def oscar_write_kernel(
 
     yk = _rotated_rows(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, True)
     _store_window(yk, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+    ck = yk
     if DO_CLIP_K:
-        yk = _clip(yk, CLIP_K, D)
-    _quantize_store(yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G, SCALE_T, EPS, EMU)
+        ck = _clip(yk, CLIP_K, D)
+    _quantize_store(ck, yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G,
+                    SCALE_T, EPS, EMU, REFIT)
 
     yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE_V)
     _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+    cv = yv
     if DO_CLIP_V:
-        yv = _clip(yv, CLIP_V, D)
-    _quantize_store(yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G, SCALE_T, EPS, EMU)
+        cv = _clip(yv, CLIP_V, D)
+    _quantize_store(cv, yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G,
+                    SCALE_T, EPS, EMU, REFIT)
