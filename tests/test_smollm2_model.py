@@ -50,3 +50,5 @@ def test_config_is_plain_float_weights(folder) -> None:
     """No GGUF quantization_config: vLLM must load the folder as an ordinary model."""
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
+    # vLLM must not fall back to transformers' base-model name ("LlamaModel").
+    assert config["architectures"] == ["LlamaForCausalLM"]

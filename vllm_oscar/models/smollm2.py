@@ -30,6 +30,8 @@ from pathlib import Path
 GGUF_FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Name of the materialised folder inside the cache directory.
 FOLDER_NAME = "SmolLM2-135M-Instruct"
+#: config.json "architectures": the class transformers and vLLM instantiate.
+ARCHITECTURES = ("LlamaForCausalLM",)
 #: The end-of-turn token the instruct model emits (the GGUF metadata says <|im_start|>).
 EOS_TOKEN = "<|im_end|>"
 #: Environment variable that overrides the cache directory.
@@ -121,9 +123,13 @@ def _write_folder(source: Path, target: Path) -> None:
     config.bos_token_id = None
     config.tie_word_embeddings = True
     config.torch_dtype = "float32"
+    # A GGUF-loaded config has no `architectures`; vLLM 0.32 then falls back to
+    # transformers' MODEL_MAPPING_NAMES["llama"] = "LlamaModel", which its registry happens
+    # to map to LlamaForCausalLM again. Name the causal-LM class explicitly.
+    config.architectures = list(ARCHITECTURES)
     config.to_json_file(str(target / "config.json"))
-    if "quantization_config" in json.loads((target / "config.json").read_text()):
-        raise RuntimeError("could not drop the GGUF quantization_config from config.json")
+    if not _is_current_config(target):
+        raise RuntimeError(f"config.json in {target} lacks architectures {ARCHITECTURES} or keeps the GGUF quantization_config")
     generation = {"eos_token_id": eos_id, "bos_token_id": None, "pad_token_id": eos_id}
     (target / "generation_config.json").write_text(json.dumps(generation, indent=2))
     state = {
@@ -134,9 +140,12 @@ def _write_folder(source: Path, target: Path) -> None:
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt", "source_sha256": sha256_of(source)})
 
 
-def _is_plain_config(folder: Path) -> bool:
-    """True when config.json carries no quantization_config (folders of older builds did)."""
-    return "quantization_config" not in json.loads((folder / "config.json").read_text())
+def _is_current_config(folder: Path) -> bool:
+    """True when config.json is what this version writes: no quantization_config (folders
+    of older builds carried the GGUF one) and ``architectures`` = ARCHITECTURES (older
+    builds had none). A cached folder failing this is rebuilt."""
+    config = json.loads((folder / "config.json").read_text())
+    return "quantization_config" not in config and config.get("architectures") == list(ARCHITECTURES)
 
 
 def smollm2_folder(target: Path | None = None) -> Path:
@@ -150,7 +159,7 @@ def smollm2_folder(target: Path | None = None) -> Path:
         written to a temporary sibling and renamed, so an interrupted build leaves nothing.
     """
     target = Path(target) if target is not None else cache_dir() / FOLDER_NAME
-    if all((target / name).is_file() for name in FOLDER_FILES) and _is_plain_config(target):
+    if all((target / name).is_file() for name in FOLDER_FILES) and _is_current_config(target):
         return target
     source = gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
