@@ -357,7 +357,8 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         n = metadata.num_actual_tokens
         oscar_write(key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k,
                     rotations.clip_v, self._int2_cache(kv_cache), self.layout, slot_mapping[:n],
-                    self.window_k, self.window_v, metadata.window_slot_mapping[:n])
+                    self.window_k, self.window_v, metadata.window_slot_mapping[:n],
+                    refit_iterations=self.config.refit_iterations)
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Optional[OscarMetadata], output: torch.Tensor,

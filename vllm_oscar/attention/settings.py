@@ -11,6 +11,8 @@ variables. Keys (all optional):
     recent_tokens    BF16 recent window, tokens (default 256)
     group_size       channels per scale/offset group (default: one group per head vector)
     scale_dtype      "float16" (default), "bfloat16" or "float32"
+    refit_iterations least-squares (scale, offset) refit rounds per written group
+                     (default 4, config.GRID_REFIT_ITERATIONS; 0 = plain clipped min/max)
 
 Unknown keys are an error (a typo must not silently fall back to a default).
 """
@@ -35,6 +37,7 @@ _KEYS: dict[str, str] = {
     "recent_tokens": "recent_tokens",
     "group_size": "group_size",
     "scale_dtype": "scale_dtype",
+    "refit_iterations": "refit_iterations",
 }
 
 
