@@ -76,3 +76,15 @@ def test_file_methods_use_the_served_quantizer() -> None:
     assert built["oscar-file-minmax"].refit_iterations == 0
     with pytest.raises(ValueError, match="rotation-file method"):
         file_method(str(shipped), "oscar-file-typo")
+
+
+def test_row_method_refit_per_side() -> None:
+    from vllm_oscar.evaluation.methods import RowMethod, identity_layers
+
+    rows = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(5))
+    split = RowMethod("split", "", identity_layers(1), refit_iterations=(0, 3))
+    plain = RowMethod("plain", "", identity_layers(1))
+    refit = RowMethod("refit", "", identity_layers(1), refit_iterations=3)
+    assert torch.equal(split.quantize_keys(rows, 0), plain.quantize_keys(rows, 0))
+    assert torch.equal(split.quantize_values(rows, 0), refit.quantize_values(rows, 0))
+    assert not torch.equal(plain.quantize_values(rows, 0), refit.quantize_values(rows, 0))

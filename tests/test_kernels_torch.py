@@ -83,9 +83,26 @@ def test_write_refit_zero_is_the_plain_write_and_bad_values_raise() -> None:
     refit = write_case(kernels, 20, 2, 64, 32, 16, torch.float16, False, seed=9, refit_iterations=2)
     direct = write_case(torch_ops, 20, 2, 64, 32, 16, torch.float16, False, seed=9, refit_iterations=2)
     assert torch.equal(refit[8], direct[8]) and not torch.equal(refit[8], plain[8])
-    for bad in (-1, 1.5, True):
+    for bad in (-1, 1.5, True, (1, 2, 3), (0, -1)):
         with pytest.raises(ValueError, match="refit_iterations"):
             write_case(kernels, 4, 1, 32, 32, 4, torch.float16, False, seed=1, refit_iterations=bad)
+
+
+def test_write_refit_per_side() -> None:
+    """A (K, V) pair: K planes as written with K's rounds, V planes with V's."""
+    views = {}
+    for rounds in (0, 3, (0, 3), (3, 0)):
+        cache = write_case(torch_ops, 20, 2, 64, 32, 16, torch.float16, False, seed=12, refit_iterations=rounds)[8]
+        layout = PageLayout(64, 32, 16, torch.float16)
+        v = page_views(cache, layout)
+        views[rounds] = ((v.k_codes, v.k_scale, v.k_offset), (v.v_codes, v.v_scale, v.v_offset))
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+
+    assert same(views[(0, 3)][0], views[0][0]) and same(views[(0, 3)][1], views[3][1])
+    assert same(views[(3, 0)][0], views[3][0]) and same(views[(3, 0)][1], views[0][1])
+    assert not same(views[0][1], views[3][1])
 
 
 def test_rotate_rows_gqa_and_inverse() -> None:

@@ -90,9 +90,10 @@ def test_triton_write_with_refit_matches_reference(dim, group, bs, scale_dtype, 
         assert summary["error"] < 0.9 * summary["plain_error"], summary
 
 
-def test_triton_refit_write_agrees_with_torch_write() -> None:
-    a = write_case(triton_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=GRID_REFIT_ITERATIONS)
-    b = write_case(torch_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=GRID_REFIT_ITERATIONS)
+@pytest.mark.parametrize("rounds", [GRID_REFIT_ITERATIONS, (0, GRID_REFIT_ITERATIONS)])
+def test_triton_refit_write_agrees_with_torch_write(rounds) -> None:
+    a = write_case(triton_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=rounds)
+    b = write_case(torch_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=rounds)
     differing = (a[8] != b[8]).float().mean().item()
     assert differing < 0.01
 

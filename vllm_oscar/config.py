@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -143,6 +143,22 @@ def check_refit_iterations(iterations: int) -> None:
         raise ValueError(f"refit_iterations={iterations!r} must be an integer >= 0 (0 = plain min/max grid).")
 
 
+#: Refit rounds as users give them: one int for K and V, or a (K rounds, V rounds) pair.
+RefitIterations = Union[int, tuple[int, int]]
+
+
+def refit_pair(iterations: "RefitIterations | list[int]") -> tuple[int, int]:
+    """(K rounds, V rounds) from an int (both sides) or a 2-sequence; ValueError otherwise."""
+    if isinstance(iterations, (tuple, list)):
+        if len(iterations) != 2:
+            raise ValueError(f"refit_iterations={iterations!r}: give one integer or a [K, V] pair of integers.")
+        check_refit_iterations(iterations[0])
+        check_refit_iterations(iterations[1])
+        return int(iterations[0]), int(iterations[1])
+    check_refit_iterations(iterations)
+    return iterations, iterations
+
+
 def check_scale_dtype(scale_dtype: torch.dtype) -> None:
     """Raise ValueError unless ``scale_dtype`` is one of SCALE_DTYPE_BITS."""
     if scale_dtype not in SCALE_DTYPE_BITS:
@@ -167,7 +183,9 @@ class OscarConfig:
             quality, must be asked for explicitly).
         refit_iterations: rounds of the least-squares (scale, offset) refit of every
             written group (GRID_REFIT_ITERATIONS, on by default: it lowers SmolLM2's
-            held-out KL about 1.7x at the same bits); 0 = the plain clipped min/max grid.
+            held-out KL about 2x at the same bits); 0 = the plain clipped min/max grid; a
+            (K rounds, V rounds) pair sets the two sides apart (the refit costs passkey
+            retrieval on SmolLM2, docs/QUALITY.md: a value-only refit is one way to trade).
             Same storage and decode either way; only the write does more work.
     """
 
@@ -179,11 +197,14 @@ class OscarConfig:
     clip_ratio_v: float = DEFAULT_CLIP_RATIO_V
     rotation_path: Optional[str] = None
     hadamard_only: bool = False
-    refit_iterations: int = GRID_REFIT_ITERATIONS
+    refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS
 
     def __post_init__(self) -> None:
         check_scale_dtype(self.scale_dtype)
-        check_refit_iterations(self.refit_iterations)
+        if isinstance(self.refit_iterations, (tuple, list)):  # a JSON list becomes a (K, V) tuple
+            object.__setattr__(self, "refit_iterations", refit_pair(self.refit_iterations))
+        else:
+            refit_pair(self.refit_iterations)
         check_clip_ratio("clip_ratio_k", self.clip_ratio_k)
         check_clip_ratio("clip_ratio_v", self.clip_ratio_v)
         for name in ("sink_tokens", "recent_tokens"):

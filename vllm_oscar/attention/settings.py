@@ -12,7 +12,8 @@ variables. Keys (all optional):
     group_size       channels per scale/offset group (default: one group per head vector)
     scale_dtype      "float16" (default), "bfloat16" or "float32"
     refit_iterations least-squares (scale, offset) refit rounds per written group
-                     (default 4, config.GRID_REFIT_ITERATIONS; 0 = plain clipped min/max)
+                     (default 4, config.GRID_REFIT_ITERATIONS; 0 = plain clipped min/max;
+                     [K, V] sets the two sides apart, e.g. [0, 4])
 
 Unknown keys are an error (a typo must not silently fall back to a default).
 """

@@ -40,8 +40,9 @@ from vllm_oscar.config import (
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
     GRID_REFIT_ITERATIONS,
+    RefitIterations,
     check_clip_ratio,
-    check_refit_iterations,
+    refit_pair,
 )
 from vllm_oscar.quant.quantizer import fake_quantize
 
@@ -94,10 +95,10 @@ class LayerErrorModel:
     """
 
     def __init__(self, sample: LayerSample, group_size: int, num_query_heads: int, sink: int, recent: int,
-                 scale_dtype: torch.dtype, refit_iterations: int = 0) -> None:
+                 scale_dtype: torch.dtype, refit_iterations: RefitIterations = 0) -> None:
         self.group_size = group_size
         self.scale_dtype = scale_dtype
-        self.refit_iterations = refit_iterations
+        self.refit_k, self.refit_v = refit_pair(refit_iterations)
         tokens = sample.query.shape[2]
         first = min(sink + recent, tokens)
         device = sample.query.device
@@ -118,8 +119,9 @@ class LayerErrorModel:
         cache_key = (which, ratio)
         if cache_key not in self._cache:
             rows = self.key if which == "k" else self.value
+            rounds = self.refit_k if which == "k" else self.refit_v
             self._cache[cache_key] = fake_quantize(rows, ratio, self.group_size, self.scale_dtype,
-                                                   refit_iterations=self.refit_iterations)
+                                                   refit_iterations=rounds)
         return self._cache[cache_key]
 
     def _output(self, logits: torch.Tensor, value_history: torch.Tensor) -> torch.Tensor:
@@ -157,7 +159,7 @@ class ClipSearchResult:
             (DEFAULT_CLIP_RATIO_K/V) ratios.
         use_per_layer: whether per-layer ratios won by CLIP_PER_LAYER_MIN_GAIN.
         refit_iterations: the quantizer's refit rounds the errors were measured with
-            (0 = plain clipped min/max).
+            (0 = plain clipped min/max; int, or [K, V] when the sides differ).
     """
 
     grid: tuple[float, ...]
@@ -169,7 +171,7 @@ class ClipSearchResult:
     use_per_layer: bool
     sink: int
     recent: int
-    refit_iterations: int = 0
+    refit_iterations: RefitIterations = 0
 
     @property
     def chosen(self) -> list[tuple[float, float]]:
@@ -183,7 +185,8 @@ class ClipSearchResult:
             "grid": list(self.grid),
             "sink": self.sink,
             "recent": self.recent,
-            "refit_iterations": self.refit_iterations,
+            "refit_iterations": (self.refit_iterations if isinstance(self.refit_iterations, int)
+                                 else list(self.refit_iterations)),
             "per_model": list(self.per_model),
             "use_per_layer": self.use_per_layer,
             "heldout_error_sum": {k: round(v, 6) for k, v in self.heldout.items()},
@@ -207,7 +210,7 @@ def search_clip_ratios(
     sink: int = DEFAULT_SINK_TOKENS,
     recent: int = DEFAULT_RECENT_TOKENS,
     progress: bool = True,
-    refit_iterations: int = GRID_REFIT_ITERATIONS,
+    refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS,
 ) -> ClipSearchResult:
     """Search r_K and r_V (per model and per layer) for the smallest attention-output error.
 
@@ -220,10 +223,10 @@ def search_clip_ratios(
         scale_dtype: storage dtype of scale/offset (fp16 as served).
         sink / recent: BF16 windows of the serving layout.
         refit_iterations: least-squares grid refit rounds of the quantizer measured, as
-            served (OscarConfig.refit_iterations; default on). With the refit the clip ratio
-            only sets the grid the refit starts from.
+            served (OscarConfig.refit_iterations: int or (K, V); default on). With the refit
+            the clip ratio only sets the grid the refit starts from.
     """
-    check_refit_iterations(refit_iterations)
+    refit_pair(refit_iterations)
     for ratio in grid:
         check_clip_ratio("grid ratio", ratio)
     ident = rotation_set.identity

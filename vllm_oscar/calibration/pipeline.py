@@ -24,6 +24,7 @@ from vllm_oscar.config import (
     DEFAULT_SINK_TOKENS,
     DEFAULT_VALUE_FORM,
     GRID_REFIT_ITERATIONS,
+    RefitIterations,
 )
 
 
@@ -44,7 +45,7 @@ class CalibrationOptions:
     clip_grid: tuple[float, ...] = CLIP_RATIO_GRID
     clip_sink: int = DEFAULT_SINK_TOKENS
     clip_recent: int = DEFAULT_RECENT_TOKENS
-    clip_refit_iterations: int = GRID_REFIT_ITERATIONS
+    clip_refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS
     progress: bool = True
 
 

@@ -56,9 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-sink", type=int, default=DEFAULT_SINK_TOKENS, help="BF16 sink in the clip search")
     parser.add_argument("--clip-recent", type=int, default=DEFAULT_RECENT_TOKENS,
                         help="BF16 recent window in the clip search")
-    parser.add_argument("--clip-refit-iterations", type=int, default=GRID_REFIT_ITERATIONS,
-                        help="least-squares grid refit rounds of the quantizer the clip search measures; "
-                             "match the served OSCAR option refit_iterations (0 = plain min/max)")
+    parser.add_argument("--clip-refit-iterations", type=int, nargs="+", default=[GRID_REFIT_ITERATIONS],
+                        metavar="N", help="least-squares grid refit rounds of the quantizer the clip search "
+                        "measures, one value or K V; match the served OSCAR option refit_iterations "
+                        "(0 = plain min/max)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--import-rotationzoo", nargs=2, metavar=("K_PT", "V_PT"), default=None,
                         help="import published RotationZoo .pt files for --model instead of calibrating")
@@ -111,7 +112,8 @@ def _run(args: argparse.Namespace) -> int:
         per_head=not args.per_layer_rotation, use_hadamard=not args.no_hadamard,
         use_bit_reversal=not args.no_bit_reversal, value_form=args.value_form, clip_search=not args.no_clip_search,
         clip_sequences=args.clip_sequences, clip_grid=tuple(args.clip_grid), clip_sink=args.clip_sink,
-        clip_recent=args.clip_recent, clip_refit_iterations=args.clip_refit_iterations, progress=not args.quiet,
+        clip_recent=args.clip_recent, clip_refit_iterations=(args.clip_refit_iterations[0] if len(args.clip_refit_iterations) == 1
+                                                else tuple(args.clip_refit_iterations)), progress=not args.quiet,
     )
     loaded = load_model(args.model, args.device, _DTYPES[args.dtype], args.model_name)
     print(f"model: {loaded.identity.describe()} from {loaded.source}")

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from vllm_oscar.config import WINDOW_BITS
+from vllm_oscar.config import WINDOW_BITS, RefitIterations, refit_pair
 from vllm_oscar.quant import body_bits_per_element, fake_quantize, hadamard_matrix
 
 
@@ -135,8 +135,8 @@ class RowMethod(KVMethod):
         scale_dtype: storage dtype of scale and offset.
         lloyd_max: Gaussian Lloyd-Max levels instead of the min/max grid, on K and V.
         refit_iterations: > 0: least-squares refit of each group's (scale, offset) to its
-            unclipped values (the product's write quantizer, quant.quantize_rows); same
-            storage, same decode.
+            unclipped values (the product's write quantizer, quant.quantize_rows); one int
+            or a (K rounds, V rounds) pair; same storage, same decode.
     """
 
     def __init__(
@@ -147,7 +147,7 @@ class RowMethod(KVMethod):
         group_size: Optional[int] = None,
         scale_dtype: torch.dtype = torch.float16,
         lloyd_max: bool = False,
-        refit_iterations: int = 0,
+        refit_iterations: RefitIterations = 0,
     ) -> None:
         self.name = name
         self.description = description
@@ -156,13 +156,15 @@ class RowMethod(KVMethod):
         self.scale_dtype = scale_dtype
         self.lloyd_max = lloyd_max
         self.refit_iterations = refit_iterations
+        self._refit_k, self._refit_v = refit_pair(refit_iterations)
 
     @property
     def is_exact(self) -> bool:
         return False
 
     def _round_trip(
-        self, rows: torch.Tensor, rotation: Optional[torch.Tensor], clip: float, mean: Optional[torch.Tensor]
+        self, rows: torch.Tensor, rotation: Optional[torch.Tensor], clip: float, mean: Optional[torch.Tensor],
+        refit_iterations: int,
     ) -> torch.Tensor:
         rows = rows.float()
         if mean is not None:
@@ -170,17 +172,17 @@ class RowMethod(KVMethod):
             rows = rows - mean
         rotated = _rotate(rows, rotation, inverse=False)
         group = self.group_size or rows.shape[-1]
-        quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max, self.refit_iterations)
+        quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max, refit_iterations)
         restored = _rotate(quantized, rotation, inverse=True)
         return restored + mean if mean is not None else restored
 
     def quantize_keys(self, keys: torch.Tensor, layer: int) -> torch.Tensor:
         spec = self.layers[layer]
-        return self._round_trip(keys, spec.key, spec.clip_k, spec.key_mean)
+        return self._round_trip(keys, spec.key, spec.clip_k, spec.key_mean, self._refit_k)
 
     def quantize_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
         spec = self.layers[layer]
-        return self._round_trip(values, spec.value, spec.clip_v, spec.value_mean)
+        return self._round_trip(values, spec.value, spec.clip_v, spec.value_mean, self._refit_v)
 
     def body_bits(self, head_dim: int) -> float:
         return body_bits_per_element(self.group_size or head_dim, self.scale_dtype)

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from vllm_oscar.config import RefitIterations
 from vllm_oscar.kernels import torch_ops
 from vllm_oscar.kernels.layout import PLANES, PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
@@ -47,12 +48,13 @@ def oscar_write(
     window_v: torch.Tensor,
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
-    refit_iterations: int = 0,
+    refit_iterations: RefitIterations = 0,
 ) -> None:
     """Write new K/V rows: INT2 into the paged cache, rotated BF16 copies into the window store.
 
     CUDA -> Triton kernel, CPU -> torch. ``refit_iterations``: least-squares grid refit
-    rounds (the backend passes OscarConfig.refit_iterations; 0 = clipped min/max grid).
+    rounds, one int or a (K, V) pair (the backend passes OscarConfig.refit_iterations;
+    0 = clipped min/max grid).
     Arguments: torch_ops.oscar_write.
     """
     impl = implementation_for(int2_cache)

@@ -24,7 +24,7 @@ from vllm_oscar.kernels.checks import (
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
-from vllm_oscar.config import check_refit_iterations
+from vllm_oscar.config import RefitIterations, refit_pair
 from vllm_oscar.quant import QuantizedRows, dequantize, pack_codes, quantize_rows, unpack_codes
 
 
@@ -60,7 +60,7 @@ def oscar_write(
     window_v: torch.Tensor,
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
-    refit_iterations: int = 0,
+    refit_iterations: RefitIterations = 0,
 ) -> None:
     """Rotate, clip, quantize and pack new K/V rows into the INT2 cache; copy window rows.
 
@@ -77,11 +77,12 @@ def oscar_write(
         window_slot_mapping: [N] int, window_block * block_size + offset, -1 = no BF16 copy.
         refit_iterations: rounds of the least-squares (scale, offset) refit of each group
             against its unclipped rotated values (quant.quantize_rows / refit_grid), starting
-            from the clipped min/max grid; 0 = that grid as is. Same storage either way.
+            from the clipped min/max grid; 0 = that grid as is; a (K, V) pair sets the two
+            sides apart. Same storage either way.
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
-    check_refit_iterations(refit_iterations)
+    refit_k, refit_v = refit_pair(refit_iterations)
     k_rot = rotate_rows(key, k_rotation, out_dtype=torch.float32)
     v_rot = value.to(torch.float32) if value_prerotated else rotate_rows(value, v_rotation, out_dtype=torch.float32)
     bs = layout.block_size
@@ -94,9 +95,9 @@ def oscar_write(
             raise ValueError(f"slot_mapping addresses block {int(blocks.max())} but int2_cache has {int2_cache.shape[0]}.")
         views = page_views(int2_cache, layout)
         _store_int2(k_rot[keep], clip_k, layout, blocks, offsets, views.k_codes, views.k_scale, views.k_offset,
-                    refit_iterations)
+                    refit_k)
         _store_int2(v_rot[keep], clip_v, layout, blocks, offsets, views.v_codes, views.v_scale, views.v_offset,
-                    refit_iterations)
+                    refit_v)
 
     in_window = window_slot_mapping >= 0
     if bool(in_window.any()):

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import triton
 
-from vllm_oscar.config import SCALE_EPS, check_refit_iterations
+from vllm_oscar.config import SCALE_EPS, RefitIterations, refit_pair
 from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_write_args
 from vllm_oscar.kernels.layout import PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
@@ -119,7 +119,7 @@ def oscar_write(
     window_v: torch.Tensor,
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
-    refit_iterations: int = 0,
+    refit_iterations: RefitIterations = 0,
 ) -> None:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
@@ -127,7 +127,7 @@ def oscar_write(
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
-    check_refit_iterations(refit_iterations)
+    refit_k, refit_v = refit_pair(refit_iterations)
     _check_triton_layout(layout)
     _check_last_dim_contiguous(key=key, value=value, window_k=window_k, window_v=window_v)
     if window_k.stride() != window_v.stride():
@@ -150,7 +150,7 @@ def oscar_write(
         CLIP_K=clip_threshold_index(d, clip_k), CLIP_V=clip_threshold_index(d, clip_v),
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
-        REFIT=refit_iterations, num_warps=4,
+        REFIT_K=refit_k, REFIT_V=refit_v, num_warps=4,
     )
 
 

@@ -11,7 +11,7 @@ of one KV head and does, for K and then V:
     y      = clamp(y, -tau, tau)
     scale  = max(max_g - min_g, eps) / 3 -> storage dtype; offset = min_g -> storage dtype
     code   = clamp(round((y - offset) / scale), 0, 3)            (rounded scale/offset)
-    REFIT rounds (least-squares grid refit, quant.quantizer.refit_grid), against the
+    REFIT_K / REFIT_V rounds (least-squares grid refit, quant.quantizer.refit_grid), against the
     UNCLIPPED rotated rows x, per group of G:
         s = cov(code, x) / var(code) (unchanged if var = 0), max(s, eps) -> storage dtype
         o = mean(x) - s mean(code) -> storage dtype
@@ -171,10 +171,10 @@ def oscar_write_kernel(
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     CLIP_K: tl.constexpr, CLIP_V: tl.constexpr, DO_CLIP_K: tl.constexpr, DO_CLIP_V: tl.constexpr,
     ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr,
-    REFIT: tl.constexpr = 0,
+    REFIT_K: tl.constexpr = 0, REFIT_V: tl.constexpr = 0,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
-    REFIT: least-squares grid refit rounds (0 = the clipped min/max grid)."""
+    REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid)."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -190,7 +190,7 @@ def oscar_write_kernel(
     if DO_CLIP_K:
         ck = _clip(yk, CLIP_K, D)
     _quantize_store(ck, yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G,
-                    SCALE_T, EPS, EMU, REFIT)
+                    SCALE_T, EPS, EMU, REFIT_K)
 
     yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE_V)
     _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
@@ -198,4 +198,4 @@ def oscar_write_kernel(
     if DO_CLIP_V:
         cv = _clip(yv, CLIP_V, D)
     _quantize_store(cv, yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G,
-                    SCALE_T, EPS, EMU, REFIT)
+                    SCALE_T, EPS, EMU, REFIT_V)
