@@ -169,3 +169,24 @@ def test_gaussian_lloyd_max_levels() -> None:
     centroids3, _ = gaussian_lloyd_max(3)
     assert centroids3[-1] == pytest.approx(2.152, abs=1e-3)
     assert math.isclose(float(centroids3.sum()), 0.0, abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("method", all_methods(), ids=lambda m: m.name)
+@pytest.mark.parametrize("q_len", [37, 9, 1])
+def test_fused_chunked_attention_equals_the_dense_mixture(method, q_len, monkeypatch) -> None:
+    """The fused per-chunk attention (exact copies + reconstructions, one softmax, causal
+    truncation, masks shared by layers) equals the dense masked mixture, over several
+    query chunks, with fewer queries than keys (decode) too."""
+    from vllm_oscar.evaluation import harness
+
+    monkeypatch.setattr(harness, "SDPA_QUERY_CHUNK", 8)
+    gen = torch.Generator().manual_seed(6)
+    kv_len = 37
+    query = torch.randn(2, 4, q_len, HEAD_DIM, generator=gen)
+    key = torch.randn(2, KV_HEADS, kv_len, HEAD_DIM, generator=gen) * 2
+    value = torch.randn(2, KV_HEADS, kv_len, HEAD_DIM, generator=gen)
+    state = harness.HarnessState(method, SINK, RECENT, NUM_LAYERS)
+    for layer in range(NUM_LAYERS):
+        fused = harness.mixed_attention(query, key, value, 0.3, state, layer)
+        dense = harness.mixed_attention_reference(query, key, value, 0.3, state, layer)
+        torch.testing.assert_close(fused, dense, rtol=1e-5, atol=1e-5)

@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="start no new (stage, method) after this many seconds; skipped work is "
                              "listed in the JSON (meta.skipped)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice). On a CPU shared with other "
+                             "runs, 1 can be many times faster: 2 threads on 2 loaded cores made the "
+                             "quantizer 25x slower in one measurement (docs/notes/quality.md)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 
@@ -52,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from vllm_oscar.evaluation.report import markdown_table, plot
     from vllm_oscar.evaluation.runner import EvalSettings, run_evaluation
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     settings = EvalSettings(
         model=args.model, data=args.data, seq_len=args.seq_len, num_seqs=args.num_seqs, sink=args.sink,

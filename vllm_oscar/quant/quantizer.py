@@ -78,10 +78,15 @@ def clip_rows(rows: torch.Tensor, ratio: float) -> torch.Tensor:
     """
     check_rows("rows", rows)
     check_clip_ratio("ratio", ratio)
+    return _clip(rows, ratio)
+
+
+def _clip(rows: torch.Tensor, ratio: float) -> torch.Tensor:
+    """clip_rows without the argument checks (callers have checked)."""
     if ratio == 1.0:
         return rows
     index = clip_threshold_index(rows.shape[-1], ratio)
-    tau = rows.abs().sort(dim=-1).values[..., index : index + 1]
+    tau = rows.abs().kthvalue(index + 1, dim=-1, keepdim=True).values
     return torch.maximum(torch.minimum(rows, tau), -tau)
 
 
@@ -108,9 +113,15 @@ def _grouped(rows: torch.Tensor, group_size: int) -> torch.Tensor:
     return rows.reshape(*rows.shape[:-1], dim // group_size, group_size)
 
 
+def _levels_for(grouped: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Codes clamp(round((x - offset) / scale), 0, 3) as floats of grouped's dtype."""
+    levels = grouped - offset[..., None]
+    levels.div_(scale[..., None]).round_()
+    return levels.clamp_(0, NUM_LEVELS - 1)
+
+
 def _codes_for(grouped: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    levels = torch.round((grouped - offset[..., None]) / scale[..., None])
-    return levels.clamp_(0, NUM_LEVELS - 1).to(torch.uint8)
+    return _levels_for(grouped, scale, offset).to(torch.uint8)
 
 
 def quantize(
@@ -135,6 +146,11 @@ def quantize(
     """
     check_rows("rows", rows)
     check_scale_dtype(scale_dtype)
+    return _quantize(rows, group_size, scale_dtype, lloyd_max)
+
+
+def _quantize(rows: torch.Tensor, group_size: int, scale_dtype: torch.dtype, lloyd_max: bool) -> QuantizedRows:
+    """quantize without the argument checks (callers have checked)."""
     work = _working_dtype(rows)
     grouped = _grouped(rows.to(work), group_size)
     if lloyd_max:
@@ -143,8 +159,7 @@ def quantize(
         scale = torch.clamp(LLOYD_MAX_BOUNDARY * std, min=SCALE_EPS)
         offset = mean - 0.5 * (NUM_LEVELS - 1) * scale
     else:
-        low = grouped.amin(dim=-1)
-        high = grouped.amax(dim=-1)
+        low, high = torch.aminmax(grouped, dim=-1)
         scale = torch.clamp(high - low, min=SCALE_EPS) / (NUM_LEVELS - 1)
         offset = low
     scale = scale.to(scale_dtype)
@@ -155,7 +170,10 @@ def quantize(
 
 def _grid_error(grouped: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """Per-group squared error sum_i (x_i - c_i s - o)^2 of a grid (all in the working dtype)."""
-    return ((grouped - (codes * scale[..., None] + offset[..., None])) ** 2).sum(dim=-1)
+    residual = codes * scale[..., None]
+    residual.add_(offset[..., None])
+    torch.sub(grouped, residual, out=residual)
+    return residual.mul_(residual).sum(dim=-1)
 
 
 def refit_grid(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> QuantizedRows:
@@ -185,39 +203,46 @@ def refit_grid(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> Q
     """
     check_rows("rows", rows)
     check_refit_iterations(iterations)
+    return _refit(rows, initial, iterations)
+
+
+def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> QuantizedRows:
+    """refit_grid without the argument checks (callers have checked). Codes stay floats of
+    the working dtype until the end; every value is computed by the same float operations
+    as the documented formulas (in place where that saves a pass), so results are
+    bit-identical to a direct transcription."""
     if iterations == 0:
         return initial
     work = _working_dtype(rows)
     group = initial.group_size
     grouped = _grouped(rows.to(work), group)
     storage = initial.scale.dtype
-    best_codes = _grouped(initial.codes, group)
     best_scale, best_offset = initial.scale, initial.offset
     scale, offset = best_scale.to(work), best_offset.to(work)
-    codes = best_codes.to(work)
+    codes = _grouped(initial.codes, group).to(work)
+    best_codes = codes
     best_error = _grid_error(grouped, codes, scale, offset)
     x_mean = grouped.sum(dim=-1) / group
     x_centered = grouped - x_mean[..., None]
     for _ in range(iterations):
         code_mean = codes.sum(dim=-1) / group
         code_centered = codes - code_mean[..., None]
-        variance = (code_centered * code_centered).sum(dim=-1) / group
         covariance = (code_centered * x_centered).sum(dim=-1) / group
+        variance = code_centered.mul_(code_centered).sum(dim=-1) / group
         spread = variance > 0
         fitted = torch.where(spread, covariance / torch.where(spread, variance, 1.0), scale)
         new_scale = fitted.clamp(min=SCALE_EPS).to(storage)
         scale = new_scale.to(work)
         new_offset = (x_mean - scale * code_mean).to(storage)
         offset = new_offset.to(work)
-        new_codes = _codes_for(grouped, scale, offset)
-        codes = new_codes.to(work)
+        codes = _levels_for(grouped, scale, offset)
         error = _grid_error(grouped, codes, scale, offset)
         better = error < best_error
-        best_codes = torch.where(better[..., None], new_codes, best_codes)
+        best_codes = torch.where(better[..., None], codes, best_codes)
         best_scale = torch.where(better, new_scale, best_scale)
         best_offset = torch.where(better, new_offset, best_offset)
         best_error = torch.where(better, error, best_error)
-    return QuantizedRows(best_codes.reshape(rows.shape), best_scale, best_offset, group)
+    return QuantizedRows(best_codes.to(torch.uint8).reshape(rows.shape), best_scale, best_offset, group)
 
 
 def quantize_rows(
@@ -236,9 +261,12 @@ def quantize_rows(
         group_size, scale_dtype, lloyd_max: as quantize.
         refit_iterations: rounds of refit_grid against the unclipped rows (0: none).
     """
+    check_rows("rows", rows)
+    check_clip_ratio("clip_ratio", clip_ratio)
+    check_scale_dtype(scale_dtype)
     check_refit_iterations(refit_iterations)
-    initial = quantize(clip_rows(rows, clip_ratio), group_size, scale_dtype, lloyd_max)
-    return refit_grid(rows, initial, refit_iterations)
+    initial = _quantize(_clip(rows, clip_ratio), group_size, scale_dtype, lloyd_max)
+    return _refit(rows, initial, refit_iterations)
 
 
 def dequantize(quantized: QuantizedRows, dtype: torch.dtype = torch.float32) -> torch.Tensor:
