@@ -4,8 +4,10 @@ The same held-out prose is scored three ways, all float32 with the shipped SmolL
 file: (1) vLLM with kv_cache_dtype="oscar", prompt prefilled in 64-token chunks with prefix
 caching off, so every scored token reads the INT2 history of the earlier chunks through the
 backend's cache (prompt_logprobs would bypass a prefix-cache hit, hence chunking); (2) the
-harness with the same rotations and clip ratios (method oscar-file); (3) the harness without
-quantization (BF16 reference). Scored: next-token log-probabilities at positions
+harness with the same rotations and clip ratios (method oscar-file: the served write
+quantizer, i.e. the least-squares grid refit of OscarConfig's default); (3) the harness without
+quantization (BF16 reference); (4) the harness with the plain clipped min/max grid
+(oscar-file-minmax), to show the backend serves the refit and not the old grid. Scored: next-token log-probabilities at positions
 t >= sink + recent, the ones that read quantized history.
 
 Tolerance, stated and justified: the backend and the harness quantize with the same grid
@@ -74,18 +76,27 @@ def scores(smollm2_path):
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
     harness = _next_token_logprobs(method_logits(model, ids[None], file_method(str(rotation)), SINK, RECENT), ids)
     exact = _next_token_logprobs(method_logits(model, ids[None], KVMethod(), SINK, RECENT), ids)
+    minmax = _next_token_logprobs(
+        method_logits(model, ids[None], file_method(str(rotation), "oscar-file-minmax"), SINK, RECENT), ids)
     first = SINK + RECENT
-    return backend[first:], harness[first:], exact[first:]
+    return backend[first:], harness[first:], exact[first:], minmax[first:]
 
 
 def test_backend_matches_the_harness_within_the_stated_tolerance(scores, record_property) -> None:
-    backend, harness, exact = scores
+    backend, harness, exact, minmax = scores
     gap = float((backend - harness).abs().mean())
     effect = float((harness - exact).abs().mean())
-    ppl = {name: float(torch.exp(-lp.mean())) for name, lp in zip(("backend", "harness", "bf16"), scores)}
-    for key, value in {"gap": gap, "effect": effect, **{f"ppl_{k}": v for k, v in ppl.items()}}.items():
+    gap_minmax = float((backend - minmax).abs().mean())
+    names = ("backend", "harness", "bf16", "harness_minmax")
+    ppl = {name: float(torch.exp(-lp.mean())) for name, lp in zip(names, scores)}
+    measured = {"gap": gap, "effect": effect, "gap_to_minmax": gap_minmax, **{f"ppl_{k}": v for k, v in ppl.items()}}
+    for key, value in measured.items():
         record_property(key, value)
-    print(f"mean |logprob gap| backend vs harness {gap:.5f}; quantization effect {effect:.5f}; ppl {ppl}")
+    print(f"mean |logprob gap| backend vs harness {gap:.5f}; quantization effect {effect:.5f}; "
+          f"backend vs harness with the min/max grid {gap_minmax:.5f}; ppl {ppl}")
     assert effect > 0.0
     assert gap < GAP_SHARE * effect, (gap, effect)
     assert abs(ppl["backend"] / ppl["harness"] - 1) < PPL_TOLERANCE, ppl
+    # The backend serves the grid refit (OscarConfig's default): it is much closer to the
+    # refit harness than to the plain min/max grid.
+    assert gap < 0.5 * gap_minmax, (gap, gap_minmax)
