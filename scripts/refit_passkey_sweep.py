@@ -1,0 +1,197 @@
+"""Issue 6 sweep: which part of the served quantizer loses the passkey needle, and what it
+costs in KL. For each configuration (the shipped SmolLM2 rotations with per-side clip
+ratios and refit rounds), held-out KL / ppl (vllm-oscar eval's window_metrics, BF16
+reference once) and 2048-token passkey trials (evaluation.retrieval.passkey_cases, depths
+spread evenly over 0.05..0.95, one key per depth from seed 0).
+
+    python3 scripts/refit_passkey_sweep.py --configs served vrefit --depths 20 \
+        --json out/passkey_cpu/sweep_a.json --threads 1
+
+Configuration syntax: NAME or LABEL:key=value,... with keys kclip, vclip (float or
+"file"), refit (K/V rounds, e.g. 0/4), kfloor (1: the key refit may not narrow the grid
+below the clipped min/max scale; eval-only experiment). NAME is one of PRESETS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+PRESETS = {
+    "served": "kclip=file,vclip=file,refit=4/4",
+    "minmax": "kclip=file,vclip=file,refit=0/0",
+    "vrefit": "kclip=file,vclip=file,refit=0/4",
+    "krefit": "kclip=file,vclip=file,refit=4/0",
+    "k96-vrefit": "kclip=0.96,vclip=file,refit=0/4",
+    "k100-vrefit": "kclip=1.0,vclip=file,refit=0/4",
+    "k96-refit": "kclip=0.96,vclip=file,refit=4/4",
+    "k100-refit": "kclip=1.0,vclip=file,refit=4/4",
+    "k96v92-minmax": "kclip=0.96,vclip=0.92,refit=0/0",
+    "r1": "kclip=file,vclip=file,refit=1/1",
+    "r2": "kclip=file,vclip=file,refit=2/2",
+    "kfloor": "kclip=file,vclip=file,refit=4/4,kfloor=1",
+    "k96-kfloor": "kclip=0.96,vclip=file,refit=4/4,kfloor=1",
+}
+
+
+def parse(spec: str) -> tuple[str, dict]:
+    label, _, body = spec.partition(":")
+    if not body:
+        body = PRESETS[label]
+    opts = dict(item.split("=") for item in body.split(","))
+    return label, opts
+
+
+def floor_refit(rows, initial, iterations):
+    """quant.refit_grid with s >= the initial (clipped min/max) scale in every round."""
+    from vllm_oscar.config import SCALE_EPS
+    from vllm_oscar.quant.quantizer import QuantizedRows, _grid_error, _grouped, _levels_for
+
+    if iterations == 0:
+        return initial
+    group = initial.group_size
+    grouped = _grouped(rows.float(), group)
+    storage = initial.scale.dtype
+    floor = initial.scale.float()
+    best_scale, best_offset = initial.scale, initial.offset
+    scale, offset = best_scale.float(), best_offset.float()
+    codes = _grouped(initial.codes, group).float()
+    best_codes = codes
+    best_error = _grid_error(grouped, codes, scale, offset)
+    x_mean = grouped.sum(dim=-1) / group
+    x_centered = grouped - x_mean[..., None]
+    for _ in range(iterations):
+        code_mean = codes.sum(dim=-1) / group
+        cc = codes - code_mean[..., None]
+        covariance = (cc * x_centered).sum(dim=-1) / group
+        variance = cc.mul_(cc).sum(dim=-1) / group
+        spread = variance > 0
+        fitted = torch.where(spread, covariance / torch.where(spread, variance, 1.0), scale)
+        new_scale = torch.maximum(fitted, floor).clamp(min=SCALE_EPS).to(storage)
+        scale = new_scale.float()
+        new_offset = (x_mean - scale * code_mean).to(storage)
+        offset = new_offset.float()
+        codes = _levels_for(grouped, scale, offset)
+        error = _grid_error(grouped, codes, scale, offset)
+        better = error < best_error
+        best_codes = torch.where(better[..., None], codes, best_codes)
+        best_scale = torch.where(better, new_scale, best_scale)
+        best_offset = torch.where(better, new_offset, best_offset)
+        best_error = torch.where(better, error, best_error)
+    return QuantizedRows(best_codes.to(torch.uint8).reshape(rows.shape), best_scale, best_offset, group)
+
+
+def build(label: str, opts: dict, rotations: str):
+    import dataclasses
+
+    from vllm_oscar.calibration.files import load_rotation_file
+    from vllm_oscar.evaluation.methods import RowMethod, _rotate
+    from vllm_oscar.evaluation.variants import _layers_from
+    from vllm_oscar.quant import dequantize, quantize
+    from vllm_oscar.quant.quantizer import clip_rows
+
+    layers = _layers_from(load_rotation_file(rotations))
+    kclip, vclip = opts.get("kclip", "file"), opts.get("vclip", "file")
+    layers = [dataclasses.replace(
+        spec, clip_k=spec.clip_k if kclip == "file" else float(kclip), clip_v=spec.clip_v if vclip == "file" else float(vclip)
+    ) for spec in layers]
+    rk, rv = (int(x) for x in opts.get("refit", "4/4").split("/"))
+    description = f"file rotations, clip K {layers[0].clip_k} / V {layers[0].clip_v}, refit K {rk} / V {rv}"
+    if opts.get("kfloor") == "1":
+        description += ", key refit scale >= clipped min/max scale"
+
+        class FloorMethod(RowMethod):
+            def quantize_keys(self, keys, layer):
+                spec = self.layers[layer]
+                rotated = _rotate(keys.float(), spec.key, inverse=False)
+                initial = quantize(clip_rows(rotated, spec.clip_k), rotated.shape[-1], self.scale_dtype)
+                return _rotate(dequantize(floor_refit(rotated, initial, rk), torch.float32), spec.key, inverse=True)
+
+        return FloorMethod(label, description, layers, refit_iterations=(rk, rv))
+    return RowMethod(label, description, layers, refit_iterations=(rk, rv))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", nargs="+", required=True)
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--depths", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kl-seq-len", type=int, default=1024)
+    parser.add_argument("--kl-num-seqs", type=int, default=2)
+    parser.add_argument("--data", default="../shared/data/corpora/brown.txt.xz")
+    parser.add_argument("--rotations", default="rotations/SmolLM2-135M-Instruct.safetensors")
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vllm_oscar.config import DEFAULT_RECENT_TOKENS as RECENT, DEFAULT_SINK_TOKENS as SINK
+    from vllm_oscar.evaluation.data import heldout_sequences
+    from vllm_oscar.evaluation.harness import method_logits
+    from vllm_oscar.evaluation.methods import KVMethod
+    from vllm_oscar.evaluation.retrieval import passkey_cases, passkey_correct
+    from vllm_oscar.evaluation.runner import Reference, window_metrics
+    from vllm_oscar.models.smollm2 import smollm2_folder
+
+    folder = smollm2_folder()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    count = args.depths
+    depths = [round(0.05 + 0.9 * i / (count - 1), 4) for i in range(count)] if count > 1 else [0.5]
+    cases = passkey_cases(tokenizer, [args.length], depths, args.seed)
+    sequences = heldout_sequences(tokenizer, [args.data], args.kl_seq_len, args.kl_num_seqs)
+    reference = Reference(model, sequences, SINK + RECENT, 1)
+    out = Path(args.json)
+    doc = {"settings": {k: v for k, v in vars(args).items()}, "depths": depths, "configs": {}}
+    for spec in args.configs:
+        label, opts = parse(spec)
+        method = KVMethod() if label == "bf16" else build(label, opts, args.rotations)
+        row = doc["configs"].setdefault(label, {"spec": opts if label != "bf16" else {}, "description": method.description})
+        clock = time.time()
+        row.update(window_metrics(model, sequences, reference, method, SINK, RECENT, 1))
+        row["seconds_kl"] = round(time.time() - clock, 1)
+        print(f"{label:16s} KL {row['kld']:.4f} ppl {row['ppl']:.3f} ({row['seconds_kl']} s)", flush=True)
+        row["trials"] = []
+        for case in cases:
+            clock = time.time()
+            keep = len(case.input_ids) - case.answer_start + 1
+            logits = method_logits(model, case.input_ids[None], method, SINK, RECENT, keep=keep)[0]
+            hit = passkey_correct(logits, case)
+            answer_logits = logits[-keep:-1]
+            answer = case.input_ids[case.answer_start:]
+            predicted_ids = answer_logits.argmax(-1)
+            predicted = tokenizer.decode(predicted_ids.tolist())
+            # The first answer token is " " (digits follow one per token): its log-prob
+            # margin over the best other token, and whether the digits (teacher-forced
+            # after the true first token) are all right.
+            first = torch.log_softmax(answer_logits[0], dim=-1)
+            other = first.clone()
+            other[answer[0]] = float("-inf")
+            margin = float(first[answer[0]] - other.max())
+            digits_ok = bool(torch.equal(predicted_ids[1:], answer[1:]))
+            row["trials"].append({"depth": case.depth, "key": case.key, "hit": hit, "predicted": predicted,
+                                  "first_margin": round(margin, 3), "digits_ok": digits_ok,
+                                  "first_top": tokenizer.decode([int(other.argmax())]),
+                                  "seconds": round(time.time() - clock, 1)})
+            row["hits"], row["n"] = sum(t["hit"] for t in row["trials"]), len(row["trials"])
+            row["digits_ok"] = sum(t["digits_ok"] for t in row["trials"])
+            row["mean_first_margin"] = round(sum(t["first_margin"] for t in row["trials"]) / row["n"], 3)
+            print(f"{label:16s} depth {case.depth:.3f} hit {int(hit)} margin {margin:+.2f} digits {int(digits_ok)} "
+                  f"{row['trials'][-1]['seconds']:5.1f} s ({row['hits']}/{row['n']}) {predicted!r}", flush=True)
+            out.write_text(json.dumps(doc, indent=1))
+        out.write_text(json.dumps(doc, indent=1))
+    for label, row in doc["configs"].items():
+        print(f"{label:16s} KL {row['kld']:.4f} ppl {row['ppl']:.3f} passkey {row.get('hits')}/{row.get('n')} "
+              f"digits {row.get('digits_ok')}/{row.get('n')} mean first-token margin {row.get('mean_first_margin')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
