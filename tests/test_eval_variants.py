@@ -63,17 +63,25 @@ def test_refit_with_zero_iterations_is_the_clipped_quantizer() -> None:
 
 
 def test_file_methods_use_the_served_quantizer() -> None:
-    """oscar-file is what the backend serves with default options (OscarConfig's refit)."""
+    """oscar-file is what the backend serves with default options (OscarConfig's refit);
+    the other file methods fix the (K, V) refit rounds and, some, the key clip ratio."""
     from pathlib import Path
 
-    from vllm_oscar.config import GRID_REFIT_ITERATIONS, OscarConfig
-    from vllm_oscar.evaluation.variants import FILE_METHODS, file_method
+    from vllm_oscar.config import GRID_REFIT_ITERATIONS, OscarConfig, refit_pair
+    from vllm_oscar.evaluation.variants import FILE_METHODS, FILE_VARIANTS, file_method
 
     shipped = Path(__file__).resolve().parents[1] / "rotations" / "SmolLM2-135M-Instruct.safetensors"
     built = {name: file_method(str(shipped), name) for name in FILE_METHODS}
-    assert built["oscar-file"].refit_iterations == OscarConfig().refit_iterations
+    assert refit_pair(built["oscar-file"].refit_iterations) == refit_pair(OscarConfig().refit_iterations)
     assert built["oscar-file-refit"].refit_iterations == GRID_REFIT_ITERATIONS
     assert built["oscar-file-minmax"].refit_iterations == 0
+    assert built["oscar-file-vrefit"].refit_iterations == (0, GRID_REFIT_ITERATIONS)
+    assert built["oscar-file-krefit"].refit_iterations == (GRID_REFIT_ITERATIONS, 0)
+    stored = built["oscar-file"].layers[0]
+    for name, (_, clip_k, _) in FILE_VARIANTS.items():
+        layer = built[name].layers[0]
+        assert layer.clip_k == (stored.clip_k if clip_k is None else clip_k) and layer.clip_v == stored.clip_v
+        assert torch.equal(layer.key, stored.key) and torch.equal(layer.value, stored.value)
     with pytest.raises(ValueError, match="rotation-file method"):
         file_method(str(shipped), "oscar-file-typo")
 

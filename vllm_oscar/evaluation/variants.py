@@ -13,9 +13,12 @@ Names (``--methods``):
     oscar-file           OSCAR from --rotations FILE as the vLLM backend serves it with default
                          options: the file's rotations and clip ratios, and the write quantizer of
                          OscarConfig (least-squares grid refit, refit_iterations = 4)
-    oscar-file-refit     ... with the refit always on (GRID_REFIT_ITERATIONS; = oscar-file now)
-    oscar-file-minmax    ... with the plain clipped min/max grid (refit_iterations = 0; what
-                         oscar-file meant before the refit was served)
+    oscar-file-refit     ... with the refit on K and V (GRID_REFIT_ITERATIONS; the default before issue 6)
+    oscar-file-minmax    ... with the plain clipped min/max grid on K and V (refit_iterations = 0)
+    oscar-file-vrefit    ... min/max keys, refit values (refit_iterations = (0, 4))
+    oscar-file-krefit    ... refit keys, min/max values ((4, 0))
+    oscar-file-k96-vrefit  ... key clip 0.96 instead of the file's, min/max keys, refit values
+    oscar-file-k96-refit   ... key clip 0.96 instead of the file's, refit on K and V
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
     oscar-layer          ... one rotation per layer (head-averaged targets)
@@ -42,6 +45,7 @@ from vllm_oscar.config import (
     GRID_REFIT_ITERATIONS,
     OscarConfig,
     KIVI_GROUP_SIZE,
+    refit_pair,
     TURBOQUANT_PRESETS,
     VALUE_FORM_LOGIT_ENERGY,
     VALUE_FORM_OUTPUT,
@@ -63,7 +67,19 @@ OSCAR_VARIANTS = (
     "oscar-head", "oscar-head-vlogit", "oscar-layer", "oscar-head-noH", "oscar-head-lm",
     "oscar-head-clip", "oscar-head-center", "oscar-head-refit", "oscar-head-center-refit", "oscar-head-best",
 )
-FILE_METHODS = ("oscar-file", "oscar-file-refit", "oscar-file-minmax")
+#: Rotation-file methods: name -> (refit rounds (K, V), or None = OscarConfig's default;
+#: key clip ratio overriding the file's, or None; what it is). Issue 6 (docs/QUALITY.md,
+#: "Passkey and the grid refit"): which side's refit and which key clip cost retrieval.
+FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[float], str]] = {
+    "oscar-file": (None, None, "as served by default"),
+    "oscar-file-refit": ((GRID_REFIT_ITERATIONS, GRID_REFIT_ITERATIONS), None, "refit on K and V"),
+    "oscar-file-minmax": ((0, 0), None, "clipped min/max grid on K and V"),
+    "oscar-file-vrefit": ((0, GRID_REFIT_ITERATIONS), None, "min/max keys, refit values"),
+    "oscar-file-krefit": ((GRID_REFIT_ITERATIONS, 0), None, "refit keys, min/max values"),
+    "oscar-file-k96-vrefit": ((0, GRID_REFIT_ITERATIONS), 0.96, "min/max keys clipped at 0.96, refit values"),
+    "oscar-file-k96-refit": ((GRID_REFIT_ITERATIONS, GRID_REFIT_ITERATIONS), 0.96, "keys clipped at 0.96, refit on K and V"),
+}
+FILE_METHODS = tuple(FILE_VARIANTS)
 ALL_METHODS = (*BASELINES, *FILE_METHODS, *OSCAR_VARIANTS)
 
 
@@ -190,16 +206,21 @@ def oscar_methods(
 
 
 def file_method(path: str, name: str = "oscar-file") -> KVMethod:
-    """OSCAR exactly as a rotation file stores it (rotations and clip ratios), with the write
-    quantizer of ``name`` (FILE_METHODS): "oscar-file" = what the backend serves with default
-    options (OscarConfig().refit_iterations), "oscar-file-refit" = grid refit on,
-    "oscar-file-minmax" = plain clipped min/max grid."""
+    """OSCAR from a rotation file (rotations and clip ratios as stored) with the write
+    quantizer of ``name`` (FILE_VARIANTS): "oscar-file" = what the backend serves with
+    default options (OscarConfig().refit_iterations), the others a fixed (K, V) refit and
+    optionally a key clip ratio in place of the file's."""
     from vllm_oscar.calibration.files import load_rotation_file
 
-    iterations = {"oscar-file": OscarConfig().refit_iterations, "oscar-file-refit": GRID_REFIT_ITERATIONS,
-                  "oscar-file-minmax": 0}
-    if name not in iterations:
+    if name not in FILE_VARIANTS:
         raise ValueError(f"{name!r} is not a rotation-file method; known: {', '.join(FILE_METHODS)}.")
+    rounds, clip_k, what = FILE_VARIANTS[name]
+    refit = refit_pair(OscarConfig().refit_iterations if rounds is None else rounds)
     layers = _layers_from(load_rotation_file(path))
-    quantizer = f"grid refit, {iterations[name]} rounds" if iterations[name] else "clipped min/max grid"
-    return RowMethod(name, f"OSCAR from {path} ({quantizer})", layers, refit_iterations=iterations[name])
+    if clip_k is not None:
+        layers = [dataclasses.replace(layer, clip_k=clip_k) for layer in layers]
+    sides = "; ".join(
+        f"{side} {'refit ' + str(n) + ' rounds' if n else 'min/max'}" for side, n in zip("KV", refit)
+    )
+    return RowMethod(name, f"OSCAR from {path} ({what}: {sides})", layers,
+                     refit_iterations=refit if refit[0] != refit[1] else refit[0])
