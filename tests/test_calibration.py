@@ -269,6 +269,15 @@ def test_clip_search_error_matches_brute_force_and_picks_the_minimum() -> None:
     applied = result.apply(rotations)
     assert [ (l.clip_k, l.clip_v) for l in applied.layers] == result.chosen
     assert applied.metadata["clip_search"]["grid"] == list(grid)
+    assert "key_grid" not in applied.metadata["clip_search"]
+    # A key grid of its own (issue 6): the value side is searched as before, the key side
+    # only among key_grid (one value: fixed, whatever the reference fall-back).
+    fixed = search_clip_ratios(rotations, stats.samples, grid=grid, sink=sink, recent=recent, progress=False,
+                               key_grid=(1.0,))
+    assert fixed.key_errors.shape == (2, 1)
+    assert torch.equal(fixed.value_errors, result.value_errors)
+    assert all(pair[0] == 1.0 for pair in fixed.chosen)
+    assert fixed.apply(rotations).metadata["clip_search"]["key_grid"] == [1.0]
 
 
 def test_clip_search_rejects_samples_without_history() -> None:

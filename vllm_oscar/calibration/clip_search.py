@@ -160,6 +160,8 @@ class ClipSearchResult:
         use_per_layer: whether per-layer ratios won by CLIP_PER_LAYER_MIN_GAIN.
         refit_iterations: the quantizer's refit rounds the errors were measured with
             (0 = plain clipped min/max; int, or [K, V] when the sides differ).
+        key_grid: the key-side candidates when they differ from ``grid`` (key_errors
+            columns follow it), else None.
     """
 
     grid: tuple[float, ...]
@@ -172,6 +174,7 @@ class ClipSearchResult:
     sink: int
     recent: int
     refit_iterations: RefitIterations = 0
+    key_grid: Optional[tuple[float, ...]] = None
 
     @property
     def chosen(self) -> list[tuple[float, float]]:
@@ -183,6 +186,7 @@ class ClipSearchResult:
         return {
             "objective": "attention_output_relative_mse",
             "grid": list(self.grid),
+            **({"key_grid": list(self.key_grid)} if self.key_grid is not None else {}),
             "sink": self.sink,
             "recent": self.recent,
             "refit_iterations": (self.refit_iterations if isinstance(self.refit_iterations, int)
@@ -211,6 +215,7 @@ def search_clip_ratios(
     recent: int = DEFAULT_RECENT_TOKENS,
     progress: bool = True,
     refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS,
+    key_grid: Optional[Sequence[float]] = None,
 ) -> ClipSearchResult:
     """Search r_K and r_V (per model and per layer) for the smallest attention-output error.
 
@@ -225,9 +230,14 @@ def search_clip_ratios(
         refit_iterations: least-squares grid refit rounds of the quantizer measured, as
             served (OscarConfig.refit_iterations: int or (K, V); default on). With the refit
             the clip ratio only sets the grid the refit starts from.
+        key_grid: candidate key ratios (default: ``grid``). The output error favours
+            aggressive key clipping (SmolLM2: 0.84) that costs long-context retrieval
+            (docs/QUALITY.md, "Passkey and the grid refit"); a grid with only ratios near 1
+            (or one ratio: fixed) keeps the key outliers.
     """
     refit_pair(refit_iterations)
-    for ratio in grid:
+    key_grid = tuple(float(r) for r in (grid if key_grid is None else key_grid))
+    for ratio in (*grid, *key_grid):
         check_clip_ratio("grid ratio", ratio)
     ident = rotation_set.identity
     if samples.num_sequences < 2:
@@ -244,18 +254,21 @@ def search_clip_ratios(
     group = group_size or ident.head_dim
     select = range(0, samples.num_sequences, 2)
     judge = range(1, samples.num_sequences, 2)
-    key_errors = torch.zeros(ident.num_layers, len(grid), dtype=torch.float64)
-    value_errors = torch.zeros_like(key_errors)
+    key_errors = torch.zeros(ident.num_layers, len(key_grid), dtype=torch.float64)
+    value_errors = torch.zeros(ident.num_layers, len(grid), dtype=torch.float64)
     args = (group, ident.num_query_heads, sink, recent, scale_dtype, refit_iterations)
     for layer in tqdm(range(ident.num_layers), desc="clip search", unit="layer", disable=not progress):
         selector = LayerErrorModel(rotated_sample(samples, rotation_set, layer, select), *args)
-        for column, ratio in enumerate(grid):
+        for column, ratio in enumerate(key_grid):
             key_errors[layer, column] = selector.error(ratio, None)
+        for column, ratio in enumerate(grid):
             value_errors[layer, column] = selector.error(None, ratio)
-    per_model = (grid[int(key_errors.sum(0).argmin())], grid[int(value_errors.sum(0).argmin())])
-    per_layer = [(grid[int(k.argmin())], grid[int(v.argmin())]) for k, v in zip(key_errors, value_errors)]
+    per_model = (key_grid[int(key_errors.sum(0).argmin())], grid[int(value_errors.sum(0).argmin())])
+    per_layer = [(key_grid[int(k.argmin())], grid[int(v.argmin())]) for k, v in zip(key_errors, value_errors)]
     candidates = {"per_model": [per_model] * ident.num_layers, "per_layer": per_layer,
-                  "reference": [(DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)] * ident.num_layers}
+                  # the reference pair, its key ratio only where key_grid allows it
+                  "reference": [(DEFAULT_CLIP_RATIO_K if DEFAULT_CLIP_RATIO_K in key_grid else per_model[0],
+                                 DEFAULT_CLIP_RATIO_V)] * ident.num_layers}
     heldout = dict.fromkeys(candidates, 0.0)
     for layer in tqdm(range(ident.num_layers), desc="clip check", unit="layer", disable=not progress):
         judge_model = LayerErrorModel(rotated_sample(samples, rotation_set, layer, judge), *args)
@@ -266,4 +279,4 @@ def search_clip_ratios(
     best_model_level = min(heldout["per_model"], heldout["reference"])
     use_per_layer = heldout["per_layer"] < (1.0 - CLIP_PER_LAYER_MIN_GAIN) * best_model_level
     return ClipSearchResult(grid, key_errors, value_errors, per_model, per_layer, heldout, use_per_layer, sink, recent,
-                            refit_iterations)
+                            refit_iterations, key_grid if key_grid != grid else None)

@@ -46,6 +46,8 @@ class CalibrationOptions:
     clip_sink: int = DEFAULT_SINK_TOKENS
     clip_recent: int = DEFAULT_RECENT_TOKENS
     clip_refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS
+    #: key-side candidates of the clip search (None: clip_grid); see search_clip_ratios.
+    clip_key_grid: Optional[tuple[float, ...]] = None
     progress: bool = True
 
 
@@ -81,7 +83,7 @@ def calibrate(loaded: LoadedModel, data_paths: Sequence[str | os.PathLike[str]],
         phase = time.perf_counter()
         result = search_clip_ratios(rotation_set, stats.samples, options.clip_grid, sink=options.clip_sink,
                                     recent=options.clip_recent, progress=options.progress,
-                                    refit_iterations=options.clip_refit_iterations)
+                                    refit_iterations=options.clip_refit_iterations, key_grid=options.clip_key_grid)
         rotation_set = result.apply(rotation_set)
         clip_seconds = time.perf_counter() - phase
     device = str(next(loaded.model.parameters()).device)

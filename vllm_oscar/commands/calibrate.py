@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-sequences", type=int, default=DEFAULT_CLIP_SEARCH_SEQUENCES,
                         help="calibration sequences kept for the clip search (half select, half judge)")
     parser.add_argument("--clip-grid", type=float, nargs="+", default=list(CLIP_RATIO_GRID))
+    parser.add_argument("--clip-grid-k", type=float, nargs="+", default=None, metavar="R",
+                        help="key-side clip candidates (default: --clip-grid); one value fixes r_K. The "
+                             "output-error search prefers aggressive key clips that cost passkey "
+                             "retrieval (docs/QUALITY.md, 'Passkey and the grid refit')")
     parser.add_argument("--clip-sink", type=int, default=DEFAULT_SINK_TOKENS, help="BF16 sink in the clip search")
     parser.add_argument("--clip-recent", type=int, default=DEFAULT_RECENT_TOKENS,
                         help="BF16 recent window in the clip search")
@@ -112,6 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         per_head=not args.per_layer_rotation, use_hadamard=not args.no_hadamard,
         use_bit_reversal=not args.no_bit_reversal, value_form=args.value_form, clip_search=not args.no_clip_search,
         clip_sequences=args.clip_sequences, clip_grid=tuple(args.clip_grid), clip_sink=args.clip_sink,
+        clip_key_grid=tuple(args.clip_grid_k) if args.clip_grid_k else None,
         clip_recent=args.clip_recent, clip_refit_iterations=(args.clip_refit_iterations[0] if len(args.clip_refit_iterations) == 1
                                                 else tuple(args.clip_refit_iterations)), progress=not args.quiet,
     )
