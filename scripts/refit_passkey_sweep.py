@@ -31,15 +31,23 @@ PRESETS = {
     "k96-refit": "kclip=0.96,vclip=file,refit=4/4",
     "k100-refit": "kclip=1.0,vclip=file,refit=4/4",
     "k96v92-minmax": "kclip=0.96,vclip=0.92,refit=0/0",
+    "k90-vrefit": "kclip=0.90,vclip=file,refit=0/4",
+    "k92-vrefit": "kclip=0.92,vclip=file,refit=0/4",
+    "k94-vrefit": "kclip=0.94,vclip=file,refit=0/4",
+    "k96-r1": "kclip=0.96,vclip=file,refit=1/4",
     "r1": "kclip=file,vclip=file,refit=1/1",
     "r2": "kclip=file,vclip=file,refit=2/2",
     "kfloor": "kclip=file,vclip=file,refit=4/4,kfloor=1",
     "k96-kfloor": "kclip=0.96,vclip=file,refit=4/4,kfloor=1",
+    "k100-kfloor": "kclip=1.0,vclip=file,refit=4/4,kfloor=1",
+    "k92-kfloor": "kclip=0.92,vclip=file,refit=4/4,kfloor=1",
 }
 
 
 def parse(spec: str) -> tuple[str, dict]:
     label, _, body = spec.partition(":")
+    if label == "bf16":
+        return label, {}
     if not body:
         body = PRESETS[label]
     opts = dict(item.split("=") for item in body.split(","))

@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from vllm_oscar.config import SCALE_EPS
+from vllm_oscar.config import REFIT_SCALE_FLOOR, SCALE_EPS
 from vllm_oscar.kernels.layout import PageLayout, page_views
 from vllm_oscar.quant import rotation_from_covariance
 
@@ -92,7 +92,8 @@ def _code_margin(position: torch.Tensor) -> torch.Tensor:
     return torch.where(live, gap, torch.full_like(gap, float("inf"))).amin(-1)
 
 
-def ref_refit(rows: torch.Tensor, ratio: float, group: int, scale_dtype: torch.dtype, iterations: int):
+def ref_refit(rows: torch.Tensor, ratio: float, group: int, scale_dtype: torch.dtype, iterations: int,
+              floor: bool = False):
     """Float64 reference of the write quantizer with the least-squares grid refit.
 
     From the clipped min/max grid (ref_quantize), ``iterations`` rounds per group of the
@@ -100,6 +101,7 @@ def ref_refit(rows: torch.Tensor, ratio: float, group: int, scale_dtype: torch.d
         s = cov(c, x) / var(c) (previous s if var(c) = 0), max(s, 1e-6) -> storage dtype
         o = mean(x) - s mean(c) -> storage dtype;  c = clamp(round((x - o) / s), 0, 3)
     keeping the grid with the smallest sum (x - c s - o)^2 (strictly smaller replaces).
+    floor: s = max(cov / var, s_0) before the max with 1e-6, s_0 the clipped min/max scale.
 
     Returns (codes int64 [..., D], scale [..., D/G] storage dtype, offset, margin float64
     [..., D/G]). margin: the closest any decision on the way came to its boundary, relative
@@ -119,11 +121,15 @@ def ref_refit(rows: torch.Tensor, ratio: float, group: int, scale_dtype: torch.d
     best = (c, s, o)
     best_error = ((x - (c * s[..., None] + o[..., None])) ** 2).sum(-1)
     x_mean = x.sum(-1) / group
+    s_0 = s
     for _ in range(iterations):
         c_mean = c.sum(-1) / group
         var = ((c - c_mean[..., None]) ** 2).sum(-1) / group
         cov = ((c - c_mean[..., None]) * (x - x_mean[..., None])).sum(-1) / group
-        fitted = torch.where(var > 0, cov / torch.where(var > 0, var, torch.ones_like(var)), s).clamp(min=SCALE_EPS)
+        fitted = torch.where(var > 0, cov / torch.where(var > 0, var, torch.ones_like(var)), s)
+        if floor:
+            fitted = torch.maximum(fitted, s_0)
+        fitted = fitted.clamp(min=SCALE_EPS)
         s = fitted.to(scale_dtype).double()
         margin = torch.minimum(margin, _storage_margin(fitted, scale_dtype) / fitted)
         raw_offset = x_mean - s * c_mean
@@ -299,7 +305,8 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 POISON_BYTE = 0xA7
 
 
-def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, device="cpu", refit_iterations=0):
+def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, device="cpu", refit_iterations=0,
+               refit_floor=REFIT_SCALE_FLOOR):
     """Run ops.oscar_write on fresh data; return everything needed to check it."""
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, scale_dtype)
@@ -321,7 +328,7 @@ def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, devic
     cache, window_k, window_v = cache.to(device), window_k.to(device), window_v.to(device)
     ops.oscar_write(key.to(device), value_in.to(device), k_rot_m.to(device), None if prerotated else v_rot_m.to(device),
                     0.96, 0.92, cache, layout, slots.to(device), window_k, window_v, window_slots.to(device), prerotated,
-                    refit_iterations=refit_iterations)
+                    refit_iterations=refit_iterations, refit_floor=refit_floor)
     cache, window_k, window_v = cache.cpu(), window_k.cpu(), window_v.cpu()
     return layout, key, value, value_in, k_rot_m, v_rot_m, slots, window_slots, cache, window_k, window_v
 
@@ -346,7 +353,7 @@ def check_written(layout, rows_rot, ratio, slots, cache, which, hkv):
     assert bool(((got_codes - codes).abs() <= 1).all())
 
 
-def check_written_refit(layout, rows_rot, ratio, slots, cache, which, iterations) -> dict[str, float]:
+def check_written_refit(layout, rows_rot, ratio, slots, cache, which, iterations, floor: bool = False) -> dict[str, float]:
     """Stored grids of every written slot against ref_refit (float64).
 
     Away from ties (ref_refit margin >= TIE_MARGIN) codes, scale and offset equal the
@@ -362,7 +369,7 @@ def check_written_refit(layout, rows_rot, ratio, slots, cache, which, iterations
     keep = slots >= 0
     blocks, offs = slots[keep] // bs, slots[keep] % bs
     rows = rows_rot[keep]
-    codes, scale, offset, margin = ref_refit(rows, ratio, group, layout.scale_dtype, iterations)
+    codes, scale, offset, margin = ref_refit(rows, ratio, group, layout.scale_dtype, iterations, floor)
     got_codes = ref_unpack(getattr(views, f"{which}_codes")[blocks, :, offs].cpu())
     got_scale = getattr(views, f"{which}_scale")[blocks, :, offs].cpu().double()
     got_offset = getattr(views, f"{which}_offset")[blocks, :, offs].cpu().double()
@@ -394,7 +401,8 @@ def check_written_refit(layout, rows_rot, ratio, slots, cache, which, iterations
             "differ": int((~same).sum()), "groups": same.numel()}
 
 
-def check_write_case(result, prerotated: bool, refit_iterations: int = 0) -> list[dict[str, float]]:
+def check_write_case(result, prerotated: bool, refit_iterations: int = 0,
+                     refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR) -> list[dict[str, float]]:
     """Verify a write_case result: INT2 planes, untouched poison, window copies.
 
     With refit_iterations, the planes are checked by check_written_refit (its summaries
@@ -405,8 +413,8 @@ def check_write_case(result, prerotated: bool, refit_iterations: int = 0) -> lis
     v_rot = value_in.double() if prerotated else torch.einsum("nhd,hde->nhe", value.double(), rv.double())
     summaries = []
     if refit_iterations:
-        summaries.append(check_written_refit(layout, k_rot, 0.96, slots, cache, "k", refit_iterations))
-        summaries.append(check_written_refit(layout, v_rot, 0.92, slots, cache, "v", refit_iterations))
+        summaries.append(check_written_refit(layout, k_rot, 0.96, slots, cache, "k", refit_iterations, refit_floor[0]))
+        summaries.append(check_written_refit(layout, v_rot, 0.92, slots, cache, "v", refit_iterations, refit_floor[1]))
     else:
         check_written(layout, k_rot, 0.96, slots, cache, "k", hkv)
         check_written(layout, v_rot, 0.92, slots, cache, "v", hkv)

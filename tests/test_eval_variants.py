@@ -67,7 +67,7 @@ def test_file_methods_use_the_served_quantizer() -> None:
     the other file methods fix the (K, V) refit rounds and, some, the key clip ratio."""
     from pathlib import Path
 
-    from vllm_oscar.config import GRID_REFIT_ITERATIONS, OscarConfig, refit_pair
+    from vllm_oscar.config import GRID_REFIT_ITERATIONS, REFIT_SCALE_FLOOR, OscarConfig, refit_pair
     from vllm_oscar.evaluation.variants import FILE_METHODS, FILE_VARIANTS, file_method
 
     shipped = Path(__file__).resolve().parents[1] / "rotations" / "SmolLM2-135M-Instruct.safetensors"
@@ -77,8 +77,9 @@ def test_file_methods_use_the_served_quantizer() -> None:
     assert built["oscar-file-minmax"].refit_iterations == 0
     assert built["oscar-file-vrefit"].refit_iterations == (0, GRID_REFIT_ITERATIONS)
     assert built["oscar-file-krefit"].refit_iterations == (GRID_REFIT_ITERATIONS, 0)
+    assert built["oscar-file"].refit_floor == REFIT_SCALE_FLOOR and built["oscar-file-refit"].refit_floor == (False, False)
     stored = built["oscar-file"].layers[0]
-    for name, (_, clip_k, _) in FILE_VARIANTS.items():
+    for name, (_, _, clip_k, _) in FILE_VARIANTS.items():
         layer = built[name].layers[0]
         assert layer.clip_k == (stored.clip_k if clip_k is None else clip_k) and layer.clip_v == stored.clip_v
         assert torch.equal(layer.key, stored.key) and torch.equal(layer.value, stored.value)

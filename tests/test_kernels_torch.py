@@ -40,10 +40,11 @@ def test_torch_write_matches_reference(dim, group, bs, scale_dtype, prerotated) 
     (64, 16, 16, torch.float16, False),
 ])
 def test_torch_write_with_refit_matches_reference(dim, group, bs, scale_dtype, prerotated) -> None:
-    """Refit grids equal the float64 reference away from ties, never lose to min/max, and win overall."""
+    """Free refit grids (no floor) equal the float64 reference away from ties, never lose to
+    min/max, and win overall (floors: test_torch_write_with_floored_refit_matches_reference)."""
     result = write_case(torch_ops, 37, 2, dim, group, bs, scale_dtype, prerotated, seed=dim + bs + 3,
-                        refit_iterations=GRID_REFIT_ITERATIONS)
-    for summary in check_write_case(result, prerotated, GRID_REFIT_ITERATIONS):
+                        refit_iterations=GRID_REFIT_ITERATIONS, refit_floor=(False, False))
+    for summary in check_write_case(result, prerotated, GRID_REFIT_ITERATIONS, (False, False)):
         assert summary["error"] < 0.9 * summary["plain_error"], summary
 
 
@@ -61,7 +62,8 @@ def test_refit_never_worse_than_min_max_on_fresh_rows_with_outliers() -> None:
                 cache = layout.allocate(4, 2)
                 window = torch.zeros(1, 16, 2, 64, dtype=torch.bfloat16)
                 kernels.oscar_write(rows, rows, rotation, rotation, ratio, ratio, cache, layout, torch.arange(64),
-                                    window, window.clone(), torch.full((64,), -1), refit_iterations=iterations)
+                                    window, window.clone(), torch.full((64,), -1), refit_iterations=iterations,
+                                    refit_floor=(False, False))
                 views = page_views(cache, layout)
                 codes = ref_unpack(views.k_codes.permute(0, 2, 1, 3).reshape(64, 2, 16)).double()
                 grouped = codes.reshape(64, 2, -1, layout.group_size)
@@ -86,6 +88,25 @@ def test_write_refit_zero_is_the_plain_write_and_bad_values_raise() -> None:
     for bad in (-1, 1.5, True, (1, 2, 3), (0, -1)):
         with pytest.raises(ValueError, match="refit_iterations"):
             write_case(kernels, 4, 1, 32, 32, 4, torch.float16, False, seed=1, refit_iterations=bad)
+
+
+@pytest.mark.parametrize("floor", [(False, False), (True, False), (True, True)])
+def test_torch_write_with_floored_refit_matches_reference(floor) -> None:
+    """refit_floor per side (the served default floors K): planes equal the float64 floored
+    refit away from ties; a floored side never stores a scale below the min/max grid's."""
+    result = write_case(torch_ops, 23, 2, 64, 32, 16, torch.float16, False, seed=31,
+                        refit_iterations=GRID_REFIT_ITERATIONS, refit_floor=floor)
+    for summary in check_write_case(result, False, GRID_REFIT_ITERATIONS, floor):
+        assert summary["error"] <= summary["plain_error"], summary
+    layout, cache, slots = result[0], result[8], result[6]
+    plain = write_case(torch_ops, 23, 2, 64, 32, 16, torch.float16, False, seed=31, refit_iterations=0)[8]
+    views, plain_views = page_views(cache, layout), page_views(plain, layout)
+    blocks, offs = slots[slots >= 0] // 16, slots[slots >= 0] % 16
+    for side, floored in zip("kv", floor):
+        got = getattr(views, f"{side}_scale")[blocks, :, offs].float()
+        start = getattr(plain_views, f"{side}_scale")[blocks, :, offs].float()
+        # floored: never narrower; free: the refit narrows some grids (outlier rows)
+        assert bool((got >= start).all()) == floored, side
 
 
 def test_write_refit_per_side() -> None:

@@ -249,9 +249,10 @@ def test_bad_input_raises_value_error_naming_the_problem(call, words) -> None:
         assert word in str(info.value)
 
 
+@pytest.mark.parametrize("floor", [False, True])
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("dim,group,ratio", [(64, 64, 0.84), (128, 32, 0.96), (64, 16, 1.0)])
-def test_refit_quantizer_matches_float64_reference(scale_dtype, dim, group, ratio) -> None:
+def test_refit_quantizer_matches_float64_reference(scale_dtype, dim, group, ratio, floor) -> None:
     """quantize_rows(refit) on float32 rows = the float64 refit of tests/kernels_reference.py
     (written from the formulas) in every group away from a tie; same storage as quantize."""
     from kernels_reference import TIE_MARGIN, random_rotations, ref_refit, rows_with_outliers
@@ -263,8 +264,10 @@ def test_refit_quantizer_matches_float64_reference(scale_dtype, dim, group, rati
     rotation = random_rotations(2, dim, gen)
     rotated32 = torch.einsum("nhd,hde->nhe", rows.float(), rotation)
     rotated64 = torch.einsum("nhd,hde->nhe", rows.double(), rotation.double())
-    got = quantize_rows(rotated32, ratio, group, scale_dtype, GRID_REFIT_ITERATIONS)
-    codes, scale, offset, margin = ref_refit(rotated64, ratio, group, scale_dtype, GRID_REFIT_ITERATIONS)
+    got = quantize_rows(rotated32, ratio, group, scale_dtype, GRID_REFIT_ITERATIONS, refit_floor=floor)
+    codes, scale, offset, margin = ref_refit(rotated64, ratio, group, scale_dtype, GRID_REFIT_ITERATIONS, floor)
+    if floor:  # the floored grid is never narrower than the clipped min/max grid
+        assert bool((got.scale >= quantize_rows(rotated32, ratio, group, scale_dtype).scale).all())
     assert got.codes.dtype == torch.uint8 and got.scale.dtype == scale_dtype and got.offset.dtype == scale_dtype
     assert got.codes.shape == rows.shape and got.scale.shape == scale.shape
     tolerance = 1e-5 if scale_dtype == torch.float32 else 0.0

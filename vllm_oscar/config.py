@@ -29,6 +29,14 @@ LLOYD_MAX_BOUNDARY: float = 0.9811
 #: OscarConfig.refit_iterations and of the clip search. SmolLM2 held-out KL (shipped file,
 #: CPU, docs/notes/quality.md): 0 rounds 0.0228, 1: 0.0138, 2: 0.0121, 3: 0.0115, 4: 0.0117.
 GRID_REFIT_ITERATIONS: int = 4
+#: Whether the refit of (keys, values) is floored: the fitted scale may not fall below the
+#: clipped min/max grid's scale (quant.refit_grid(scale_floor=True)), so the grid moves
+#: but never narrows. The served write quantizer (both write kernels, the clip search):
+#: keys floored, values free. Issue 6 (docs/QUALITY.md, "Passkey and the grid refit"): the
+#: free key refit saturates the large key coordinates; on SmolLM2 (CPU, 20 passkey trials
+#: at 2048 tokens) it took retrieval from 15-16/20 to 0-4/20, the floored key refit keeps
+#: it with most of the KL gain.
+REFIT_SCALE_FLOOR: tuple[bool, bool] = (True, False)
 #: Storage dtypes allowed for per-group scale and offset, with their bit width.
 SCALE_DTYPE_BITS: dict[torch.dtype, int] = {
     torch.float16: 16,
@@ -184,9 +192,11 @@ class OscarConfig:
         refit_iterations: rounds of the least-squares (scale, offset) refit of every
             written group (GRID_REFIT_ITERATIONS, on by default: it lowers SmolLM2's
             held-out KL about 2x at the same bits); 0 = the plain clipped min/max grid; a
-            (K rounds, V rounds) pair sets the two sides apart (the refit costs passkey
-            retrieval on SmolLM2, docs/QUALITY.md: a value-only refit is one way to trade).
-            Same storage and decode either way; only the write does more work.
+            (K rounds, V rounds) pair sets the two sides apart. The key refit is floored
+            (REFIT_SCALE_FLOOR: never narrower than the clipped min/max grid), a fixed
+            property of the served quantizer since issue 6: the free key refit cost
+            SmolLM2 most of its passkey retrievals (docs/QUALITY.md, "Passkey and the grid
+            refit"). Same storage and decode either way; only the write does more work.
     """
 
     group_size: Optional[int] = None

@@ -13,7 +13,9 @@ variables. Keys (all optional):
     scale_dtype      "float16" (default), "bfloat16" or "float32"
     refit_iterations least-squares (scale, offset) refit rounds per written group
                      (default 4, config.GRID_REFIT_ITERATIONS; 0 = plain clipped min/max;
-                     [K, V] sets the two sides apart, e.g. [0, 4])
+                     [K, V] sets the two sides apart, e.g. [0, 4]); the key refit is
+                     always floored (never narrower than the clipped min/max grid:
+                     config.REFIT_SCALE_FLOOR, docs/QUALITY.md "Passkey and the grid refit")
 
 Unknown keys are an error (a typo must not silently fall back to a default).
 """

@@ -40,6 +40,7 @@ from vllm_oscar.config import (
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
     GRID_REFIT_ITERATIONS,
+    REFIT_SCALE_FLOOR,
     RefitIterations,
     check_clip_ratio,
     refit_pair,
@@ -95,10 +96,12 @@ class LayerErrorModel:
     """
 
     def __init__(self, sample: LayerSample, group_size: int, num_query_heads: int, sink: int, recent: int,
-                 scale_dtype: torch.dtype, refit_iterations: RefitIterations = 0) -> None:
+                 scale_dtype: torch.dtype, refit_iterations: RefitIterations = 0,
+                 refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR) -> None:
         self.group_size = group_size
         self.scale_dtype = scale_dtype
         self.refit_k, self.refit_v = refit_pair(refit_iterations)
+        self.floor_k, self.floor_v = bool(refit_floor[0]), bool(refit_floor[1])
         tokens = sample.query.shape[2]
         first = min(sink + recent, tokens)
         device = sample.query.device
@@ -120,8 +123,9 @@ class LayerErrorModel:
         if cache_key not in self._cache:
             rows = self.key if which == "k" else self.value
             rounds = self.refit_k if which == "k" else self.refit_v
+            floor = self.floor_k if which == "k" else self.floor_v
             self._cache[cache_key] = fake_quantize(rows, ratio, self.group_size, self.scale_dtype,
-                                                   refit_iterations=rounds)
+                                                   refit_iterations=rounds, refit_floor=floor)
         return self._cache[cache_key]
 
     def _output(self, logits: torch.Tensor, value_history: torch.Tensor) -> torch.Tensor:
@@ -191,6 +195,7 @@ class ClipSearchResult:
             "recent": self.recent,
             "refit_iterations": (self.refit_iterations if isinstance(self.refit_iterations, int)
                                  else list(self.refit_iterations)),
+            "refit_floor": list(REFIT_SCALE_FLOOR),
             "per_model": list(self.per_model),
             "use_per_layer": self.use_per_layer,
             "heldout_error_sum": {k: round(v, 6) for k, v in self.heldout.items()},

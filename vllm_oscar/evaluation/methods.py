@@ -137,6 +137,8 @@ class RowMethod(KVMethod):
         refit_iterations: > 0: least-squares refit of each group's (scale, offset) to its
             unclipped values (the product's write quantizer, quant.quantize_rows); one int
             or a (K rounds, V rounds) pair; same storage, same decode.
+        refit_floor: (keys, values): that side's refit never narrower than the clipped
+            min/max grid (quant.refit_grid scale_floor; served: config.REFIT_SCALE_FLOOR).
     """
 
     def __init__(
@@ -148,6 +150,7 @@ class RowMethod(KVMethod):
         scale_dtype: torch.dtype = torch.float16,
         lloyd_max: bool = False,
         refit_iterations: RefitIterations = 0,
+        refit_floor: tuple[bool, bool] = (False, False),
     ) -> None:
         self.name = name
         self.description = description
@@ -157,6 +160,7 @@ class RowMethod(KVMethod):
         self.lloyd_max = lloyd_max
         self.refit_iterations = refit_iterations
         self._refit_k, self._refit_v = refit_pair(refit_iterations)
+        self.refit_floor = (bool(refit_floor[0]), bool(refit_floor[1]))
 
     @property
     def is_exact(self) -> bool:
@@ -164,7 +168,7 @@ class RowMethod(KVMethod):
 
     def _round_trip(
         self, rows: torch.Tensor, rotation: Optional[torch.Tensor], clip: float, mean: Optional[torch.Tensor],
-        refit_iterations: int,
+        refit_iterations: int, refit_floor: bool = False,
     ) -> torch.Tensor:
         rows = rows.float()
         if mean is not None:
@@ -172,17 +176,17 @@ class RowMethod(KVMethod):
             rows = rows - mean
         rotated = _rotate(rows, rotation, inverse=False)
         group = self.group_size or rows.shape[-1]
-        quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max, refit_iterations)
+        quantized = fake_quantize(rotated, clip, group, self.scale_dtype, self.lloyd_max, refit_iterations, refit_floor)
         restored = _rotate(quantized, rotation, inverse=True)
         return restored + mean if mean is not None else restored
 
     def quantize_keys(self, keys: torch.Tensor, layer: int) -> torch.Tensor:
         spec = self.layers[layer]
-        return self._round_trip(keys, spec.key, spec.clip_k, spec.key_mean, self._refit_k)
+        return self._round_trip(keys, spec.key, spec.clip_k, spec.key_mean, self._refit_k, self.refit_floor[0])
 
     def quantize_values(self, values: torch.Tensor, layer: int) -> torch.Tensor:
         spec = self.layers[layer]
-        return self._round_trip(values, spec.value, spec.clip_v, spec.value_mean, self._refit_v)
+        return self._round_trip(values, spec.value, spec.clip_v, spec.value_mean, self._refit_v, self.refit_floor[1])
 
     def body_bits(self, head_dim: int) -> float:
         return body_bits_per_element(self.group_size or head_dim, self.scale_dtype)

@@ -13,12 +13,14 @@ Names (``--methods``):
     oscar-file           OSCAR from --rotations FILE as the vLLM backend serves it with default
                          options: the file's rotations and clip ratios, and the write quantizer of
                          OscarConfig (least-squares grid refit, refit_iterations = 4)
-    oscar-file-refit     ... with the refit on K and V (GRID_REFIT_ITERATIONS; the default before issue 6)
+                         (since issue 6: keys floored, config.REFIT_SCALE_FLOOR)
+    oscar-file-refit     ... with the free refit on K and V (no floor)
     oscar-file-minmax    ... with the plain clipped min/max grid on K and V (refit_iterations = 0)
     oscar-file-vrefit    ... min/max keys, refit values (refit_iterations = (0, 4))
-    oscar-file-krefit    ... refit keys, min/max values ((4, 0))
-    oscar-file-k96-vrefit  ... key clip 0.96 instead of the file's, min/max keys, refit values
-    oscar-file-k96-refit   ... key clip 0.96 instead of the file's, refit on K and V
+    oscar-file-krefit    ... free key refit, min/max values ((4, 0))
+    oscar-file-k84-refit   ... key clip 0.84 instead of the file's, free refit on K and V (the
+                         served default before issue 6, with the previous shipped file)
+    oscar-file-k84-minmax  ... key clip 0.84, min/max grid (the served default before the refit)
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
     oscar-layer          ... one rotation per layer (head-averaged targets)
@@ -45,6 +47,7 @@ from vllm_oscar.config import (
     GRID_REFIT_ITERATIONS,
     OscarConfig,
     KIVI_GROUP_SIZE,
+    REFIT_SCALE_FLOOR,
     refit_pair,
     TURBOQUANT_PRESETS,
     VALUE_FORM_LOGIT_ENERGY,
@@ -68,16 +71,19 @@ OSCAR_VARIANTS = (
     "oscar-head-clip", "oscar-head-center", "oscar-head-refit", "oscar-head-center-refit", "oscar-head-best",
 )
 #: Rotation-file methods: name -> (refit rounds (K, V), or None = OscarConfig's default;
-#: key clip ratio overriding the file's, or None; what it is). Issue 6 (docs/QUALITY.md,
-#: "Passkey and the grid refit"): which side's refit and which key clip cost retrieval.
-FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[float], str]] = {
-    "oscar-file": (None, None, "as served by default"),
-    "oscar-file-refit": ((GRID_REFIT_ITERATIONS, GRID_REFIT_ITERATIONS), None, "refit on K and V"),
-    "oscar-file-minmax": ((0, 0), None, "clipped min/max grid on K and V"),
-    "oscar-file-vrefit": ((0, GRID_REFIT_ITERATIONS), None, "min/max keys, refit values"),
-    "oscar-file-krefit": ((GRID_REFIT_ITERATIONS, 0), None, "refit keys, min/max values"),
-    "oscar-file-k96-vrefit": ((0, GRID_REFIT_ITERATIONS), 0.96, "min/max keys clipped at 0.96, refit values"),
-    "oscar-file-k96-refit": ((GRID_REFIT_ITERATIONS, GRID_REFIT_ITERATIONS), 0.96, "keys clipped at 0.96, refit on K and V"),
+#: refit floors (K, V), or None = the served config.REFIT_SCALE_FLOOR; key clip ratio
+#: overriding the file's, or None; what it is). Issue 6 (docs/QUALITY.md, "Passkey and the
+#: grid refit"): which side's refit, which floor and which key clip cost retrieval.
+_FREE = (False, False)
+_R = GRID_REFIT_ITERATIONS
+FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, bool]], Optional[float], str]] = {
+    "oscar-file": (None, None, None, "as served by default"),
+    "oscar-file-refit": ((_R, _R), _FREE, None, "free refit on K and V"),
+    "oscar-file-minmax": ((0, 0), _FREE, None, "clipped min/max grid on K and V"),
+    "oscar-file-vrefit": ((0, _R), _FREE, None, "min/max keys, refit values"),
+    "oscar-file-krefit": ((_R, 0), _FREE, None, "free key refit, min/max values"),
+    "oscar-file-k84-refit": ((_R, _R), _FREE, 0.84, "key clip 0.84, free refit on K and V: the default before issue 6"),
+    "oscar-file-k84-minmax": ((0, 0), _FREE, 0.84, "key clip 0.84, min/max grid: the default before the refit"),
 }
 FILE_METHODS = tuple(FILE_VARIANTS)
 ALL_METHODS = (*BASELINES, *FILE_METHODS, *OSCAR_VARIANTS)
@@ -208,19 +214,21 @@ def oscar_methods(
 def file_method(path: str, name: str = "oscar-file") -> KVMethod:
     """OSCAR from a rotation file (rotations and clip ratios as stored) with the write
     quantizer of ``name`` (FILE_VARIANTS): "oscar-file" = what the backend serves with
-    default options (OscarConfig().refit_iterations), the others a fixed (K, V) refit and
-    optionally a key clip ratio in place of the file's."""
+    default options (OscarConfig().refit_iterations, config.REFIT_SCALE_FLOOR), the others
+    fixed (K, V) refit rounds and floors and optionally a key clip ratio in place of the file's."""
     from vllm_oscar.calibration.files import load_rotation_file
 
     if name not in FILE_VARIANTS:
         raise ValueError(f"{name!r} is not a rotation-file method; known: {', '.join(FILE_METHODS)}.")
-    rounds, clip_k, what = FILE_VARIANTS[name]
+    rounds, floor, clip_k, what = FILE_VARIANTS[name]
     refit = refit_pair(OscarConfig().refit_iterations if rounds is None else rounds)
+    floor = REFIT_SCALE_FLOOR if floor is None else floor
     layers = _layers_from(load_rotation_file(path))
     if clip_k is not None:
         layers = [dataclasses.replace(layer, clip_k=clip_k) for layer in layers]
     sides = "; ".join(
-        f"{side} {'refit ' + str(n) + ' rounds' if n else 'min/max'}" for side, n in zip("KV", refit)
+        f"{side} " + (("floored " if floored else "") + f"refit {n} rounds" if n else "min/max")
+        for side, n, floored in zip("KV", refit, floor)
     )
     return RowMethod(name, f"OSCAR from {path} ({what}: {sides})", layers,
-                     refit_iterations=refit if refit[0] != refit[1] else refit[0])
+                     refit_iterations=refit if refit[0] != refit[1] else refit[0], refit_floor=floor)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from vllm_oscar.config import RefitIterations
+from vllm_oscar.config import REFIT_SCALE_FLOOR, RefitIterations
 from vllm_oscar.kernels import torch_ops
 from vllm_oscar.kernels.layout import PLANES, PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
@@ -49,18 +49,20 @@ def oscar_write(
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
+    refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
 ) -> None:
     """Write new K/V rows: INT2 into the paged cache, rotated BF16 copies into the window store.
 
     CUDA -> Triton kernel, CPU -> torch. ``refit_iterations``: least-squares grid refit
     rounds, one int or a (K, V) pair (the backend passes OscarConfig.refit_iterations;
-    0 = clipped min/max grid).
+    0 = clipped min/max grid). ``refit_floor``: (keys, values) refit never narrower than
+    the clipped min/max grid (default: the served setting, config.REFIT_SCALE_FLOOR).
     Arguments: torch_ops.oscar_write.
     """
     impl = implementation_for(int2_cache)
     impl.oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated,
-                     refit_iterations=refit_iterations)
+                     refit_iterations=refit_iterations, refit_floor=refit_floor)
 
 
 def oscar_decode(

@@ -24,7 +24,7 @@ from vllm_oscar.kernels.checks import (
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
-from vllm_oscar.config import RefitIterations, refit_pair
+from vllm_oscar.config import REFIT_SCALE_FLOOR, RefitIterations, refit_pair
 from vllm_oscar.quant import QuantizedRows, dequantize, pack_codes, quantize_rows, unpack_codes
 
 
@@ -38,9 +38,11 @@ def _store_int2(
     scale_plane: torch.Tensor,
     offset_plane: torch.Tensor,
     refit_iterations: int,
+    refit_floor: bool = False,
 ) -> None:
     """Clip, quantize (+ grid refit), pack rows [n, Hkv, D] into slots (blocks[i], offsets[i])."""
-    quantized = quantize_rows(rows, clip_ratio, layout.group_size, layout.scale_dtype, refit_iterations)
+    quantized = quantize_rows(rows, clip_ratio, layout.group_size, layout.scale_dtype, refit_iterations,
+                              refit_floor=refit_floor)
     codes_plane[blocks, :, offsets] = pack_codes(quantized.codes)
     scale_plane[blocks, :, offsets] = quantized.scale
     offset_plane[blocks, :, offsets] = quantized.offset
@@ -61,6 +63,7 @@ def oscar_write(
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
+    refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
 ) -> None:
     """Rotate, clip, quantize and pack new K/V rows into the INT2 cache; copy window rows.
 
@@ -79,6 +82,9 @@ def oscar_write(
             against its unclipped rotated values (quant.quantize_rows / refit_grid), starting
             from the clipped min/max grid; 0 = that grid as is; a (K, V) pair sets the two
             sides apart. Same storage either way.
+        refit_floor: (keys, values): whether that side's refit may not narrow the grid below
+            the clipped min/max scale (quant.refit_grid scale_floor); the served quantizer's
+            setting by default (config.REFIT_SCALE_FLOOR: keys floored, values free).
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
@@ -95,9 +101,9 @@ def oscar_write(
             raise ValueError(f"slot_mapping addresses block {int(blocks.max())} but int2_cache has {int2_cache.shape[0]}.")
         views = page_views(int2_cache, layout)
         _store_int2(k_rot[keep], clip_k, layout, blocks, offsets, views.k_codes, views.k_scale, views.k_offset,
-                    refit_k)
+                    refit_k, bool(refit_floor[0]))
         _store_int2(v_rot[keep], clip_v, layout, blocks, offsets, views.v_codes, views.v_scale, views.v_offset,
-                    refit_v)
+                    refit_v, bool(refit_floor[1]))
 
     in_window = window_slot_mapping >= 0
     if bool(in_window.any()):

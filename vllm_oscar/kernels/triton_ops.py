@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import triton
 
-from vllm_oscar.config import SCALE_EPS, RefitIterations, refit_pair
+from vllm_oscar.config import REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
 from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_write_args
 from vllm_oscar.kernels.layout import PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
@@ -120,6 +120,7 @@ def oscar_write(
     window_slot_mapping: torch.Tensor,
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
+    refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
 ) -> None:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
@@ -150,7 +151,7 @@ def oscar_write(
         CLIP_K=clip_threshold_index(d, clip_k), CLIP_V=clip_threshold_index(d, clip_v),
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
-        REFIT_K=refit_k, REFIT_V=refit_v, num_warps=4,
+        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=4,
     )
 
 

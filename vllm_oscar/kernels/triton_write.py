@@ -14,6 +14,8 @@ of one KV head and does, for K and then V:
     REFIT_K / REFIT_V rounds (least-squares grid refit, quant.quantizer.refit_grid), against the
     UNCLIPPED rotated rows x, per group of G:
         s = cov(code, x) / var(code) (unchanged if var = 0), max(s, eps) -> storage dtype
+            (FLOOR_K / FLOOR_V: s = max(s, s_0) first, s_0 the clipped min/max scale: the
+            grid never narrows, quant.refit_grid scale_floor)
         o = mean(x) - s mean(code) -> storage dtype
         code = clamp(round((x - o) / s), 0, 3)
       keeping per group the (code, s, o) with the smallest sum (x - code s - o)^2
@@ -91,7 +93,7 @@ def _grid_error(x, codes, scale, zero):
 def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
                     CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr,
                     BS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, SCALE_T: tl.constexpr,
-                    EPS: tl.constexpr, EMU: tl.constexpr, REFIT: tl.constexpr):
+                    EPS: tl.constexpr, EMU: tl.constexpr, REFIT: tl.constexpr, FLOOR: tl.constexpr = False):
     """Quantize clipped rows y [BN, D] (refit against the unclipped rows x when REFIT > 0)
     and store codes/scale/offset at their slots."""
     BN: tl.constexpr = y.shape[0]
@@ -111,6 +113,7 @@ def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
         best_error = _grid_error(xg, codes_f, scale, zero)
         x_mean = tl.sum(xg, axis=2) / G
         x_centered = xg - x_mean[:, :, None]
+        floor = scale
         for _ in tl.static_range(REFIT):
             code_mean = tl.sum(codes_f, axis=2) / G
             code_centered = codes_f - code_mean[:, :, None]
@@ -118,6 +121,8 @@ def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
             covariance = tl.sum(code_centered * x_centered, axis=2) / G
             spread = variance > 0.0
             fitted = tl.where(spread, covariance / tl.where(spread, variance, 1.0), scale)
+            if FLOOR:
+                fitted = tl.maximum(fitted, floor)
             scale = round_to(tl.maximum(fitted, EPS), SCALE_T, EMU).to(tl.float32)
             zero = round_to(x_mean - scale * code_mean, SCALE_T, EMU).to(tl.float32)
             codes_f = _assign(xg, scale, zero)
@@ -171,10 +176,11 @@ def oscar_write_kernel(
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     CLIP_K: tl.constexpr, CLIP_V: tl.constexpr, DO_CLIP_K: tl.constexpr, DO_CLIP_V: tl.constexpr,
     ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr,
-    REFIT_K: tl.constexpr = 0, REFIT_V: tl.constexpr = 0,
+    REFIT_K: tl.constexpr = 0, REFIT_V: tl.constexpr = 0, FLOOR_K: tl.constexpr = False, FLOOR_V: tl.constexpr = False,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
-    REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid)."""
+    REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid);
+    FLOOR_K / FLOOR_V: that side's refit scale never below the clipped min/max scale."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -190,7 +196,7 @@ def oscar_write_kernel(
     if DO_CLIP_K:
         ck = _clip(yk, CLIP_K, D)
     _quantize_store(ck, yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G,
-                    SCALE_T, EPS, EMU, REFIT_K)
+                    SCALE_T, EPS, EMU, REFIT_K, FLOOR_K)
 
     yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE_V)
     _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
@@ -198,4 +204,4 @@ def oscar_write_kernel(
     if DO_CLIP_V:
         cv = _clip(yv, CLIP_V, D)
     _quantize_store(cv, yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G,
-                    SCALE_T, EPS, EMU, REFIT_V)
+                    SCALE_T, EPS, EMU, REFIT_V, FLOOR_V)

@@ -176,7 +176,7 @@ def _grid_error(grouped: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
     return residual.mul_(residual).sum(dim=-1)
 
 
-def refit_grid(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> QuantizedRows:
+def refit_grid(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scale_floor: bool = False) -> QuantizedRows:
     """Least-squares refit of each group's (scale, offset) to ``rows``, from ``initial``.
 
     The min/max grid (after clipping) spends its 4 levels on the group's range; for
@@ -198,15 +198,20 @@ def refit_grid(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> Q
         initial: their quantization (quantize(clip_rows(rows, r), ...)); its scale dtype
             is the storage dtype of the result.
         iterations: fit/assign rounds (0 returns ``initial``).
+        scale_floor: the fit step becomes s = max(cov / var, s_initial): the grid may move
+            but never gets narrower than the initial (clipped min/max) grid, so the values
+            the clip kept stay inside it. The served key side (config.REFIT_SCALE_FLOOR):
+            the unconstrained key refit saturates the large coordinates that retrieval
+            needs (docs/QUALITY.md, "Passkey and the grid refit").
     Returns:
         QuantizedRows with the same shapes and dtypes as ``initial``.
     """
     check_rows("rows", rows)
     check_refit_iterations(iterations)
-    return _refit(rows, initial, iterations)
+    return _refit(rows, initial, iterations, scale_floor)
 
 
-def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> QuantizedRows:
+def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scale_floor: bool = False) -> QuantizedRows:
     """refit_grid without the argument checks (callers have checked). Codes stay floats of
     the working dtype until the end; every value is computed by the same float operations
     as the documented formulas (in place where that saves a pass), so results are
@@ -224,6 +229,7 @@ def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> Quant
     best_error = _grid_error(grouped, codes, scale, offset)
     x_mean = grouped.sum(dim=-1) / group
     x_centered = grouped - x_mean[..., None]
+    floor = scale if scale_floor else None
     for _ in range(iterations):
         code_mean = codes.sum(dim=-1) / group
         code_centered = codes - code_mean[..., None]
@@ -231,6 +237,8 @@ def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int) -> Quant
         variance = code_centered.mul_(code_centered).sum(dim=-1) / group
         spread = variance > 0
         fitted = torch.where(spread, covariance / torch.where(spread, variance, 1.0), scale)
+        if floor is not None:
+            fitted = torch.maximum(fitted, floor)
         new_scale = fitted.clamp(min=SCALE_EPS).to(storage)
         scale = new_scale.to(work)
         new_offset = (x_mean - scale * code_mean).to(storage)
@@ -252,6 +260,7 @@ def quantize_rows(
     scale_dtype: torch.dtype = torch.float16,
     refit_iterations: int = 0,
     lloyd_max: bool = False,
+    refit_floor: bool = False,
 ) -> QuantizedRows:
     """The write path's quantizer: clip, min/max (or Lloyd-Max) grid, optional refit.
 
@@ -260,13 +269,15 @@ def quantize_rows(
         clip_ratio: in (0, 1]; clips the rows the initial grid is made from.
         group_size, scale_dtype, lloyd_max: as quantize.
         refit_iterations: rounds of refit_grid against the unclipped rows (0: none).
+        refit_floor: refit_grid's scale_floor (the grid never narrower than the clipped
+            min/max grid; the served key side, config.REFIT_SCALE_FLOOR).
     """
     check_rows("rows", rows)
     check_clip_ratio("clip_ratio", clip_ratio)
     check_scale_dtype(scale_dtype)
     check_refit_iterations(refit_iterations)
     initial = _quantize(_clip(rows, clip_ratio), group_size, scale_dtype, lloyd_max)
-    return _refit(rows, initial, refit_iterations)
+    return _refit(rows, initial, refit_iterations, refit_floor)
 
 
 def dequantize(quantized: QuantizedRows, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -283,7 +294,8 @@ def fake_quantize(
     scale_dtype: torch.dtype = torch.float16,
     lloyd_max: bool = False,
     refit_iterations: int = 0,
+    refit_floor: bool = False,
 ) -> torch.Tensor:
     """quantize_rows -> dequantize, in the dtype of ``rows`` (for evaluation and tests)."""
-    quantized = quantize_rows(rows, clip_ratio, group_size, scale_dtype, refit_iterations, lloyd_max)
+    quantized = quantize_rows(rows, clip_ratio, group_size, scale_dtype, refit_iterations, lloyd_max, refit_floor)
     return dequantize(quantized, _working_dtype(rows)).to(rows.dtype)
