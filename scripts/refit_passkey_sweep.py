@@ -7,7 +7,7 @@ spread evenly over 0.05..0.95, one key per depth from seed 0).
     python3 scripts/refit_passkey_sweep.py --configs served vrefit --depths 20 \
         --json out/passkey_cpu/sweep_a.json --threads 1
 
-Configuration syntax: NAME or LABEL:key=value,... with keys kclip, vclip (float or
+Configuration syntax: an eval rotation-file method (oscar-file = as served), NAME or LABEL:key=value,... with keys kclip, vclip (float or
 "file"), refit (K/V rounds, e.g. 0/4), kfloor (1: the key refit may not narrow the grid
 below the clipped min/max scale; eval-only experiment). NAME is one of PRESETS.
 """
@@ -46,7 +46,7 @@ PRESETS = {
 
 def parse(spec: str) -> tuple[str, dict]:
     label, _, body = spec.partition(":")
-    if label == "bf16":
+    if label == "bf16" or label.startswith("oscar-file"):
         return label, {}
     if not body:
         body = PRESETS[label]
@@ -146,6 +146,7 @@ def main() -> int:
     from vllm_oscar.evaluation.methods import KVMethod
     from vllm_oscar.evaluation.retrieval import passkey_cases, passkey_correct
     from vllm_oscar.evaluation.runner import Reference, window_metrics
+    from vllm_oscar.evaluation.variants import FILE_METHODS, file_method
     from vllm_oscar.models.smollm2 import smollm2_folder
 
     folder = smollm2_folder()
@@ -160,7 +161,12 @@ def main() -> int:
     doc = {"settings": {k: v for k, v in vars(args).items()}, "depths": depths, "configs": {}}
     for spec in args.configs:
         label, opts = parse(spec)
-        method = KVMethod() if label == "bf16" else build(label, opts, args.rotations)
+        if label == "bf16":
+            method = KVMethod()
+        elif label in FILE_METHODS:  # the eval's rotation-file methods (oscar-file = as served)
+            method = file_method(args.rotations, label)
+        else:
+            method = build(label, opts, args.rotations)
         row = doc["configs"].setdefault(label, {"spec": opts if label != "bf16" else {}, "description": method.description})
         clock = time.time()
         row.update(window_metrics(model, sequences, reference, method, SINK, RECENT, 1))

@@ -19,7 +19,7 @@ Names (``--methods``):
     oscar-file-vrefit    ... min/max keys, refit values (refit_iterations = (0, 4))
     oscar-file-krefit    ... free key refit, min/max values ((4, 0))
     oscar-file-k84-refit   ... key clip 0.84 instead of the file's, free refit on K and V (the
-                         served default before issue 6, with the previous shipped file)
+                         quantizer served before issue 6; the file then stored V clip 1.0)
     oscar-file-k84-minmax  ... key clip 0.84, min/max grid (the served default before the refit)
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
@@ -82,7 +82,7 @@ FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, b
     "oscar-file-minmax": ((0, 0), _FREE, None, "clipped min/max grid on K and V"),
     "oscar-file-vrefit": ((0, _R), _FREE, None, "min/max keys, refit values"),
     "oscar-file-krefit": ((_R, 0), _FREE, None, "free key refit, min/max values"),
-    "oscar-file-k84-refit": ((_R, _R), _FREE, 0.84, "key clip 0.84, free refit on K and V: the default before issue 6"),
+    "oscar-file-k84-refit": ((_R, _R), _FREE, 0.84, "key clip 0.84, free refit on K and V: the quantizer served before issue 6 (its file: V clip 1.0)"),
     "oscar-file-k84-minmax": ((0, 0), _FREE, 0.84, "key clip 0.84, min/max grid: the default before the refit"),
 }
 FILE_METHODS = tuple(FILE_VARIANTS)
