@@ -9,7 +9,7 @@ spread evenly over 0.05..0.95, one key per depth from seed 0).
 
 Configuration syntax: an eval rotation-file method (oscar-file = as served), NAME or LABEL:key=value,... with keys kclip, vclip (float or
 "file"), refit (K/V rounds, e.g. 0/4), kfloor (1: the key refit may not narrow the grid
-below the clipped min/max scale; eval-only experiment). NAME is one of PRESETS.
+below the clipped min/max scale, quant.refit_grid(scale_floor=True), as now served). NAME is one of PRESETS.
 """
 
 from __future__ import annotations
@@ -54,53 +54,12 @@ def parse(spec: str) -> tuple[str, dict]:
     return label, opts
 
 
-def floor_refit(rows, initial, iterations):
-    """quant.refit_grid with s >= the initial (clipped min/max) scale in every round."""
-    from vllm_oscar.config import SCALE_EPS
-    from vllm_oscar.quant.quantizer import QuantizedRows, _grid_error, _grouped, _levels_for
-
-    if iterations == 0:
-        return initial
-    group = initial.group_size
-    grouped = _grouped(rows.float(), group)
-    storage = initial.scale.dtype
-    floor = initial.scale.float()
-    best_scale, best_offset = initial.scale, initial.offset
-    scale, offset = best_scale.float(), best_offset.float()
-    codes = _grouped(initial.codes, group).float()
-    best_codes = codes
-    best_error = _grid_error(grouped, codes, scale, offset)
-    x_mean = grouped.sum(dim=-1) / group
-    x_centered = grouped - x_mean[..., None]
-    for _ in range(iterations):
-        code_mean = codes.sum(dim=-1) / group
-        cc = codes - code_mean[..., None]
-        covariance = (cc * x_centered).sum(dim=-1) / group
-        variance = cc.mul_(cc).sum(dim=-1) / group
-        spread = variance > 0
-        fitted = torch.where(spread, covariance / torch.where(spread, variance, 1.0), scale)
-        new_scale = torch.maximum(fitted, floor).clamp(min=SCALE_EPS).to(storage)
-        scale = new_scale.float()
-        new_offset = (x_mean - scale * code_mean).to(storage)
-        offset = new_offset.float()
-        codes = _levels_for(grouped, scale, offset)
-        error = _grid_error(grouped, codes, scale, offset)
-        better = error < best_error
-        best_codes = torch.where(better[..., None], codes, best_codes)
-        best_scale = torch.where(better, new_scale, best_scale)
-        best_offset = torch.where(better, new_offset, best_offset)
-        best_error = torch.where(better, error, best_error)
-    return QuantizedRows(best_codes.to(torch.uint8).reshape(rows.shape), best_scale, best_offset, group)
-
-
 def build(label: str, opts: dict, rotations: str):
     import dataclasses
 
     from vllm_oscar.calibration.files import load_rotation_file
-    from vllm_oscar.evaluation.methods import RowMethod, _rotate
+    from vllm_oscar.evaluation.methods import RowMethod
     from vllm_oscar.evaluation.variants import _layers_from
-    from vllm_oscar.quant import dequantize, quantize
-    from vllm_oscar.quant.quantizer import clip_rows
 
     layers = _layers_from(load_rotation_file(rotations))
     kclip, vclip = opts.get("kclip", "file"), opts.get("vclip", "file")
@@ -109,18 +68,10 @@ def build(label: str, opts: dict, rotations: str):
     ) for spec in layers]
     rk, rv = (int(x) for x in opts.get("refit", "4/4").split("/"))
     description = f"file rotations, clip K {layers[0].clip_k} / V {layers[0].clip_v}, refit K {rk} / V {rv}"
-    if opts.get("kfloor") == "1":
+    key_floor = opts.get("kfloor") == "1"
+    if key_floor:
         description += ", key refit scale >= clipped min/max scale"
-
-        class FloorMethod(RowMethod):
-            def quantize_keys(self, keys, layer):
-                spec = self.layers[layer]
-                rotated = _rotate(keys.float(), spec.key, inverse=False)
-                initial = quantize(clip_rows(rotated, spec.clip_k), rotated.shape[-1], self.scale_dtype)
-                return _rotate(dequantize(floor_refit(rotated, initial, rk), torch.float32), spec.key, inverse=True)
-
-        return FloorMethod(label, description, layers, refit_iterations=(rk, rv))
-    return RowMethod(label, description, layers, refit_iterations=(rk, rv))
+    return RowMethod(label, description, layers, refit_iterations=(rk, rv), refit_floor=(key_floor, False))
 
 
 def main() -> int:
