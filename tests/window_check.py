@@ -2,7 +2,7 @@
 
 Every BF16 row that OSCAR attention reads must be the copy of the token whose INT2 row sits at
 the same position of the paged cache: quantizing the copy with the layer's own quantizer (clip
-ratio, group size, scale dtype, refit rounds) gives
+ratio, group size, scale dtype, key refit rounds and floor, as oscar_write serves them) gives
 (almost) the stored codes. A stale copy (a freed and rewritten block, a wrong physical-block
 mapping after preemption or a prefix hit) holds another token and disagrees on about half of
 the codes. This test holds for any batch composition and chunking, so unlike greedy identity
@@ -33,6 +33,7 @@ def install(worker: Any) -> int:
     import torch
 
     import vllm_oscar.attention.backend as backend
+    from vllm_oscar.config import REFIT_SCALE_FLOOR, refit_pair
     from vllm_oscar.kernels.layout import page_views
     from vllm_oscar.quant import quantize_rows, unpack_codes
 
@@ -47,6 +48,7 @@ def install(worker: Any) -> int:
 
     def check(cache, window_k, layout, block_table, window_block_table, seq_lens, sink, recent, firsts):
         impl = impl_of[window_k.data_ptr()]
+        key_rounds = refit_pair(getattr(impl.config, "refit_iterations", 0))[0]
         views = page_views(cache, layout)
         bs, hkv = layout.block_size, cache.shape[1]
         for request, (length, first) in enumerate(zip(seq_lens.tolist(), firsts)):
@@ -64,7 +66,7 @@ def install(worker: Any) -> int:
             rows = window_k[windows.clamp(min=0).to(window_k.device)].reshape(num_blocks * bs, hkv, -1)
             rows = rows[positions.to(rows.device)].to(torch.float32)  # [n, Hkv, D]
             requantized = quantize_rows(rows, impl.rotations.clip_k, layout.group_size, layout.scale_dtype,
-                                        getattr(impl.config, "refit_iterations", 0))
+                                        key_rounds, refit_floor=REFIT_SCALE_FLOOR[0])
             mismatch = (requantized.codes.transpose(0, 1) != stored).float().mean(dim=(0, 2))
             stats["rows"] += int(positions.numel())
             stats["stale"] += int((mismatch > ROW_MISMATCH).sum())
