@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Read the SASS of the decode hot loop without a GPU (docs/notes/kernels.md, "Reading the SASS").
+
+Compiles ``triton_decode_int2.int2_split_kernel`` for sm_90 with the Triton wheel's own
+ptxas, disassembles it with its cuobjdump, and prints, per backward branch (loop), the
+instruction count and the most frequent opcodes; plus registers and shared memory. Pointer
+and stride arguments are marked divisible by 16, as Triton's launcher specialises them on
+the GPU (without that, the loads compile to byte loads).
+
+    python bench/sass_decode.py --head-dim 128 --group 4 --block-t 64 --block-size 16 --warps 2
+    python bench/sass_decode.py ... --dump /tmp/k.sass      # also keep the full listing
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
+from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel  # noqa: E402
+from vllm_oscar.kernels.triton_ops import _plane_offsets  # noqa: E402
+
+#: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types.
+SIGNATURE = {
+    "q_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "cache_ptr": "*u8", "stride_cb": "i64",
+    "stride_ch": "i32", "bt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32", "part_ptr": "*fp32",
+    "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32", "stride_lb": "i32",
+    "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32",
+}
+#: Scalars that are not marked divisible by 16.
+PLAIN_SCALARS = ("sink", "recent", "qk_scale")
+
+
+def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int):
+    """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack)."""
+    layout = PageLayout(head_dim, head_dim, block_size)
+    constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
+                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, NSPLIT=64, MODE=1, EMU=False,
+                     **_plane_offsets(layout))
+    names = int2_split_kernel.arg_names
+    signature = {**SIGNATURE, **{name: "constexpr" for name in constants}}
+    source = ASTSource(
+        fn=int2_split_kernel, signature=signature,
+        constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs={(names.index(k),): [["tt.divisibility", 16]] for k in SIGNATURE if k not in PLAIN_SCALARS},
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def disassemble(cubin: bytes) -> str:
+    """cuobjdump -sass of a cubin, with the tool shipped in the Triton wheel."""
+    import triton.backends.nvidia as nvidia
+
+    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        return subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+
+
+def loop_histograms(sass: str, top: int) -> list[str]:
+    """One line per loop (backward branch): instruction count and the top opcodes."""
+    instructions = [(int(m.group(1), 16), m.group(2).split(".")[0]) for m in
+                    re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass)]
+    lines = []
+    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?BRA[^;]*?0x([0-9a-f]+)", sass):
+        source, target = int(m.group(1), 16), int(m.group(2), 16)
+        if target < source:
+            body = collections.Counter(op for address, op in instructions if target <= address <= source)
+            common = " ".join(f"{op}={n}" for op, n in body.most_common(top))
+            lines.append(f"loop {target:#x}-{source:#x}: {sum(body.values())} instructions; {common}")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--group", type=int, default=4, help="query heads per KV head")
+    parser.add_argument("--block-t", type=int, default=64)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--warps", type=int, default=2)
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
+    parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
+    args = parser.parse_args()
+    kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages)
+    sass = disassemble(kernel.asm["cubin"])
+    if args.dump:
+        with open(args.dump, "w") as handle:
+            handle.write(sass)
+    print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90")
+    for line in loop_histograms(sass, args.top):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
