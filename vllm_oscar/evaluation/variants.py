@@ -21,6 +21,9 @@ Names (``--methods``):
     oscar-file-k84-refit   ... key clip 0.84 instead of the file's, free refit on K and V (the
                          quantizer served before issue 6; the file then stored V clip 1.0)
     oscar-file-k84-minmax  ... key clip 0.84, min/max grid (the served default before the refit)
+    oscar-file-r1 / -r2 / -r3  ... the served quantizer (file clips, keys floored) with 1 / 2 / 3
+                         refit rounds on K and V instead of 4 (fewer rounds: a cheaper write kernel)
+    oscar-file-k1v2      ... the same with 1 key round, 2 value rounds
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
     oscar-layer          ... one rotation per layer (head-averaged targets)
@@ -73,7 +76,8 @@ OSCAR_VARIANTS = (
 #: Rotation-file methods: name -> (refit rounds (K, V), or None = OscarConfig's default;
 #: refit floors (K, V), or None = the served config.REFIT_SCALE_FLOOR; key clip ratio
 #: overriding the file's, or None; what it is). Issue 6 (docs/QUALITY.md, "Passkey and the
-#: grid refit"): which side's refit, which floor and which key clip cost retrieval.
+#: grid refit"): which side's refit, which floor and which key clip cost retrieval; -r1/-r2/-r3/
+#: -k1v2: how many refit rounds the served quantizer needs (docs/notes/quality.md).
 _FREE = (False, False)
 _R = GRID_REFIT_ITERATIONS
 FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, bool]], Optional[float], str]] = {
@@ -84,6 +88,12 @@ FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, b
     "oscar-file-krefit": ((_R, 0), _FREE, None, "free key refit, min/max values"),
     "oscar-file-k84-refit": ((_R, _R), _FREE, 0.84, "key clip 0.84, free refit on K and V: the quantizer served before issue 6 (its file: V clip 1.0)"),
     "oscar-file-k84-minmax": ((0, 0), _FREE, 0.84, "key clip 0.84, min/max grid: the default before the refit"),
+    # Fewer refit rounds than served (the write kernel's cost grows with them); floors and
+    # clips as served (None), only the rounds differ.
+    "oscar-file-r1": ((1, 1), None, None, "served quantizer with 1 refit round on K and V"),
+    "oscar-file-r2": ((2, 2), None, None, "served quantizer with 2 refit rounds on K and V"),
+    "oscar-file-r3": ((3, 3), None, None, "served quantizer with 3 refit rounds on K and V"),
+    "oscar-file-k1v2": ((1, 2), None, None, "served quantizer with 1 key / 2 value refit rounds"),
 }
 FILE_METHODS = tuple(FILE_VARIANTS)
 ALL_METHODS = (*BASELINES, *FILE_METHODS, *OSCAR_VARIANTS)
