@@ -131,3 +131,41 @@ def round_to(x, T: tl.constexpr, EMULATE: tl.constexpr):
         return bits.to(tl.float32, bitcast=True).to(T)
     else:
         return x.to(T)
+
+
+@triton.jit
+def _ptx_pair_bytes(h, ASM: tl.constexpr):
+    """Run one masking PTX snippet on int16 byte pairs (writes t from $2) and split t's even
+    and odd bytes into two bf16 0x43XX tensors."""
+    return tl.inline_asm_elementwise(
+        ASM,
+        "=r,=r,r",
+        [h],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def unpack_pair_plane(h, P: tl.constexpr, MODE: tl.constexpr):
+    """int16 [T, C] byte pairs -> two bf16 [T, C]: BIAS + F_P * (code of plane P) of the low
+    (even channel) and the high (odd channel) byte of each pair."""
+    if MODE == 1:
+        if P == 0:
+            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x03030303; "
+                                      "prmt.b32 $0, t, e, 0x5240; prmt.b32 $1, t, e, 0x5341; }")
+        elif P == 1:
+            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x0C0C0C0C; "
+                                      "prmt.b32 $0, t, e, 0x5240; prmt.b32 $1, t, e, 0x5341; }")
+        elif P == 2:
+            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x30303030; "
+                                      "prmt.b32 $0, t, e, 0x5240; prmt.b32 $1, t, e, 0x5341; }")
+        else:
+            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; shr.b32 t, $2, 2; "
+                                      "and.b32 t, t, 0x30303030; prmt.b32 $0, t, e, 0x5240; "
+                                      "prmt.b32 $1, t, e, 0x5341; }")
+    else:
+        lo = ((h >> (2 * P)) & 3) | 0x4300
+        hi = ((h >> (8 + 2 * P)) & 3) | 0x4300
+        return lo.to(tl.bfloat16, bitcast=True), hi.to(tl.bfloat16, bitcast=True)

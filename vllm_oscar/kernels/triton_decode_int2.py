@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_oscar.kernels.triton_common import BIAS, mma, plane_factor, round_to, unpack_plane
+from vllm_oscar.kernels.triton_common import BIAS, mma, plane_factor, round_to, unpack_pair_plane, unpack_plane
 
 
 @triton.jit
@@ -33,6 +33,17 @@ def _query_plane(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr, MODE: tl.co
     q_bf = round_to(qf, tl.bfloat16, EMU).to(tl.float32)
     q_div = round_to(q_bf / plane_factor(P, MODE), tl.bfloat16, EMU)
     return q_div, BIAS * tl.sum(q_div.to(tl.float32), axis=0), tl.sum(q_bf, axis=0)
+
+
+@triton.jit
+def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.constexpr, Q: tl.constexpr,
+                 MODE: tl.constexpr):
+    """Store plane P's normalised outputs: even channels from acc_even, odd from acc_odd ([GP, Q/2])."""
+    even = ((acc_even - bias) / plane_factor(P, MODE) + zw[:, None]) * inv_l[:, None]
+    odd = ((acc_odd - bias) / plane_factor(P, MODE) + zw[:, None]) * inv_l[:, None]
+    ptrs = o_row[:, None] + P * Q + 2 * pairs[None, :]
+    tl.store(ptrs, even, mask=jok[:, None])
+    tl.store(ptrs + 1, odd, mask=jok[:, None])
 
 
 @triton.jit
@@ -79,10 +90,15 @@ def int2_split_kernel(
     l_i = tl.zeros([GP], tl.float32)
     sw = tl.zeros([GP], tl.float32)
     zw = tl.zeros([GP], tl.float32)
-    acc0 = tl.zeros([GP, Q], tl.float32)
-    acc1 = tl.zeros([GP, Q], tl.float32)
-    acc2 = tl.zeros([GP, Q], tl.float32)
-    acc3 = tl.zeros([GP, Q], tl.float32)
+    pairs = tl.arange(0, Q // 2)
+    acc0e = tl.zeros([GP, Q // 2], tl.float32)
+    acc0o = tl.zeros([GP, Q // 2], tl.float32)
+    acc1e = tl.zeros([GP, Q // 2], tl.float32)
+    acc1o = tl.zeros([GP, Q // 2], tl.float32)
+    acc2e = tl.zeros([GP, Q // 2], tl.float32)
+    acc2o = tl.zeros([GP, Q // 2], tl.float32)
+    acc3e = tl.zeros([GP, Q // 2], tl.float32)
+    acc3o = tl.zeros([GP, Q // 2], tl.float32)
     head_base = cache_ptr + h * stride_ch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
@@ -118,28 +134,32 @@ def int2_split_kernel(
         p = tl.exp2(logits - m_safe[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
-        vc = tl.load(rows[:, None] + V_CODES + cols[None, :], mask=ok[:, None], other=0)
+        vc = tl.load((rows + V_CODES).to(tl.pointer_type(tl.int16))[:, None] + pairs[None, :], mask=ok[:, None], other=0)
         vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
         vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
         w = round_to(p * vs[:, None], tl.bfloat16, EMU)
         sw = sw * alpha + tl.sum(w.to(tl.float32), axis=0)
         zw = zw * alpha + tl.sum(p * vz[:, None], axis=0)
         wt = tl.trans(w)
-        acc0 = mma(wt, unpack_plane(vc, 0, MODE), acc0 * alpha[:, None], EMU)
-        acc1 = mma(wt, unpack_plane(vc, 1, MODE), acc1 * alpha[:, None], EMU)
-        acc2 = mma(wt, unpack_plane(vc, 2, MODE), acc2 * alpha[:, None], EMU)
-        acc3 = mma(wt, unpack_plane(vc, 3, MODE), acc3 * alpha[:, None], EMU)
+        v0e, v0o = unpack_pair_plane(vc, 0, MODE)
+        acc0e = mma(wt, v0e, acc0e * alpha[:, None], EMU)
+        acc0o = mma(wt, v0o, acc0o * alpha[:, None], EMU)
+        v1e, v1o = unpack_pair_plane(vc, 1, MODE)
+        acc1e = mma(wt, v1e, acc1e * alpha[:, None], EMU)
+        acc1o = mma(wt, v1o, acc1o * alpha[:, None], EMU)
+        v2e, v2o = unpack_pair_plane(vc, 2, MODE)
+        acc2e = mma(wt, v2e, acc2e * alpha[:, None], EMU)
+        acc2o = mma(wt, v2o, acc2o * alpha[:, None], EMU)
+        v3e, v3o = unpack_pair_plane(vc, 3, MODE)
+        acc3e = mma(wt, v3e, acc3e * alpha[:, None], EMU)
+        acc3o = mma(wt, v3o, acc3o * alpha[:, None], EMU)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
     bias = BIAS * sw[:, None]
-    tl.store(o_row[:, None] + cols[None, :],
-             (((acc0 - bias) / plane_factor(0, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
-    tl.store(o_row[:, None] + Q + cols[None, :],
-             (((acc1 - bias) / plane_factor(1, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
-    tl.store(o_row[:, None] + 2 * Q + cols[None, :],
-             (((acc2 - bias) / plane_factor(2, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
-    tl.store(o_row[:, None] + 3 * Q + cols[None, :],
-             (((acc3 - bias) / plane_factor(3, MODE) + zw[:, None]) * inv_l[:, None]), mask=jok[:, None])
+    _store_plane(o_row, acc0e, acc0o, bias, zw, inv_l, pairs, jok, 0, Q, MODE)
+    _store_plane(o_row, acc1e, acc1o, bias, zw, inv_l, pairs, jok, 1, Q, MODE)
+    _store_plane(o_row, acc2e, acc2o, bias, zw, inv_l, pairs, jok, 2, Q, MODE)
+    _store_plane(o_row, acc3e, acc3o, bias, zw, inv_l, pairs, jok, 3, Q, MODE)
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=jok)
