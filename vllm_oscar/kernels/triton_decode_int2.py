@@ -25,6 +25,11 @@ import triton.language as tl
 
 from vllm_oscar.kernels.triton_common import BIAS, mma, plane_factor, round_to, unpack_pair_plane, unpack_plane
 
+#: Lazy online softmax: the running max (log2 units) moves only when a tile's max exceeds it
+#: by more than this, so most tiles skip the accumulator rescale; p stays <= 2^8, exact in
+#: fp32 and bf16-relative as before, and the normalisation uses the same stale max.
+RESCALE_SLACK: tl.constexpr = tl.constexpr(8.0)
+
 
 @triton.jit
 def _query_plane(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr):
@@ -128,31 +133,43 @@ def int2_split_kernel(
         kz = kz.to(tl.float32) * qk_scale
         logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
         logits = tl.where(ok[:, None], logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(logits - m_safe[None, :])
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
+        tile_max = tl.max(logits, axis=0)
+        if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
+            m_new = tl.maximum(m_i, tile_max)
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            l_i *= alpha
+            sw *= alpha
+            zw *= alpha
+            acc0e *= alpha[:, None]
+            acc0o *= alpha[:, None]
+            acc1e *= alpha[:, None]
+            acc1o *= alpha[:, None]
+            acc2e *= alpha[:, None]
+            acc2o *= alpha[:, None]
+            acc3e *= alpha[:, None]
+            acc3o *= alpha[:, None]
+            m_i = m_new
+        p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+        l_i += tl.sum(p, axis=0)
         vc = tl.load((rows + V_CODES).to(tl.pointer_type(tl.int16))[:, None] + pairs[None, :], mask=ok[:, None], other=0)
         vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
         vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
         w = round_to(p * vs[:, None], tl.bfloat16, EMU)
-        sw = sw * alpha + tl.sum(w.to(tl.float32), axis=0)
-        zw = zw * alpha + tl.sum(p * vz[:, None], axis=0)
+        sw += tl.sum(w.to(tl.float32), axis=0)
+        zw += tl.sum(p * vz[:, None], axis=0)
         wt = tl.trans(w)
         v0e, v0o = unpack_pair_plane(vc, 0, MODE)
-        acc0e = mma(wt, v0e, acc0e * alpha[:, None], EMU)
-        acc0o = mma(wt, v0o, acc0o * alpha[:, None], EMU)
+        acc0e = mma(wt, v0e, acc0e, EMU)
+        acc0o = mma(wt, v0o, acc0o, EMU)
         v1e, v1o = unpack_pair_plane(vc, 1, MODE)
-        acc1e = mma(wt, v1e, acc1e * alpha[:, None], EMU)
-        acc1o = mma(wt, v1o, acc1o * alpha[:, None], EMU)
+        acc1e = mma(wt, v1e, acc1e, EMU)
+        acc1o = mma(wt, v1o, acc1o, EMU)
         v2e, v2o = unpack_pair_plane(vc, 2, MODE)
-        acc2e = mma(wt, v2e, acc2e * alpha[:, None], EMU)
-        acc2o = mma(wt, v2o, acc2o * alpha[:, None], EMU)
+        acc2e = mma(wt, v2e, acc2e, EMU)
+        acc2o = mma(wt, v2o, acc2o, EMU)
         v3e, v3o = unpack_pair_plane(vc, 3, MODE)
-        acc3e = mma(wt, v3e, acc3e * alpha[:, None], EMU)
-        acc3o = mma(wt, v3o, acc3o * alpha[:, None], EMU)
+        acc3e = mma(wt, v3e, acc3e, EMU)
+        acc3o = mma(wt, v3o, acc3o, EMU)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
