@@ -135,18 +135,20 @@ def check_decode(report: list) -> None:
             dense_attention(query[b : b + 1], torch.tensor([n - 1], device=DEVICE),
                             dense_context(state, b, n, DEVICE), sink, recent, scale)[0]
             for b, n in enumerate(lens)])
-        for mode, block_t, tokens_on_m in ((UNPACK_PTX, 64, True), (UNPACK_PTX, 128, True),
-                                           (UNPACK_PORTABLE, 32, True), (UNPACK_PTX, 64, False)):
+        for mode, block_t, tokens_on_m, warps in ((UNPACK_PTX, 64, True, 2), (UNPACK_PTX, 128, True, 2),
+                                                  (UNPACK_PTX, 64, True, 1), (UNPACK_PTX, 128, True, 1),
+                                                  (UNPACK_PORTABLE, 32, True, 2), (UNPACK_PTX, 64, False, 2)):
             out = torch.full_like(query, float("nan"))
-            config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode, tokens_on_m=tokens_on_m)
+            config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode, tokens_on_m=tokens_on_m, num_warps=warps)
             triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                     state.window_block_table, state.seq_lens, sink, recent, scale, out=out,
                                     max_seq_len=max(lens), config=config)
             errors = [rel(out[b], expected[b]) for b in range(len(lens))]
             ok = max(errors) < TOLERANCE
             report.append({"check": "decode", "case": name, "unpack": mode, "block_t": block_t,
-                           "tokens_on_m": tokens_on_m, "rel_errors": errors, "ok": ok})
-            print(f"decode {name} unpack={mode} bt={block_t} tokens_on_m={tokens_on_m}: max rel err {max(errors):.2e} "
+                           "tokens_on_m": tokens_on_m, "num_warps": warps, "rel_errors": errors, "ok": ok})
+            print(f"decode {name} unpack={mode} bt={block_t} tokens_on_m={tokens_on_m} warps={warps}: "
+                  f"max rel err {max(errors):.2e} "
                   f"{'ok' if ok else 'FAIL'}", flush=True)
 
 

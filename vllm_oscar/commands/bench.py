@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: also time oscar_write on this many new tokens per layer")
     parser.add_argument("--autotune", action="store_true",
                         help="decode: per geometry, pick the fastest launch config at 32K / B=8 first")
+    parser.add_argument("--config-from", metavar="TUNE_JSON",
+                        help="decode: per geometry, use the fastest launch config of this `bench tune --json` file")
     parser.add_argument("--block-t", type=int, nargs="+", default=[32, 64, 128], help="tune: tile sizes")
     parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per program")
     parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
@@ -40,6 +42,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
                         help="tune: maxnreg of the INT2 split programs (0 = compiler's choice)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
+
+
+def fastest_configs(tune_json: str, geometries: list[str]) -> dict:
+    """geometry -> the AttentionConfig of a `bench tune --json` report with the least total time
+    over that geometry's cases (configs that failed on any case are left out)."""
+    from vllm_oscar.kernels.triton_ops import AttentionConfig
+
+    with open(tune_json) as handle:
+        rows = [r for r in json.load(handle).get("tune", []) if "oscar" in r]
+    chosen = {}
+    for geometry in geometries:
+        timed = [r for r in rows if r["geometry"] == geometry]
+        if not timed:
+            raise SystemExit(f"{tune_json} has no timed tune rows for geometry {geometry!r}; "
+                             f"run `vllm-oscar bench tune --geometry {geometry} --json {tune_json}` first.")
+        cases = {(r["context"], r["batch"]) for r in timed}
+        totals: dict = {}
+        for r in timed:
+            key = json.dumps(r["config"], sort_keys=True)
+            count, total = totals.get(key, (0, 0.0))
+            totals[key] = (count + 1, total + r["oscar"]["ms"])
+        best = min((total, key) for key, (count, total) in totals.items() if count == len(cases))[1]
+        chosen[geometry] = AttentionConfig(**json.loads(best))
+        print(f"{geometry}: launch config from {tune_json}: {chosen[geometry]}", flush=True)
+    return chosen
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         report["tune"] = rows
     else:
         rows = []
-        chosen: dict = {}
+        chosen: dict = fastest_configs(args.config_from, args.geometry) if args.config_from else {}
         if args.autotune:
             report["autotune"] = {}
             for geometry in args.geometry:
