@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-from", metavar="TUNE_JSON",
                         help="decode: per geometry, use the fastest launch config of this `bench tune --json` file")
     parser.add_argument("--block-t", type=int, nargs="+", default=[32, 64, 128], help="tune: tile sizes")
-    parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per program")
+    parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per INT2 split program (per general-kernel program with --rows-on-m)")
     parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
     parser.add_argument("--unpack", type=int, nargs="+", default=[0, 1], help="tune: 0 portable, 1 PTX")
     parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[4],
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     cases = list(itertools.product(args.geometry, args.contexts, args.batches))
     if args.mode == "tune":
         rows = []
-        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, unpack=up, tokens_on_m=not args.rows_on_m,
+        configs = [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}), unpack=up, tokens_on_m=not args.rows_on_m,
                                    programs_per_sm=pps, max_registers=reg or None)
                    for bt, nw, ns, up, pps, reg in itertools.product(
                        args.block_t, args.num_warps, args.num_stages, args.unpack, args.programs_per_sm,
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 c = r["config"]
                 line = r.get("error") or (f"{r['oscar']['ms']:.4f} ms {r['oscar']['pct_read_bw']:.0f}% "
                                           f"splits={r['oscar']['splits']}")
-                print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']} "
+                print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']}/{c['split_warps']} "
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"reg={c['max_registers']}: {line}", flush=True)
                 rows.append(r)

@@ -37,16 +37,20 @@ WRITE_BLOCK_N: int = 16
 PROGRAMS_PER_SM: int = 16
 MIN_TILES_PER_SPLIT: int = 4
 MAX_SPLITS: int = 256
-#: Default decode tile: this many head_dim-channel positions (block_t = 8192 // head_dim).
-DECODE_TILE_BYTES: int = 8192
+#: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
+#: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
+DECODE_BLOCK_T: int = 64
+#: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
+#: H200 tune, docs/notes/kernels.md V5).
+SPLIT_WARPS: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     """Launch knobs of the attention kernel (the benchmark sweeps them).
 
-    block_t: cached positions per tile, None = DECODE_TILE_BYTES // head_dim (64 for D=128,
-    128 for D=64: the fastest tiles of the H200 autotune); unpack: UNPACK_PTX / UNPACK_PORTABLE, None =
+    block_t: cached positions per tile, None = DECODE_BLOCK_T; num_warps: warps of the window
+    and prefill programs; split_warps: warps of the pure-INT2 split programs; unpack: UNPACK_PTX / UNPACK_PORTABLE, None =
     PTX on CUDA, portable under the interpreter; num_splits: decode split-K count, None =
     sized from max_seq_len and the SM count; tokens_on_m: decode runs its pure-INT2 splits
     in triton_decode_int2 (tokens on the MMA M side; one group per row, G = D) instead of
@@ -58,6 +62,7 @@ class AttentionConfig:
 
     block_t: Optional[int] = None
     num_warps: int = 2
+    split_warps: int = SPLIT_WARPS
     num_stages: int = 2
     unpack: Optional[int] = None
     num_splits: Optional[int] = None
@@ -173,9 +178,9 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
 
 
 def resolved_block_t(config: AttentionConfig, layout: PageLayout) -> int:
-    """config.block_t, or the default tile for this head_dim (a power of two in [32, 128])."""
+    """config.block_t, or DECODE_BLOCK_T (the layout is checked by the caller)."""
     if config.block_t is None:
-        return max(32, min(128, DECODE_TILE_BYTES // layout.head_dim))
+        return DECODE_BLOCK_T
     if config.block_t < 16 or config.block_t & (config.block_t - 1):
         raise ValueError(f"block_t={config.block_t} must be a power of two >= 16.")
     return config.block_t
@@ -248,8 +253,8 @@ def oscar_decode(
             sink, recent, softmax_scale * LOG2E,
             **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE",
                                     "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "EMU",
-                                    "num_warps", "num_stages")},
-            NSPLIT=nsplit, **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
+                                    "num_stages")},
+            num_warps=config.split_warps, NSPLIT=nsplit, **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     first = nsplit if split_int2 else 0
     attention_kernel[(total - first, batch, hkv)](
