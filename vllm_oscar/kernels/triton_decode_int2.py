@@ -43,12 +43,12 @@ def _query_plane(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr, MODE: tl.co
 @triton.jit
 def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.constexpr, Q: tl.constexpr,
                  MODE: tl.constexpr):
-    """Store plane P's normalised outputs: even channels from acc_even, odd from acc_odd ([GP, Q/2])."""
-    even = ((acc_even - bias) / plane_factor(P, MODE) + zw[:, None]) * inv_l[:, None]
-    odd = ((acc_odd - bias) / plane_factor(P, MODE) + zw[:, None]) * inv_l[:, None]
-    ptrs = o_row[:, None] + P * Q + 2 * pairs[None, :]
-    tl.store(ptrs, even, mask=jok[:, None])
-    tl.store(ptrs + 1, odd, mask=jok[:, None])
+    """Store plane P's normalised outputs: even channels from acc_even, odd from acc_odd ([Q/2, GP])."""
+    even = ((acc_even - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+    odd = ((acc_odd - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+    ptrs = o_row[None, :] + P * Q + 2 * pairs[:, None]
+    tl.store(ptrs, even, mask=jok[None, :])
+    tl.store(ptrs + 1, odd, mask=jok[None, :])
 
 
 @triton.jit
@@ -96,14 +96,14 @@ def int2_split_kernel(
     sw = tl.zeros([GP], tl.float32)
     zw = tl.zeros([GP], tl.float32)
     pairs = tl.arange(0, Q // 2)
-    acc0e = tl.zeros([GP, Q // 2], tl.float32)
-    acc0o = tl.zeros([GP, Q // 2], tl.float32)
-    acc1e = tl.zeros([GP, Q // 2], tl.float32)
-    acc1o = tl.zeros([GP, Q // 2], tl.float32)
-    acc2e = tl.zeros([GP, Q // 2], tl.float32)
-    acc2o = tl.zeros([GP, Q // 2], tl.float32)
-    acc3e = tl.zeros([GP, Q // 2], tl.float32)
-    acc3o = tl.zeros([GP, Q // 2], tl.float32)
+    acc0e = tl.zeros([Q // 2, GP], tl.float32)
+    acc0o = tl.zeros([Q // 2, GP], tl.float32)
+    acc1e = tl.zeros([Q // 2, GP], tl.float32)
+    acc1o = tl.zeros([Q // 2, GP], tl.float32)
+    acc2e = tl.zeros([Q // 2, GP], tl.float32)
+    acc2o = tl.zeros([Q // 2, GP], tl.float32)
+    acc3e = tl.zeros([Q // 2, GP], tl.float32)
+    acc3o = tl.zeros([Q // 2, GP], tl.float32)
     head_base = cache_ptr + h * stride_ch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
@@ -140,14 +140,14 @@ def int2_split_kernel(
             l_i *= alpha
             sw *= alpha
             zw *= alpha
-            acc0e *= alpha[:, None]
-            acc0o *= alpha[:, None]
-            acc1e *= alpha[:, None]
-            acc1o *= alpha[:, None]
-            acc2e *= alpha[:, None]
-            acc2o *= alpha[:, None]
-            acc3e *= alpha[:, None]
-            acc3o *= alpha[:, None]
+            acc0e *= alpha[None, :]
+            acc0o *= alpha[None, :]
+            acc1e *= alpha[None, :]
+            acc1o *= alpha[None, :]
+            acc2e *= alpha[None, :]
+            acc2o *= alpha[None, :]
+            acc3e *= alpha[None, :]
+            acc3o *= alpha[None, :]
             m_i = m_new
         p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
         l_i += tl.sum(p, axis=0)
@@ -157,23 +157,22 @@ def int2_split_kernel(
         w = round_to(p * vs[:, None], tl.bfloat16, EMU)
         sw += tl.sum(w.to(tl.float32), axis=0)
         zw += tl.sum(p * vz[:, None], axis=0)
-        wt = tl.trans(w)
         v0e, v0o = unpack_pair_plane(vc, 0, MODE)
-        acc0e = mma(wt, v0e, acc0e, EMU)
-        acc0o = mma(wt, v0o, acc0o, EMU)
+        acc0e = mma(tl.trans(v0e), w, acc0e, EMU)
+        acc0o = mma(tl.trans(v0o), w, acc0o, EMU)
         v1e, v1o = unpack_pair_plane(vc, 1, MODE)
-        acc1e = mma(wt, v1e, acc1e, EMU)
-        acc1o = mma(wt, v1o, acc1o, EMU)
+        acc1e = mma(tl.trans(v1e), w, acc1e, EMU)
+        acc1o = mma(tl.trans(v1o), w, acc1o, EMU)
         v2e, v2o = unpack_pair_plane(vc, 2, MODE)
-        acc2e = mma(wt, v2e, acc2e, EMU)
-        acc2o = mma(wt, v2o, acc2o, EMU)
+        acc2e = mma(tl.trans(v2e), w, acc2e, EMU)
+        acc2o = mma(tl.trans(v2o), w, acc2o, EMU)
         v3e, v3o = unpack_pair_plane(vc, 3, MODE)
-        acc3e = mma(wt, v3e, acc3e, EMU)
-        acc3o = mma(wt, v3o, acc3o, EMU)
+        acc3e = mma(tl.trans(v3e), w, acc3e, EMU)
+        acc3o = mma(tl.trans(v3o), w, acc3o, EMU)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
-    bias = BIAS * sw[:, None]
+    bias = BIAS * sw[None, :]
     _store_plane(o_row, acc0e, acc0o, bias, zw, inv_l, pairs, jok, 0, Q, MODE)
     _store_plane(o_row, acc1e, acc1o, bias, zw, inv_l, pairs, jok, 1, Q, MODE)
     _store_plane(o_row, acc2e, acc2o, bias, zw, inv_l, pairs, jok, 2, Q, MODE)
