@@ -123,9 +123,18 @@ DECODE_CASES = [
 ]
 
 
-def check_decode(report: list) -> None:
+#: Launch variants each decode case runs: (unpack, block_t, tokens_on_m, split warps).
+DECODE_VARIANTS = ((UNPACK_PTX, 64, True, 2), (UNPACK_PTX, 128, True, 2), (UNPACK_PTX, 64, True, 1),
+                   (UNPACK_PTX, 128, True, 1), (UNPACK_PORTABLE, 32, True, 2), (UNPACK_PTX, 64, False, 2))
+#: --quick: the default launch config on the cases whose INT2 part runs in the split kernel (G = D).
+QUICK_VARIANTS = ((UNPACK_PTX, None, True, None), (UNPACK_PORTABLE, None, True, None))
+
+
+def check_decode(report: list, quick: bool = False) -> None:
     sink, recent = 64, 256
     for name, lens, hq, hkv, dim, group, bs, drop in DECODE_CASES:
+        if quick and group != dim:
+            continue
         gen = torch.Generator().manual_seed(sum(lens))
         layout = PageLayout(dim, group, bs, torch.float16)
         state = to_device(random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop))
@@ -135,11 +144,10 @@ def check_decode(report: list) -> None:
             dense_attention(query[b : b + 1], torch.tensor([n - 1], device=DEVICE),
                             dense_context(state, b, n, DEVICE), sink, recent, scale)[0]
             for b, n in enumerate(lens)])
-        for mode, block_t, tokens_on_m, warps in ((UNPACK_PTX, 64, True, 2), (UNPACK_PTX, 128, True, 2),
-                                                  (UNPACK_PTX, 64, True, 1), (UNPACK_PTX, 128, True, 1),
-                                                  (UNPACK_PORTABLE, 32, True, 2), (UNPACK_PTX, 64, False, 2)):
+        for mode, block_t, tokens_on_m, warps in QUICK_VARIANTS if quick else DECODE_VARIANTS:
             out = torch.full_like(query, float("nan"))
-            config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode, tokens_on_m=tokens_on_m, num_warps=warps)
+            config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode, tokens_on_m=tokens_on_m,
+                                                **({} if warps is None else {"split_warps": warps}))
             triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                     state.window_block_table, state.seq_lens, sink, recent, scale, out=out,
                                     max_seq_len=max(lens), config=config)
@@ -254,12 +262,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--only", nargs="*", default=["graph", "prefill", "write", "decode"])
+    parser.add_argument("--quick", action="store_true",
+                        help="decode: only the default launch config (both unpack paths) on the G = D cases")
     args = parser.parse_args()
     report: list = []
     failures = 0
     for name in args.only:
         try:
-            {"write": check_write, "decode": check_decode, "prefill": check_prefill, "graph": check_graph}[name](report)
+            if name == "decode":
+                check_decode(report, args.quick)
+            else:
+                {"write": check_write, "prefill": check_prefill, "graph": check_graph}[name](report)
         except Exception as error:  # keep going: one broken check must not hide the others
             failures += 1
             report.append({"check": name, "ok": False, "error": f"{type(error).__name__}: {error}"})

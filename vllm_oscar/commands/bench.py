@@ -17,6 +17,7 @@ import torch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from vllm_oscar.config import GRID_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
 
     parser.add_argument("mode", choices=("decode", "tune"), help="decode: full comparison; tune: config sweep")
@@ -29,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
                         help="decode: also time oscar_write on this many new tokens per layer")
+    parser.add_argument("--write-refit", type=int, nargs="+", default=[0, GRID_REFIT_ITERATIONS],
+                        help=f"decode: grid refit rounds (K and V) of the timed writes (served: {GRID_REFIT_ITERATIONS})")
     parser.add_argument("--autotune", action="store_true",
                         help="decode: per geometry, pick the fastest launch config at 32K / B=8 first")
     parser.add_argument("--config-from", metavar="TUNE_JSON",
@@ -118,11 +121,11 @@ def run(args: argparse.Namespace) -> int:
             rows[-1]["oscar_config"] = str(chosen.get(geometry, "default"))
             print(benchmark.format_table(rows[-1:]).splitlines()[-1], flush=True)
         report["decode"] = rows
-        report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps)
-                           for g in args.geometry for n in args.write_tokens]
+        report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps, rounds)
+                           for g in args.geometry for n in args.write_tokens for rounds in args.write_refit]
         print(benchmark.format_table(rows))
         for w in report["write"]:
-            print(f"write {w['geometry']} {w['tokens']} tokens: {w['ms']:.4f} ms, "
+            print(f"write {w['geometry']} {w['tokens']} tokens, refit {w['refit_iterations']}: {w['ms']:.4f} ms, "
                   f"{w['tokens_per_s'] / 1e6:.2f} M tokens/s/layer, {w['GBps']:.0f} GB/s")
         if args.png:
             benchmark.plot(rows, args.png)
