@@ -23,8 +23,8 @@ Names (``--methods``):
     oscar-file-k84-minmax  ... key clip 0.84, min/max grid (the served default before the refit)
     oscar-file-r1 / -r2 / -r3  ... the served quantizer (file clips, keys floored) with 1 / 2 / 3
                          refit rounds on K and V instead of 4 (fewer rounds: a cheaper write kernel)
-    oscar-file-k1v2 / -k4v1 / -k4v0  ... the same with 1 key / 2 value rounds, 4 key / 1 value
-                         round, 4 key rounds / min/max values
+    oscar-file-k1v2 / -k4v2 / -k4v1 / -k4v0  ... the same with 1 key / 2 value rounds, or 4 key
+                         rounds and 2 / 1 / 0 (min/max) value rounds
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
     oscar-layer          ... one rotation per layer (head-averaged targets)
@@ -78,7 +78,7 @@ OSCAR_VARIANTS = (
 #: refit floors (K, V), or None = the served config.REFIT_SCALE_FLOOR; key clip ratio
 #: overriding the file's, or None; what it is). Issue 6 (docs/QUALITY.md, "Passkey and the
 #: grid refit"): which side's refit, which floor and which key clip cost retrieval; -r1/-r2/-r3/
-#: -k1v2/-k4v1/-k4v0: how many refit rounds the served quantizer needs (docs/notes/quality.md).
+#: -k1v2/-k4v2/-k4v1/-k4v0: how many refit rounds the served quantizer needs (docs/notes/quality.md).
 _FREE = (False, False)
 _R = GRID_REFIT_ITERATIONS
 FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, bool]], Optional[float], str]] = {
@@ -95,6 +95,7 @@ FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, b
     "oscar-file-r2": ((2, 2), None, None, "served quantizer with 2 refit rounds on K and V"),
     "oscar-file-r3": ((3, 3), None, None, "served quantizer with 3 refit rounds on K and V"),
     "oscar-file-k1v2": ((1, 2), None, None, "served quantizer with 1 key / 2 value refit rounds"),
+    "oscar-file-k4v2": ((4, 2), None, None, "served quantizer with 4 key / 2 value refit rounds"),
     "oscar-file-k4v1": ((4, 1), None, None, "served quantizer with 4 key / 1 value refit rounds"),
     "oscar-file-k4v0": ((4, 0), None, None, "served quantizer with 4 key refit rounds, min/max values"),
 }
