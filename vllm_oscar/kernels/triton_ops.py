@@ -63,7 +63,7 @@ class AttentionConfig:
     block_t: Optional[int] = None
     num_warps: int = 2
     split_warps: int = SPLIT_WARPS
-    num_stages: int = 2
+    num_stages: int = 1
     unpack: Optional[int] = None
     num_splits: Optional[int] = None
     tokens_on_m: bool = True
