@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 
 from vllm_oscar.cli import main
+from vllm_oscar.commands.bench import fastest_configs
+from vllm_oscar.kernels.triton_ops import AttentionConfig
 from vllm_oscar.kernels.benchmark import bf16_bytes, window_blocks
 
 
@@ -25,3 +30,29 @@ def test_bf16_bytes_counts_k_v_query_and_output() -> None:
 def test_bench_without_gpu_says_so(capsys: pytest.CaptureFixture) -> None:
     assert main(["bench", "decode"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def _tune_row(geometry: str, batch: int, block_t: int, ms: float | None) -> dict:
+    row = {"geometry": geometry, "context": 32768, "batch": batch,
+           "config": dataclasses.asdict(AttentionConfig(block_t=block_t, num_stages=1))}
+    if ms is None:
+        row["error"] = "OutOfResources: shared memory"
+    else:
+        row["oscar"] = {"ms": ms}
+    return row
+
+
+def test_config_from_picks_least_total_time_over_cases_that_all_ran(tmp_path) -> None:
+    # block_t 32 has the single fastest row (B=8) but loses in total; block_t 128 is fastest in
+    # total but failed on one case, so it is not eligible.
+    rows = [_tune_row("qwen3-8b", 8, 32, 0.10), _tune_row("qwen3-8b", 32, 32, 0.70),
+            _tune_row("qwen3-8b", 8, 64, 0.12), _tune_row("qwen3-8b", 32, 64, 0.50),
+            _tune_row("qwen3-8b", 8, 128, 0.05), _tune_row("qwen3-8b", 32, 128, None),
+            _tune_row("smollm2-135m", 8, 128, 0.2)]
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"tune": rows}))
+    chosen = fastest_configs(str(path), ["qwen3-8b", "smollm2-135m"])
+    assert chosen["qwen3-8b"] == AttentionConfig(block_t=64, num_stages=1)
+    assert chosen["smollm2-135m"] == AttentionConfig(block_t=128, num_stages=1)
+    with pytest.raises(SystemExit, match="no timed tune rows for geometry 'other'"):
+        fastest_configs(str(path), ["other"])

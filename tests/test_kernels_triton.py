@@ -105,11 +105,11 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
-               tokens_on_m=True):
+               tokens_on_m=True, query_scale=1.0):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
-    query = torch.randn(len(lens), hq, dim, generator=gen).to(qdtype)
+    query = (query_scale * torch.randn(len(lens), hq, dim, generator=gen)).to(qdtype)
     scale = 1.0 / math.sqrt(dim)
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
     config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m)
@@ -136,6 +136,14 @@ DECODE_CASES = {
 @pytest.mark.parametrize("case", list(DECODE_CASES.values()), ids=list(DECODE_CASES))
 def test_triton_decode_matches_reference(case) -> None:
     run_decode(*case, seed=sum(case[0]) + case[1])
+
+
+@pytest.mark.parametrize("query_scale", [0.5, 8.0, 40.0])
+def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
+    """One split walks 14 tiles of pure INT2 history; the query scale sets how often a tile's
+    max exceeds the running max by more than the lazy-rescale slack (rarely at 0.5, often at
+    40, where the softmax is nearly one-hot), so both the skipped and the taken rescale run."""
+    run_decode([220], 4, 1, 64, 64, 16, 0, 0, 0, 16, 1, seed=31, query_scale=query_scale)
 
 
 def test_triton_decode_window_boundaries_at_every_offset() -> None:
