@@ -10,7 +10,7 @@ import torch
 
 from vllm_oscar.cli import main
 from vllm_oscar.commands.bench import fastest_configs
-from vllm_oscar.kernels.triton_ops import AttentionConfig
+from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT, AttentionConfig, decode_splits
 from vllm_oscar.kernels.benchmark import bf16_bytes, window_blocks
 
 
@@ -56,3 +56,12 @@ def test_config_from_picks_least_total_time_over_cases_that_all_ran(tmp_path) ->
     assert chosen["smollm2-135m"] == AttentionConfig(block_t=128, num_stages=1)
     with pytest.raises(SystemExit, match="no timed tune rows for geometry 'other'"):
         fastest_configs(str(path), ["other"])
+
+
+def test_decode_splits_respect_the_fewest_tiles_per_split() -> None:
+    cpu = torch.device("cpu")  # sized for the 132-SM default
+    # 4K context, tile 64: 64 tiles; batch 1 x 8 KV heads wants 264 programs' worth of splits.
+    assert decode_splits(1, 8, 4096, 64, cpu) == 64 // MIN_TILES_PER_SPLIT
+    assert decode_splits(1, 8, 4096, 64, cpu, min_tiles_per_split=1) == 64
+    # A full GPU (many requests) needs no splitting, whatever the floor.
+    assert decode_splits(512, 8, 4096, 64, cpu, min_tiles_per_split=1) == 1

@@ -56,6 +56,7 @@ class AttentionConfig:
     in triton_decode_int2 (tokens on the MMA M side; one group per row, G = D) instead of
     the general kernel (query rows on M, padded to 16). Same function, different speed.
     programs_per_sm: decode split-K sizing target (programs per SM when num_splits is None);
+    min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
     max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice;
     fewer registers let more programs share an SM).
     """
@@ -68,6 +69,7 @@ class AttentionConfig:
     num_splits: Optional[int] = None
     tokens_on_m: bool = True
     programs_per_sm: int = PROGRAMS_PER_SM
+    min_tiles_per_split: int = MIN_TILES_PER_SPLIT
     max_registers: Optional[int] = None
 
 
@@ -169,11 +171,11 @@ def _unpack_mode(config: AttentionConfig) -> int:
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device,
-                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
-    """Split-K count: about programs_per_sm programs per SM, each with >= MIN_TILES_PER_SPLIT tiles."""
+                  programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT) -> int:
+    """Split-K count: about programs_per_sm programs per SM, each with >= min_tiles_per_split tiles."""
     sms = 132 if device.type != "cuda" else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     wanted = triton.cdiv(programs_per_sm * sms, batch * num_kv_heads)
-    most = max(1, triton.cdiv(max_seq_len, block_t) // MIN_TILES_PER_SPLIT)
+    most = max(1, triton.cdiv(max_seq_len, block_t) // min_tiles_per_split)
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
@@ -235,7 +237,7 @@ def oscar_decode(
         max_seq_len = block_table.shape[1] * layout.block_size
     block_t = resolved_block_t(config, layout)
     nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, block_t, query_rot.device,
-                                                config.programs_per_sm)
+                                                config.programs_per_sm, config.min_tiles_per_split)
     nsink = triton.cdiv(sink, block_t)
     total = nsplit + nsink + triton.cdiv(recent, block_t) + 1
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
