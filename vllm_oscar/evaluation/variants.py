@@ -25,6 +25,8 @@ Names (``--methods``):
                          refit rounds on K and V instead of 4 (fewer rounds: a cheaper write kernel)
     oscar-file-k1v2 / -k4v2 / -k4v1 / -k4v0  ... the same with 1 key / 2 value rounds, or 4 key
                          rounds and 2 / 1 / 0 (min/max) value rounds
+    oscar-file-k6v2 / -k8v2 / -k8v4 / -k12v2  ... the same with more key rounds than served
+                         (6 / 8 / 8 / 12 key, 2 / 2 / 4 / 2 value rounds)
     oscar-head           OSCAR as published: per-head R = U.H.P_br, paper value form, 0.96 / 0.92
     oscar-head-vlogit    ... reference-code value form (logit-energy weighted)
     oscar-layer          ... one rotation per layer (head-averaged targets)
@@ -78,7 +80,8 @@ OSCAR_VARIANTS = (
 #: refit floors (K, V), or None = the served config.REFIT_SCALE_FLOOR; key clip ratio
 #: overriding the file's, or None; what it is). Issue 6 (docs/QUALITY.md, "Passkey and the
 #: grid refit"): which side's refit, which floor and which key clip cost retrieval; -r1/-r2/-r3/
-#: -k1v2/-k4v2/-k4v1/-k4v0: how many refit rounds the served quantizer needs (docs/notes/quality.md).
+#: -k1v2/-k4v2/-k4v1/-k4v0/-k6v2/-k8v2/-k8v4/-k12v2: how many refit rounds the served quantizer
+#: needs (docs/notes/quality.md).
 _FREE = (False, False)
 _R = GRID_REFIT_ITERATIONS
 FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, bool]], Optional[float], str]] = {
@@ -98,6 +101,11 @@ FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, b
     "oscar-file-k4v2": ((4, 2), None, None, "served quantizer with 4 key / 2 value refit rounds"),
     "oscar-file-k4v1": ((4, 1), None, None, "served quantizer with 4 key / 1 value refit rounds"),
     "oscar-file-k4v0": ((4, 0), None, None, "served quantizer with 4 key refit rounds, min/max values"),
+    # More key rounds than served (is the floored key refit converged at 4?).
+    "oscar-file-k6v2": ((6, 2), None, None, "served quantizer with 6 key / 2 value refit rounds"),
+    "oscar-file-k8v2": ((8, 2), None, None, "served quantizer with 8 key / 2 value refit rounds"),
+    "oscar-file-k8v4": ((8, 4), None, None, "served quantizer with 8 key / 4 value refit rounds"),
+    "oscar-file-k12v2": ((12, 2), None, None, "served quantizer with 12 key / 2 value refit rounds"),
 }
 FILE_METHODS = tuple(FILE_VARIANTS)
 ALL_METHODS = (*BASELINES, *FILE_METHODS, *OSCAR_VARIANTS)
