@@ -6,6 +6,8 @@ Checks (each prints one line and goes into the JSON report):
             (codes, scales, offsets, window rows, untouched poison) and vs the torch path
   decode    oscar_decode (both unpack modes) vs a dense float64 reference of the read rule,
             ragged batches with contexts from 1 to 32K+, fallback rows, GQA 1..16, D 64..256
+  int8      the int8 key path (AttentionConfig.int8_keys, D >= 128) on pure INT2 history vs
+            the dense reference with the query rounded to int8 per row
   prefill   oscar_prefill vs a dense float64 reference (causal chunk + cached prefix)
   graph     decode captured once in a CUDA graph (capture fails on any host sync), replayed
             while seq_lens, tables and queries change; each replay equals an eager call
@@ -28,7 +30,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import torch  # noqa: E402
 
-from kernels_reference import check_write_case, random_paged_state, write_case  # noqa: E402
+from kernels_reference import check_write_case, int8_rounded_query, random_paged_state, write_case  # noqa: E402
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
 from vllm_oscar.quant import unpack_codes  # noqa: E402
@@ -130,6 +132,7 @@ DECODE_VARIANTS = ((UNPACK_PTX, 64, True, 2), (UNPACK_PTX, 128, True, 2), (UNPAC
 QUICK_VARIANTS = ((UNPACK_PTX, None, True, None), (UNPACK_PORTABLE, None, True, None))
 
 
+
 def check_decode(report: list, quick: bool = False) -> None:
     sink, recent = 64, 256
     for name, lens, hq, hkv, dim, group, bs, drop in DECODE_CASES:
@@ -158,6 +161,32 @@ def check_decode(report: list, quick: bool = False) -> None:
             print(f"decode {name} unpack={mode} bt={block_t} tokens_on_m={tokens_on_m} warps={warps}: "
                   f"max rel err {max(errors):.2e} "
                   f"{'ok' if ok else 'FAIL'}", flush=True)
+
+
+def check_decode_int8_keys(report: list) -> None:
+    """AttentionConfig.int8_keys on pure INT2 history (no windows: the window programs keep the
+    bf16 query) against the dense float64 reference with the query rounded to int8 per row."""
+    for name, lens, hq, hkv, dim, group, bs, drop in DECODE_CASES:
+        if group != dim or dim < triton_ops.INT8_MMA_MIN_HEAD_DIM:
+            continue
+        gen = torch.Generator().manual_seed(sum(lens) + 1)
+        layout = PageLayout(dim, group, bs, torch.float16)
+        state = to_device(random_paged_state(lens, hkv, layout, 0, 0, gen))
+        query = (3.0 * torch.randn(len(lens), hq, dim, generator=gen)).to(torch.bfloat16).to(DEVICE)
+        scale = 1 / math.sqrt(dim)
+        rounded = int8_rounded_query(query).to(DEVICE)
+        expected = torch.stack([
+            dense_attention(rounded[b : b + 1], torch.tensor([n - 1], device=DEVICE),
+                            dense_context(state, b, n, DEVICE), 0, 0, scale)[0]
+            for b, n in enumerate(lens)])
+        out = torch.full_like(query, float("nan"))
+        triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                state.window_block_table, state.seq_lens, 0, 0, scale, out=out,
+                                max_seq_len=max(lens), config=triton_ops.AttentionConfig(int8_keys=True))
+        errors = [rel(out[b], expected[b]) for b in range(len(lens))]
+        ok = max(errors) < TOLERANCE
+        report.append({"check": "decode_int8_keys", "case": name, "rel_errors": errors, "ok": ok})
+        print(f"decode int8 keys {name}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
 
 
 def check_prefill(report: list) -> None:
@@ -261,7 +290,7 @@ def check_graph(report: list) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
-    parser.add_argument("--only", nargs="*", default=["graph", "prefill", "write", "decode"])
+    parser.add_argument("--only", nargs="*", default=["graph", "prefill", "write", "decode", "int8"])
     parser.add_argument("--quick", action="store_true",
                         help="decode: only the default launch config (both unpack paths) on the G = D cases")
     args = parser.parse_args()
@@ -272,7 +301,8 @@ def main() -> int:
             if name == "decode":
                 check_decode(report, args.quick)
             else:
-                {"write": check_write, "prefill": check_prefill, "graph": check_graph}[name](report)
+                {"write": check_write, "prefill": check_prefill, "graph": check_graph,
+                 "int8": check_decode_int8_keys}[name](report)
         except Exception as error:  # keep going: one broken check must not hide the others
             failures += 1
             report.append({"check": name, "ok": False, "error": f"{type(error).__name__}: {error}"})

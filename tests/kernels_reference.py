@@ -294,6 +294,15 @@ def ref_prefill(state: PagedState, query: torch.Tensor, key: torch.Tensor, value
     return out
 
 
+def int8_rounded_query(query: torch.Tensor) -> torch.Tensor:
+    """float64 copy of ``query`` [..., D] with each row rounded to int8 steps of its absmax / 127
+    (half up): the query the int8 key path multiplies (AttentionConfig.int8_keys)."""
+    q = query.double()
+    step = q.abs().amax(dim=-1, keepdim=True) / 127.0
+    step = torch.where(step > 0, step, torch.ones_like(step))
+    return torch.floor(q / step + 0.5) * step
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in float64 (NaN anywhere -> inf)."""
     actual = actual.double().cpu()

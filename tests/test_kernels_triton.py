@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kernels_reference import (
+    int8_rounded_query,
     check_write_case,
     random_paged_state,
     ref_decode,
@@ -144,6 +145,46 @@ def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
     max exceeds the running max by more than the lazy-rescale slack (rarely at 0.5, often at
     40, where the softmax is nearly one-hot), so both the skipped and the taken rescale run."""
     run_decode([220], 4, 1, 64, 64, 16, 0, 0, 0, 16, 1, seed=31, query_scale=query_scale)
+
+
+@pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,splits", [
+    ([300, 77, 1], 8, 2, 128, 16, 32, 3),   # GQA 4, gathered tiles, ragged
+    ([200], 8, 1, 256, 64, 32, 2),          # GQA 8, D 256, whole-block tiles
+    ([150, 40], 3, 3, 128, 32, 64, 1),      # MHA, one split
+])
+def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv, dim, bs, block_t, splits) -> None:
+    """int8_keys: pure INT2 history (no windows) against float64 attention over the same
+    dequantized keys/values with the query rounded to int8 per head row."""
+    gen = torch.Generator().manual_seed(sum(lens) + dim)
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    state = random_paged_state(lens, hkv, layout, 0, 0, gen)
+    query = (3.0 * torch.randn(len(lens), hq, dim, generator=gen)).to(torch.bfloat16)
+    query[:, :, 5] *= 8.0  # a planted outlier channel sets the int8 step
+    scale = 1.0 / math.sqrt(dim)
+    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, int8_keys=True)
+    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                  state.window_block_table, state.seq_lens, 0, 0, scale, config=config)
+    expected = ref_decode(state, int8_rounded_query(query), 0, 0, scale)
+    bf16_path = ref_decode(state, query.double(), 0, 0, scale)
+    for row in range(len(lens)):
+        error = relative_error(got[row], expected[row])
+        assert error < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
+        # The kernel follows the int8 query, not the bf16 one: it is closer to the int8
+        # reference than to the bf16-query reference (a one-token context cannot tell them
+        # apart: softmax over one key ignores the query).
+        if lens[row] > 1:
+            assert error < relative_error(got[row], bf16_path[row]), f"request {row}"
+
+
+def test_triton_decode_int8_key_path_rejects_small_heads() -> None:
+    gen = torch.Generator().manual_seed(3)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([40], 1, layout, 0, 0, gen)
+    query = torch.randn(1, 2, 64, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim >= 128"):
+        triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                state.window_block_table, state.seq_lens, 0, 0, 0.125,
+                                config=triton_ops.AttentionConfig(int8_keys=True))
 
 
 def test_triton_decode_window_boundaries_at_every_offset() -> None:

@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune: split-K sizing, programs per SM")
     parser.add_argument("--min-tiles", type=int, nargs="+", default=[MIN_TILES_PER_SPLIT],
                         help="tune: the fewest tiles per decode split (short contexts / batch 1)")
+    parser.add_argument("--int8-keys", type=int, nargs="+", default=[0], choices=(0, 1),
+                        help="tune: 1 = the int8-MMA key path of the INT2 splits (head_dim >= 128)")
     parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
                         help="tune: maxnreg of the INT2 split programs (0 = compiler's choice)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
@@ -92,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "tune":
         rows = []
         configs = [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}), unpack=up, tokens_on_m=not args.rows_on_m,
-                                   programs_per_sm=pps, min_tiles_per_split=tiles, max_registers=reg or None)
-                   for bt, nw, ns, up, pps, tiles, reg in itertools.product(
+                                   programs_per_sm=pps, min_tiles_per_split=tiles, int8_keys=bool(int8),
+                                   max_registers=reg or None)
+                   for bt, nw, ns, up, pps, tiles, int8, reg in itertools.product(
                        args.block_t, args.num_warps, args.num_stages, args.unpack, args.programs_per_sm,
-                       args.min_tiles, args.max_registers)]
+                       args.min_tiles, args.int8_keys, args.max_registers)]
         for geometry, context, batch in cases:
             for r in benchmark.tune_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
                                          configs):
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                                           f"splits={r['oscar']['splits']}")
                 print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']}/{c['split_warps']} "
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
-                      f"tiles>={c['min_tiles_per_split']} "
+                      f"tiles>={c['min_tiles_per_split']} int8k={int(c['int8_keys'])} "
                       f"reg={c['max_registers']}: {line}", flush=True)
                 rows.append(r)
         report["tune"] = rows

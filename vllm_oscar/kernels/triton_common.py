@@ -169,3 +169,40 @@ def unpack_pair_plane(h, P: tl.constexpr, MODE: tl.constexpr):
         lo = ((h >> (2 * P)) & 3) | 0x4300
         hi = ((h >> (8 + 2 * P)) & 3) | 0x4300
         return lo.to(tl.bfloat16, bitcast=True), hi.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _ptx_int8_codes(b, ASM: tl.constexpr):
+    """Run one PTX snippet mapping four packed bytes ($1) to four int8 codes ($0)."""
+    return tl.inline_asm_elementwise(ASM, "=r,r", [b], dtype=tl.int8, is_pure=True, pack=4)
+
+
+@triton.jit
+def plane_codes_int8(b, P: tl.constexpr, MODE: tl.constexpr):
+    """uint8 [T, C] packed bytes -> int8 [T, C]: the code (0..3) of plane P, exact.
+
+    For the int8 MMA of the key path: no bias, one and.b32 (plus a shift for planes 1-3)
+    per four codes in the PTX mode."""
+    if MODE == 1:
+        if P == 0:
+            return _ptx_int8_codes(b, "and.b32 $0, $1, 0x03030303;")
+        elif P == 1:
+            return _ptx_int8_codes(b, "{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 $0, t, 0x03030303; }")
+        elif P == 2:
+            return _ptx_int8_codes(b, "{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x03030303; }")
+        else:
+            return _ptx_int8_codes(b, "{ .reg .b32 t; shr.b32 t, $1, 6; and.b32 $0, t, 0x03030303; }")
+    else:
+        return ((b >> (2 * P)) & 3).to(tl.int8)
+
+
+@triton.jit
+def int8_mma(a, b, acc, EMULATE: tl.constexpr):
+    """acc + a @ b for int8 operands with exact int32 accumulation.
+
+    EMULATE: in fp32 (exact here: |products| <= 3 * 127, sums over <= 64 of them) and cast
+    back, since the interpreter is only trusted for fp32 dots."""
+    if EMULATE:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc.to(tl.float32), input_precision="ieee").to(tl.int32)
+    else:
+        return tl.dot(a, b, acc, out_dtype=tl.int32)

@@ -8,14 +8,23 @@ same buffers as triton_attention's window programs; merge_kernel combines them.
 Orientation (why this kernel exists): the general kernel computes logits as
 [query rows, tokens] with the GQA group padded to 16 rows, so every element-wise step of
 the online softmax runs on 16 rows while only g (3 or 4 in common models) are real. Here
-the tile is [tokens, GP] (GP = next power of two >= g):
+the tile is [tokens, GP] (GP = next power of two >= g), and V is accumulated transposed:
 
     logits^T [BT, GP] = sum_p  X_p [BT, D/4] @ (q_p / F_p)^T [D/4, GP]   (X_p = BIAS + F_p code)
-    acc_p    [GP, D/4] += (w^T) [GP, BT] @ X_p [BT, D/4],   w = bf16(p * scale_v)
+    acc_pe^T [D/8, GP] += Xe_p^T [D/8, BT] @ w [BT, GP],   w = bf16(p * scale_v)   (same for odd)
 
-so the softmax works on BT * GP elements, the unpacked codes are the first MMA operand,
-and Triton pads the small GP side of the MMAs internally. Bias/factor removal as in
-triton_common. Scales and offsets are folded with softmax_scale * log2(e) per token.
+so the softmax works on BT * GP elements and the V MMAs have the channels on their M side.
+V codes are read as int16 byte pairs and unpacked into even- and odd-channel planes
+(Xe_p, Xo_p; triton_common.unpack_pair_plane) so that their MMA operand comes by a
+transposed ldmatrix; the output store interleaves the two. Bias/factor removal as in
+triton_common. Scales and offsets are folded with softmax_scale * log2(e) per token. The
+online softmax rescales lazily (RESCALE_SLACK). One warp per program (no cross-warp
+reductions); docs/notes/kernels.md V5-V6 has the SASS counts behind each choice.
+
+INT8_K (opt-in, D >= 128): the key path as an int8 MMA with int32 accumulation: codes are
+exact int8 (one and.b32 per four), the query is rounded per head row to int8 with the
+absmax scale s_q (q ~= s_q * q8, also in the offset term), logits = s_k s_q (code . q8) +
+z_k s_q sum(q8). scripts/int8_query_error.py measures what the query rounding costs.
 """
 
 from __future__ import annotations
@@ -23,12 +32,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_oscar.kernels.triton_common import BIAS, mma, plane_factor, round_to, unpack_pair_plane, unpack_plane
+from vllm_oscar.kernels.triton_common import (BIAS, int8_mma, mma, plane_codes_int8, plane_factor, round_to,
+                                              unpack_pair_plane, unpack_plane)
 
 #: Lazy online softmax: the running max (log2 units) moves only when a tile's max exceeds it
 #: by more than this, so most tiles skip the accumulator rescale; p stays <= 2^8, exact in
 #: fp32 and bf16-relative as before, and the normalisation uses the same stale max.
 RESCALE_SLACK: tl.constexpr = tl.constexpr(8.0)
+#: Largest |int8| a query element is rounded to (symmetric absmax scaling per head row).
+INT8_QUERY_MAX: tl.constexpr = tl.constexpr(127.0)
 
 
 @triton.jit
@@ -38,6 +50,18 @@ def _query_plane(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr, MODE: tl.co
     q_bf = round_to(qf, tl.bfloat16, EMU).to(tl.float32)
     q_div = round_to(q_bf / plane_factor(P, MODE), tl.bfloat16, EMU)
     return q_div, BIAS * tl.sum(q_div.to(tl.float32), axis=0), tl.sum(q_bf, axis=0)
+
+
+@triton.jit
+def _query_plane_f32(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr):
+    """Plane P of the query, transposed, as loaded: [Q, GP] float32."""
+    return tl.load(q_row[None, :] + P * Q + cols[:, None], mask=jok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _to_int8(x, inv_scale):
+    """round(x * inv_scale) (half up) as int8; |x * inv_scale| <= INT8_QUERY_MAX by construction."""
+    return tl.floor(x * inv_scale[None, :] + 0.5).to(tl.int8)
 
 
 @triton.jit
@@ -63,9 +87,10 @@ def int2_split_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, MODE: tl.constexpr,
-    EMU: tl.constexpr,
+    EMU: tl.constexpr, INT8_K: tl.constexpr = False,
 ):
-    """One group per row (G = D). See module docstring."""
+    """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
+    (codes exact, query rounded to int8 per head row: module docstring)."""
     Q: tl.constexpr = D // 4
     pid = tl.program_id(0)
     b = tl.program_id(1)
@@ -84,12 +109,32 @@ def int2_split_kernel(
     head = h * GROUP + j
     cols = tl.arange(0, Q)
     q_row = q_ptr + b.to(tl.int64) * stride_qb + head * stride_qh
-    q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
-    q1, qb1, qo1 = _query_plane(q_row, cols, jok, 1, Q, MODE, EMU)
-    q2, qb2, qo2 = _query_plane(q_row, cols, jok, 2, Q, MODE, EMU)
-    q3, qb3, qo3 = _query_plane(q_row, cols, jok, 3, Q, MODE, EMU)
-    qb = qb0 + qb1 + qb2 + qb3
-    qo = qo0 + qo1 + qo2 + qo3
+    if INT8_K:
+        # Query as int8 per head row (absmax over all D channels); q = s_q * q8 everywhere,
+        # so the offset term uses s_q * sum(q8) and no BIAS is involved (codes are exact int8).
+        f0 = _query_plane_f32(q_row, cols, jok, 0, Q)
+        f1 = _query_plane_f32(q_row, cols, jok, 1, Q)
+        f2 = _query_plane_f32(q_row, cols, jok, 2, Q)
+        f3 = _query_plane_f32(q_row, cols, jok, 3, Q)
+        amax = tl.maximum(tl.maximum(tl.max(tl.abs(f0), axis=0), tl.max(tl.abs(f1), axis=0)),
+                          tl.maximum(tl.max(tl.abs(f2), axis=0), tl.max(tl.abs(f3), axis=0)))
+        s_q = tl.where(amax > 0.0, amax / INT8_QUERY_MAX, 1.0)
+        inv_s = 1.0 / s_q
+        q0 = _to_int8(f0, inv_s)
+        q1 = _to_int8(f1, inv_s)
+        q2 = _to_int8(f2, inv_s)
+        q3 = _to_int8(f3, inv_s)
+        qb = tl.zeros([GP], tl.float32)
+        qo = s_q * (tl.sum(q0.to(tl.float32), axis=0) + tl.sum(q1.to(tl.float32), axis=0)
+                    + tl.sum(q2.to(tl.float32), axis=0) + tl.sum(q3.to(tl.float32), axis=0))
+    else:
+        s_q = tl.full([GP], 1.0, tl.float32)
+        q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
+        q1, qb1, qo1 = _query_plane(q_row, cols, jok, 1, Q, MODE, EMU)
+        q2, qb2, qo2 = _query_plane(q_row, cols, jok, 2, Q, MODE, EMU)
+        q3, qb3, qo3 = _query_plane(q_row, cols, jok, 3, Q, MODE, EMU)
+        qb = qb0 + qb1 + qb2 + qb3
+        qo = qo0 + qo1 + qo2 + qo3
 
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
@@ -125,13 +170,20 @@ def int2_split_kernel(
             kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
             ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
             kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-        raw = mma(unpack_plane(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.float32), EMU)
-        raw = mma(unpack_plane(kc, 1, MODE), q1, raw, EMU)
-        raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
-        raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
         ks = ks.to(tl.float32) * qk_scale
         kz = kz.to(tl.float32) * qk_scale
-        logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
+        if INT8_K:
+            iraw = int8_mma(plane_codes_int8(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.int32), EMU)
+            iraw = int8_mma(plane_codes_int8(kc, 1, MODE), q1, iraw, EMU)
+            iraw = int8_mma(plane_codes_int8(kc, 2, MODE), q2, iraw, EMU)
+            iraw = int8_mma(plane_codes_int8(kc, 3, MODE), q3, iraw, EMU)
+            logits = ks[:, None] * (iraw.to(tl.float32) * s_q[None, :]) + kz[:, None] * qo[None, :]
+        else:
+            raw = mma(unpack_plane(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.float32), EMU)
+            raw = mma(unpack_plane(kc, 1, MODE), q1, raw, EMU)
+            raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
+            raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
+            logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
         logits = tl.where(ok[:, None], logits, float("-inf"))
         tile_max = tl.max(logits, axis=0)
         if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)

@@ -40,6 +40,8 @@ MAX_SPLITS: int = 256
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
+#: Smallest head_dim for AttentionConfig.int8_keys (int8 MMAs take K >= 32 per code plane).
+INT8_MMA_MIN_HEAD_DIM: int = 128
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -57,6 +59,8 @@ class AttentionConfig:
     the general kernel (query rows on M, padded to 16). Same function, different speed.
     programs_per_sm: decode split-K sizing target (programs per SM when num_splits is None);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
+    int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
+    to int8 per head row (head_dim >= 128; not yet timed on a GPU, off by default);
     max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice;
     fewer registers let more programs share an SM).
     """
@@ -70,6 +74,7 @@ class AttentionConfig:
     tokens_on_m: bool = True
     programs_per_sm: int = PROGRAMS_PER_SM
     min_tiles_per_split: int = MIN_TILES_PER_SPLIT
+    int8_keys: bool = False
     max_registers: Optional[int] = None
 
 
@@ -245,6 +250,11 @@ def oscar_decode(
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
     split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
+    if config.int8_keys and not (split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM):
+        raise ValueError(
+            f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
+            f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
+            f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
     if split_int2:
         int2_split_kernel[(nsplit, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
@@ -256,7 +266,7 @@ def oscar_decode(
             **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE",
                                     "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "EMU",
                                     "num_stages")},
-            num_warps=config.split_warps, NSPLIT=nsplit, **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
+            num_warps=config.split_warps, NSPLIT=nsplit, INT8_K=config.int8_keys, **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     first = nsplit if split_int2 else 0
     attention_kernel[(total - first, batch, hkv)](
