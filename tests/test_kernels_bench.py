@@ -11,7 +11,7 @@ import torch
 from vllm_oscar.cli import main
 from vllm_oscar.commands.bench import fastest_configs
 from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT, AttentionConfig, decode_splits
-from vllm_oscar.kernels.benchmark import bf16_bytes, window_blocks
+from vllm_oscar.kernels.benchmark import bf16_bytes, format_breakdown, summarize_kernels, window_blocks
 
 
 @pytest.mark.parametrize("length,bs,sink,recent", [(1, 16, 64, 256), (100, 16, 64, 256), (5000, 16, 64, 256),
@@ -65,3 +65,15 @@ def test_decode_splits_respect_the_fewest_tiles_per_split() -> None:
     assert decode_splits(1, 8, 4096, 64, cpu, min_tiles_per_split=1) == 64
     # A full GPU (many requests) needs no splitting, whatever the floor.
     assert decode_splits(512, 8, 4096, 64, cpu, min_tiles_per_split=1) == 1
+
+
+def test_kernel_summary_separates_busy_time_from_gaps() -> None:
+    # Two calls of a three-kernel op (microseconds): split 0-10, window 12-16 overlapping the
+    # merge 15-18 in the first call; second call 100-110, 113-117, 120-122.
+    records = [("split", 0, 10), ("window", 12, 16), ("merge", 15, 18),
+               ("split", 100, 110), ("window", 113, 117), ("merge", 120, 122)]
+    summary = summarize_kernels(records, calls=2)
+    assert summary["kernels"] == pytest.approx({"split": 0.010, "window": 0.004, "merge": 0.0025})
+    assert list(summary["kernels"]) == ["split", "window", "merge"]  # largest first
+    assert summary["busy_ms"] == pytest.approx((10 + 6 + 10 + 4 + 2) / 2 / 1e3)
+    assert "idle between kernels 0.0040 ms" in format_breakdown({**summary, "idle_ms": 0.004})

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"decode: grid refit rounds (K and V) of the timed writes (served: {GRID_REFIT_ITERATIONS})")
     parser.add_argument("--autotune", action="store_true",
                         help="decode: per geometry, pick the fastest launch config at 32K / B=8 first")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="decode: also profile OSCAR's kernels (per-kernel ms, idle time between them)")
     parser.add_argument("--config-from", metavar="TUNE_JSON",
                         help="decode: per geometry, use the fastest launch config of this `bench tune --json` file")
     parser.add_argument("--block-t", type=int, nargs="+", default=[32, 64, 128], help="tune: tile sizes")
@@ -124,9 +126,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"autotune {geometry}: chose {chosen[geometry]}", flush=True)
         for geometry, context, batch in cases:
             rows.append(benchmark.run_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
-                                           oscar_config=chosen.get(geometry)))
+                                           oscar_config=chosen.get(geometry), breakdown=args.breakdown))
             rows[-1]["oscar_config"] = str(chosen.get(geometry, "default"))
             print(benchmark.format_table(rows[-1:]).splitlines()[-1], flush=True)
+            if "breakdown" in rows[-1].get("oscar", {}):
+                print(f"  kernels: {benchmark.format_breakdown(rows[-1]['oscar']['breakdown'])}", flush=True)
         report["decode"] = rows
         report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps, rounds)
                            for g in args.geometry for n in args.write_tokens for rounds in args.write_refit]

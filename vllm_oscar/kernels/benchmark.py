@@ -114,12 +114,13 @@ def bf16_bytes(batch: int, length: int, hkv: int, hq: int, dim: int) -> int:
     return batch * hkv * length * 4 * dim + 2 * batch * hq * dim * 2
 
 
-def time_graph(fns: list[Callable[[], object]], reps: int) -> float:
-    """Milliseconds per call of each fn: capture all fns in one CUDA graph, replay, events."""
+def captured_graph(fns: list[Callable[[], object]]) -> "torch.cuda.CUDAGraph":
+    """All fns captured in one CUDA graph after a warm-up (compile, autotune, allocate outside
+    the capture), replayed 3 times."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for fn in fns:  # warm-up: compile, autotune, allocate outside the capture
+        for fn in fns:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
@@ -130,6 +131,12 @@ def time_graph(fns: list[Callable[[], object]], reps: int) -> float:
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(fns: list[Callable[[], object]], reps: int) -> float:
+    """Milliseconds per call of each fn: capture all fns in one CUDA graph, replay, events."""
+    graph = captured_graph(fns)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
@@ -140,6 +147,47 @@ def time_graph(fns: list[Callable[[], object]], reps: int) -> float:
         times.append(start.elapsed_time(end))
     times.sort()
     return times[len(times) // 2] / len(fns)
+
+
+def summarize_kernels(kernels: list[tuple[str, float, float]], calls: int) -> dict:
+    """Per-kernel GPU time from (name, start_us, end_us) kernel records of ``calls`` calls.
+
+    Returns {"kernels": {name: ms per call}, "busy_ms": the union of the kernel intervals per
+    call}. The event-timed time of the same graph minus busy_ms is the time the GPU ran none of
+    them (launch gaps, dependencies): run_case stores it as "idle_ms".
+    """
+    per_name: dict[str, float] = {}
+    for name, begin, stop in kernels:
+        per_name[name] = per_name.get(name, 0.0) + (stop - begin)
+    busy, reach = 0.0, float("-inf")
+    for _, begin, stop in sorted(kernels, key=lambda k: k[1]):
+        busy += max(0.0, stop - max(begin, reach))
+        reach = max(reach, stop)
+    return {"kernels": {name: us / 1e3 / calls for name, us in sorted(per_name.items(), key=lambda i: -i[1])},
+            "busy_ms": busy / 1e3 / calls}
+
+
+def format_breakdown(breakdown: dict) -> str:
+    """One line: each kernel's ms, then busy and idle time (per call)."""
+    if "error" in breakdown:
+        return f"profile failed: {breakdown['error']}"
+    kernels = ", ".join(f"{name[:40]} {ms:.4f}" for name, ms in breakdown["kernels"].items())
+    return f"{kernels}; busy {breakdown['busy_ms']:.4f} ms, idle between kernels {breakdown['idle_ms']:.4f} ms"
+
+
+def kernel_breakdown(fns: list[Callable[[], object]], reps: int) -> dict:
+    """summarize_kernels of ``reps`` graph replays of fns (torch.profiler's CUDA kernel records);
+    ms per call of one fn (one layer)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = captured_graph(fns)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    return summarize_kernels(kernels, reps * len(fns))
 
 
 def measure_bandwidth(device: torch.device, gib: float = 4.0) -> dict[str, float]:
@@ -174,8 +222,10 @@ def sdpa_fns(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], ba
 
 
 def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int, device: torch.device,
-             bandwidth: dict[str, float], oscar_config=None, with_baselines: bool = True) -> dict:
-    """Time OSCAR and the baselines for one case; returns a JSON-able dict."""
+             bandwidth: dict[str, float], oscar_config=None, with_baselines: bool = True,
+             breakdown: bool = False) -> dict:
+    """Time OSCAR and the baselines for one case; returns a JSON-able dict. breakdown: also
+    OSCAR's per-kernel GPU time and the idle time between its kernels (kernel_breakdown)."""
     from torch.nn.attention import SDPBackend
 
     from vllm_oscar.kernels import triton_ops
@@ -211,6 +261,12 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     result["oscar"] = {"ms": ms, "layers": oscar_layers, "bytes": o_bytes, "GBps": o_bytes / ms / 1e6,
                        "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
                        "splits": _splits(config, case, batch, hkv, length, device)}
+    if breakdown:
+        try:
+            kernels = kernel_breakdown([oscar_fn(i) for i in range(oscar_layers)], reps)
+            result["oscar"]["breakdown"] = {**kernels, "idle_ms": ms - kernels["busy_ms"]}
+        except Exception as error:  # noqa: BLE001 - reported in the results, the timing above stands
+            result["oscar"]["breakdown"] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
     del case, outs
     torch.cuda.empty_cache()
     if not with_baselines:
