@@ -188,7 +188,7 @@ def test_torch_prefill_matches_reference() -> None:
 def test_torch_prefill_chunk_from_cache_matches_decoding_token_by_token() -> None:
     gen = torch.Generator().manual_seed(13)
     hq, hkv, dim, bs, sink, recent = 4, 2, 32, 4, 3, 6
-    chunks, lens = [9, 1, 14], [30, 1, 14]
+    lens = [30, 1, 14]  # chunks of 9, 1 and 14 new tokens (qsl below)
     layout = PageLayout(dim, dim, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=1)
     qsl = [0, 9, 10, 24]

@@ -19,7 +19,6 @@ from vllm_oscar.quant import (
     bits_per_element,
     body_bits_per_element,
     clip_rows,
-    compose_rotation,
     dequantize,
     fast_hadamard_transform,
     hadamard_matrix,
