@@ -29,6 +29,12 @@ LLOYD_MAX_BOUNDARY: float = 0.9811
 #: OscarConfig.refit_iterations and of the clip search. SmolLM2 held-out KL (shipped file,
 #: CPU, docs/notes/quality.md): 0 rounds 0.0228, 1: 0.0138, 2: 0.0121, 3: 0.0115, 4: 0.0117.
 GRID_REFIT_ITERATIONS: int = 4
+#: The served (key rounds, value rounds) of the refit: OscarConfig's default, the clip
+#: search's and calibrate's. Keys converge slowly under the floor (below): SmolLM2 held-out
+#: KL (CPU, 4 x 1024, docs/notes/quality.md) for K/V rounds 4/4 0.0238, 6/2 0.0178, 8/2
+#: 0.0150, 12/2 0.0140; stress windows 0.1095 -> 0.0738 at 8/2; passkey 17/20 at 2048 tokens
+#: (4/4: 15/20) and 10/10 at 4096. Value rounds beyond 2 change nothing measurable.
+SERVED_REFIT_ITERATIONS: tuple[int, int] = (8, 2)
 #: Whether the refit of (keys, values) is floored: the fitted scale may not fall below the
 #: clipped min/max grid's scale (quant.refit_grid(scale_floor=True)), so the grid moves
 #: but never narrows. The served write quantizer (both write kernels, the clip search):
@@ -190,9 +196,9 @@ class OscarConfig:
         hadamard_only: data-free mode: no calibrated rotation, Hadamard only (lower
             quality, must be asked for explicitly).
         refit_iterations: rounds of the least-squares (scale, offset) refit of every
-            written group (GRID_REFIT_ITERATIONS, on by default: it lowers SmolLM2's
-            held-out KL about 2x at the same bits); 0 = the plain clipped min/max grid; a
-            (K rounds, V rounds) pair sets the two sides apart. The key refit is floored
+            written group (SERVED_REFIT_ITERATIONS = (8 key, 2 value rounds) by default: it
+            lowers SmolLM2's held-out KL about 5x at the same bits); 0 = the plain clipped
+            min/max grid; one integer sets both sides. The key refit is floored
             (REFIT_SCALE_FLOOR: never narrower than the clipped min/max grid), a fixed
             property of the served quantizer since issue 6: the free key refit cost
             SmolLM2 most of its passkey retrievals (docs/QUALITY.md, "Passkey and the grid
@@ -207,7 +213,7 @@ class OscarConfig:
     clip_ratio_v: float = DEFAULT_CLIP_RATIO_V
     rotation_path: Optional[str] = None
     hadamard_only: bool = False
-    refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS
+    refit_iterations: RefitIterations = SERVED_REFIT_ITERATIONS
 
     def __post_init__(self) -> None:
         check_scale_dtype(self.scale_dtype)

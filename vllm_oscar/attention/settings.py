@@ -12,8 +12,8 @@ variables. Keys (all optional):
     group_size       channels per scale/offset group (default: one group per head vector)
     scale_dtype      "float16" (default), "bfloat16" or "float32"
     refit_iterations least-squares (scale, offset) refit rounds per written group
-                     (default 4, config.GRID_REFIT_ITERATIONS; 0 = plain clipped min/max;
-                     [K, V] sets the two sides apart, e.g. [0, 4]); the key refit is
+                     (default [8, 2]: 8 key and 2 value rounds, config.SERVED_REFIT_ITERATIONS;
+                     0 = plain clipped min/max; one integer sets both sides); the key refit is
                      always floored (never narrower than the clipped min/max grid:
                      config.REFIT_SCALE_FLOOR, docs/QUALITY.md "Passkey and the grid refit")
 

@@ -39,7 +39,7 @@ from vllm_oscar.config import (
     DEFAULT_CLIP_RATIO_V,
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
-    GRID_REFIT_ITERATIONS,
+    SERVED_REFIT_ITERATIONS,
     REFIT_SCALE_FLOOR,
     RefitIterations,
     check_clip_ratio,
@@ -219,7 +219,7 @@ def search_clip_ratios(
     sink: int = DEFAULT_SINK_TOKENS,
     recent: int = DEFAULT_RECENT_TOKENS,
     progress: bool = True,
-    refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS,
+    refit_iterations: RefitIterations = SERVED_REFIT_ITERATIONS,
     key_grid: Optional[Sequence[float]] = None,
 ) -> ClipSearchResult:
     """Search r_K and r_V (per model and per layer) for the smallest attention-output error.

@@ -23,7 +23,7 @@ from vllm_oscar.config import (
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
     DEFAULT_VALUE_FORM,
-    GRID_REFIT_ITERATIONS,
+    SERVED_REFIT_ITERATIONS,
     RefitIterations,
 )
 
@@ -45,7 +45,7 @@ class CalibrationOptions:
     clip_grid: tuple[float, ...] = CLIP_RATIO_GRID
     clip_sink: int = DEFAULT_SINK_TOKENS
     clip_recent: int = DEFAULT_RECENT_TOKENS
-    clip_refit_iterations: RefitIterations = GRID_REFIT_ITERATIONS
+    clip_refit_iterations: RefitIterations = SERVED_REFIT_ITERATIONS
     #: key-side candidates of the clip search (None: clip_grid); see search_clip_ratios.
     clip_key_grid: Optional[tuple[float, ...]] = None
     progress: bool = True

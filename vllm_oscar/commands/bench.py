@@ -17,7 +17,7 @@ import torch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from vllm_oscar.config import GRID_REFIT_ITERATIONS
+    from vllm_oscar.config import SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
     from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT
 
@@ -31,8 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
                         help="decode: also time oscar_write on this many new tokens per layer")
-    parser.add_argument("--write-refit", type=int, nargs="+", default=[0, GRID_REFIT_ITERATIONS],
-                        help=f"decode: grid refit rounds (K and V) of the timed writes (served: {GRID_REFIT_ITERATIONS})")
+    parser.add_argument("--write-refit", type=refit_rounds, nargs="+",
+                        default=[0, "/".join(map(str, SERVED_REFIT_ITERATIONS))], metavar="N|K/V",
+                        help="decode: grid refit rounds of the timed writes, one number for both sides or "
+                             f"K/V (served: {SERVED_REFIT_ITERATIONS[0]}/{SERVED_REFIT_ITERATIONS[1]})")
     parser.add_argument("--autotune", action="store_true",
                         help="decode: per geometry, pick the fastest launch config at 32K / B=8 first")
     parser.add_argument("--breakdown", action="store_true",
@@ -52,6 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
                         help="tune: maxnreg of the INT2 split programs (0 = compiler's choice)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
+
+
+def refit_rounds(text: str) -> int | tuple[int, int]:
+    """--write-refit value: "N" (both sides) or "K/V"."""
+    try:
+        parts = [int(part) for part in str(text).split("/")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts, default=-1) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give refit rounds as N or K/V with integers >= 0, e.g. 8/2.")
+    return parts[0] if len(parts) == 1 else (parts[0], parts[1])
 
 
 def fastest_configs(tune_json: str, geometries: list[str]) -> dict:

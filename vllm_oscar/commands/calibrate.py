@@ -23,7 +23,7 @@ from vllm_oscar.config import (
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
     DEFAULT_VALUE_FORM,
-    GRID_REFIT_ITERATIONS,
+    SERVED_REFIT_ITERATIONS,
     VALUE_FORMS,
 )
 
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-sink", type=int, default=DEFAULT_SINK_TOKENS, help="BF16 sink in the clip search")
     parser.add_argument("--clip-recent", type=int, default=DEFAULT_RECENT_TOKENS,
                         help="BF16 recent window in the clip search")
-    parser.add_argument("--clip-refit-iterations", type=int, nargs="+", default=[GRID_REFIT_ITERATIONS],
+    parser.add_argument("--clip-refit-iterations", type=int, nargs="+", default=list(SERVED_REFIT_ITERATIONS),
                         metavar="N", help="least-squares grid refit rounds of the quantizer the clip search "
                         "measures, one value or K V; match the served OSCAR option refit_iterations "
                         "(0 = plain min/max)")
