@@ -13,12 +13,18 @@ t >= sink + recent, the ones that read quantized history.
 Tolerance, stated and justified: the backend and the harness quantize with the same grid
 (fp16 scale/offset per row, the file's clip ratios) and read the same positions exactly; they
 differ in that the backend stores its window K/V in bfloat16 (relative rounding <= 2^-9)
-while the harness keeps them in float32, and in float32 summation order. Those differences
-are small against the quantization effect itself, so we require the mean |log-prob gap|
-between backend and harness to be below a quarter of the mean |log-prob change| that
-quantization causes in the harness (a backend that read a different grid, the wrong
-windows, or no rotation would move by about the size of the effect itself), and the two
-perplexities to agree within 1%.
+while the harness keeps them in float32, and in the float32 numerics of vLLM's CPU model code
+(GEMMs, RoPE, summation order). Quantized attention is sensitive to such changes of K: a key
+near a decision boundary changes code, and the grid refit can settle on another grid. So the
+yardstick is measured, not assumed: (5) the harness itself with every key multiplied by
+(1 + 2^-9 * N(0, 1)) before quantization (one bf16 rounding's worth). We require the mean
+|log-prob gap| between backend and harness to be below that self-gap, the gap to be less than
+half the gap between the backend and the min/max-grid harness (a backend that read a
+different grid, the wrong windows, or no rotation moves by about the quantization effect or
+more), and the two perplexities to agree within 1%. (Until 2026-11-29 the bound was a quarter
+of the quantization effect; better quantizers shrank the effect (0.134 -> 0.104 with 8 key
+refit rounds) below four times the unchanged numeric gap (~0.03), which is what the
+self-gap yardstick now measures directly: 0.036 for the served quantizer on this sequence.)
 """
 
 from __future__ import annotations
@@ -34,9 +40,23 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "corpora" / "brown.txt.xz"
 SEQ_LEN, CHUNK, SINK, RECENT = 1024, 64, 64, 256
-#: Backend-vs-harness gap allowed, as a share of the quantization effect (module docstring).
-GAP_SHARE = 0.25
+#: Relative size of the key perturbation of the harness self-gap (one bf16 rounding).
+KEY_PERTURBATION = 2.0 ** -9
 PPL_TOLERANCE = 0.01
+
+
+class _PerturbedKeys:
+    """A KVMethod whose keys are multiplied by (1 + KEY_PERTURBATION * N(0, 1)) before quantizing."""
+
+    def __init__(self, method) -> None:
+        self.method = method
+
+    def __getattr__(self, name: str):
+        return getattr(self.method, name)
+
+    def quantize_keys(self, keys: torch.Tensor, layer: int) -> torch.Tensor:
+        noise = torch.randn(keys.shape, generator=torch.Generator().manual_seed(layer)).to(keys.device)
+        return self.method.quantize_keys(keys * (1 + KEY_PERTURBATION * noise), layer)
 
 
 def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -78,24 +98,29 @@ def scores(smollm2_path):
     exact = _next_token_logprobs(method_logits(model, ids[None], KVMethod(), SINK, RECENT), ids)
     minmax = _next_token_logprobs(
         method_logits(model, ids[None], file_method(str(rotation), "oscar-file-minmax"), SINK, RECENT), ids)
+    perturbed = _next_token_logprobs(
+        method_logits(model, ids[None], _PerturbedKeys(file_method(str(rotation))), SINK, RECENT), ids)
     first = SINK + RECENT
-    return backend[first:], harness[first:], exact[first:], minmax[first:]
+    return backend[first:], harness[first:], exact[first:], minmax[first:], perturbed[first:]
 
 
 def test_backend_matches_the_harness_within_the_stated_tolerance(scores, record_property) -> None:
-    backend, harness, exact, minmax = scores
+    backend, harness, exact, minmax, perturbed = scores
     gap = float((backend - harness).abs().mean())
     effect = float((harness - exact).abs().mean())
     gap_minmax = float((backend - minmax).abs().mean())
+    self_gap = float((perturbed - harness).abs().mean())
     names = ("backend", "harness", "bf16", "harness_minmax")
     ppl = {name: float(torch.exp(-lp.mean())) for name, lp in zip(names, scores)}
-    measured = {"gap": gap, "effect": effect, "gap_to_minmax": gap_minmax, **{f"ppl_{k}": v for k, v in ppl.items()}}
+    measured = {"gap": gap, "effect": effect, "gap_to_minmax": gap_minmax, "harness_self_gap": self_gap,
+                **{f"ppl_{k}": v for k, v in ppl.items()}}
     for key, value in measured.items():
         record_property(key, value)
     print(f"mean |logprob gap| backend vs harness {gap:.5f}; quantization effect {effect:.5f}; "
-          f"backend vs harness with the min/max grid {gap_minmax:.5f}; ppl {ppl}")
-    assert effect > 0.0
-    assert gap < GAP_SHARE * effect, (gap, effect)
+          f"backend vs harness with the min/max grid {gap_minmax:.5f}; harness vs itself with keys "
+          f"perturbed by {KEY_PERTURBATION:.1e} {self_gap:.5f}; ppl {ppl}")
+    assert effect > 0.0 and self_gap > 0.0
+    assert gap < self_gap, (gap, self_gap)
     assert abs(ppl["backend"] / ppl["harness"] - 1) < PPL_TOLERANCE, ppl
     # The backend serves the grid refit (OscarConfig's default): it is much closer to the
     # refit harness than to the plain min/max grid.

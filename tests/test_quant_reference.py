@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_oscar.config import DEFAULT_CLIP_RATIO_K, LLOYD_MAX_BOUNDARY, OscarConfig
+from vllm_oscar.config import DEFAULT_CLIP_RATIO_K, LLOYD_MAX_BOUNDARY, OscarConfig, refit_pair
 from vllm_oscar.quant import (
     bit_reversal_permutation,
     bits_per_element,
@@ -294,4 +294,4 @@ def test_refit_grid_zero_rounds_is_the_initial_grid_and_never_loses() -> None:
         quantize_rows(rows, 0.9, 32, torch.float16, refit_iterations=-1)
     with pytest.raises(ValueError, match="refit_iterations"):
         OscarConfig(refit_iterations=-2)
-    assert OscarConfig().refit_iterations > 0
+    assert min(refit_pair(OscarConfig().refit_iterations)) > 0

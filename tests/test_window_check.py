@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 
 import window_check
+from vllm_oscar.config import SERVED_REFIT_ITERATIONS
 from vllm_oscar.kernels import PageLayout, oscar_write
 
 D, HKV, HQ, BS = 64, 3, 9, 16
@@ -31,11 +32,12 @@ def _run(corrupt: bool) -> dict:
     rotation = torch.linalg.qr(torch.randn(HKV, D, D))[0]
     key, value = torch.randn(length, HKV, D), torch.randn(length, HKV, D)
     slots = torch.arange(length)
-    oscar_write(key, value, rotation, rotation, 0.96, 0.92, cache, layout, slots, window_k, window_v, slots)
+    # The served quantizer (floored key refit rounds): the check must not depend on it.
+    oscar_write(key, value, rotation, rotation, 0.96, 0.92, cache, layout, slots, window_k, window_v, slots,
+                refit_iterations=SERVED_REFIT_ITERATIONS)
     if corrupt:  # a stale copy: block 1's window holds other tokens than its INT2 rows
         window_k[1] = window_k[2].clone()
-    impl = SimpleNamespace(window_k=window_k, rotations=SimpleNamespace(clip_k=0.96),
-                           config=SimpleNamespace(refit_iterations=0))
+    impl = SimpleNamespace(window_k=window_k)
     worker = _fake_worker(impl)
     decode, prefill = backend.oscar_decode, backend.oscar_prefill
     try:
