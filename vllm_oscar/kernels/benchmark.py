@@ -326,7 +326,7 @@ def _splits(config, case: OscarCase, batch: int, hkv: int, length: int, device: 
     from vllm_oscar.kernels import triton_ops
 
     return config.num_splits or triton_ops.decode_splits(
-        batch, hkv, length, triton_ops.resolved_block_t(config, case.layout), device, config.programs_per_sm,
+        batch, hkv, length, triton_ops.resolved_block_t(config), device, config.programs_per_sm,
         config.min_tiles_per_split)
 
 

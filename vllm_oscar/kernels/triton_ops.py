@@ -184,8 +184,8 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
-def resolved_block_t(config: AttentionConfig, layout: PageLayout) -> int:
-    """config.block_t, or DECODE_BLOCK_T (the layout is checked by the caller)."""
+def resolved_block_t(config: AttentionConfig) -> int:
+    """config.block_t, or DECODE_BLOCK_T; a power of two >= 16."""
     if config.block_t is None:
         return DECODE_BLOCK_T
     if config.block_t < 16 or config.block_t & (config.block_t - 1):
@@ -194,7 +194,7 @@ def resolved_block_t(config: AttentionConfig, layout: PageLayout) -> int:
 
 
 def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:
-    block_t = resolved_block_t(config, layout)
+    block_t = resolved_block_t(config)
     return dict(
         GROUP=group, GP=triton.next_power_of_2(group), D=layout.head_dim, G=layout.group_size,
         BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], **_plane_offsets(layout),
@@ -240,7 +240,7 @@ def oscar_decode(
         return out
     if max_seq_len is None:
         max_seq_len = block_table.shape[1] * layout.block_size
-    block_t = resolved_block_t(config, layout)
+    block_t = resolved_block_t(config)
     nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, block_t, query_rot.device,
                                                 config.programs_per_sm, config.min_tiles_per_split)
     nsink = triton.cdiv(sink, block_t)
