@@ -38,6 +38,8 @@ Names (``--methods``):
     oscar-head-center-refit  ... centering + refit (reference clip ratios as the starting grid)
     oscar-head-best      ... clip search + centering + refit
     int2-hadamard-refit  Hadamard + refit (is the gain the basis or the quantizer?)
+    int2-hadamard-served Hadamard + the quantizer the backend serves (clips 0.96 / 0.92, floored
+                         key refit, SERVED_REFIT_ITERATIONS): what the calibrated basis buys as served
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from vllm_oscar.config import (
     OscarConfig,
     KIVI_GROUP_SIZE,
     REFIT_SCALE_FLOOR,
+    SERVED_REFIT_ITERATIONS,
     refit_pair,
     TURBOQUANT_PRESETS,
     VALUE_FORM_LOGIT_ENERGY,
@@ -70,7 +73,8 @@ from vllm_oscar.evaluation.methods import (
 
 
 BASELINES = (
-    "bf16", "int2-naive", "int2-quarot", "int2-hadamard-clip", "int2-hadamard-refit", "kivi2", *TURBOQUANT_PRESETS,
+    "bf16", "int2-naive", "int2-quarot", "int2-hadamard-clip", "int2-hadamard-refit", "int2-hadamard-served", "kivi2",
+    *TURBOQUANT_PRESETS,
 )
 OSCAR_VARIANTS = (
     "oscar-head", "oscar-head-vlogit", "oscar-layer", "oscar-head-noH", "oscar-head-lm",
@@ -156,6 +160,10 @@ def baseline_method(name: str, geometry: Geometry) -> KVMethod:
     if name == "int2-hadamard-refit":
         layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
         return RowMethod(name, "Hadamard + least-squares grid refit, per-token INT2", layers, refit_iterations=GRID_REFIT_ITERATIONS)
+    if name == "int2-hadamard-served":
+        layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
+        return RowMethod(name, "Hadamard + the served quantizer (floored key refit), per-token INT2", layers,
+                         refit_iterations=SERVED_REFIT_ITERATIONS, refit_floor=REFIT_SCALE_FLOOR)
     if name == "kivi2":
         return KiviMethod(KIVI_GROUP_SIZE)
     if name in TURBOQUANT_PRESETS:
