@@ -65,6 +65,14 @@ def _to_int8(x, inv_scale):
 
 
 @triton.jit
+def _accumulate_plane(vc, w, acc_even, acc_odd, P: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr):
+    """V plane P of the int16 byte-pair tile vc [BT, D/8] into acc^T [D/8, GP] += X^T @ w [BT, GP],
+    even and odd channels apart."""
+    even, odd = unpack_pair_plane(vc, P, MODE)
+    return mma(tl.trans(even), w, acc_even, EMU), mma(tl.trans(odd), w, acc_odd, EMU)
+
+
+@triton.jit
 def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.constexpr, Q: tl.constexpr,
                  MODE: tl.constexpr):
     """Store plane P's normalised outputs: even channels from acc_even, odd from acc_odd ([Q/2, GP])."""
@@ -159,17 +167,13 @@ def int2_split_kernel(
         if SAME_BLOCK:
             base = head_base + tl.load(bt_row + t0 // BS).to(tl.int64) * stride_cb
             slot = t0 % BS + offs_t
-            rows = base + slot * Q  # scalar base: K/V code rows are one contiguous run
-            kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
-            ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-            kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
         else:
             base = head_base + tl.load(bt_row + s // BS, mask=ok, other=0).to(tl.int64) * stride_cb
             slot = s % BS
-            rows = base + slot * Q
-            kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
-            ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-            kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+        rows = base + slot * Q  # with a scalar base, the K/V code rows are one contiguous run
+        kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
+        ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+        kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
         ks = ks.to(tl.float32) * qk_scale
         kz = kz.to(tl.float32) * qk_scale
         if INT8_K:
@@ -209,18 +213,10 @@ def int2_split_kernel(
         w = round_to(p * vs[:, None], tl.bfloat16, EMU)
         sw += tl.sum(w.to(tl.float32), axis=0)
         zw += tl.sum(p * vz[:, None], axis=0)
-        v0e, v0o = unpack_pair_plane(vc, 0, MODE)
-        acc0e = mma(tl.trans(v0e), w, acc0e, EMU)
-        acc0o = mma(tl.trans(v0o), w, acc0o, EMU)
-        v1e, v1o = unpack_pair_plane(vc, 1, MODE)
-        acc1e = mma(tl.trans(v1e), w, acc1e, EMU)
-        acc1o = mma(tl.trans(v1o), w, acc1o, EMU)
-        v2e, v2o = unpack_pair_plane(vc, 2, MODE)
-        acc2e = mma(tl.trans(v2e), w, acc2e, EMU)
-        acc2o = mma(tl.trans(v2o), w, acc2o, EMU)
-        v3e, v3o = unpack_pair_plane(vc, 3, MODE)
-        acc3e = mma(tl.trans(v3e), w, acc3e, EMU)
-        acc3o = mma(tl.trans(v3o), w, acc3o, EMU)
+        acc0e, acc0o = _accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
+        acc1e, acc1o = _accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
+        acc2e, acc2o = _accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
+        acc3e, acc3o = _accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
