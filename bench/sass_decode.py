@@ -9,6 +9,10 @@ the GPU (without that, the loads compile to byte loads).
 
     python bench/sass_decode.py --head-dim 128 --group 4 --block-t 64 --block-size 16 --warps 2
     python bench/sass_decode.py ... --dump /tmp/k.sass      # also keep the full listing
+
+To compile with the GPU machine's Triton (3.6) instead of the one installed here:
+    pip download triton==3.6.0 --no-deps -d /tmp/tri36 && pip install --no-deps --target /opt/tri36 /tmp/tri36/*.whl
+    PYTHONPATH=/opt/tri36 python bench/sass_decode.py --warps 1 --stages 1
 """
 
 from __future__ import annotations
