@@ -125,11 +125,15 @@ DECODE_CASES = [
 ]
 
 
-#: Launch variants each decode case runs: (unpack, block_t, tokens_on_m, split warps).
-DECODE_VARIANTS = ((UNPACK_PTX, 64, True, 2), (UNPACK_PTX, 128, True, 2), (UNPACK_PTX, 64, True, 1),
-                   (UNPACK_PTX, 128, True, 1), (UNPACK_PORTABLE, 32, True, 2), (UNPACK_PTX, 64, False, 2))
-#: --quick: the default launch config on the cases whose INT2 part runs in the split kernel (G = D).
-QUICK_VARIANTS = ((UNPACK_PTX, None, True, None), (UNPACK_PORTABLE, None, True, None))
+#: Launch variants each decode case runs (AttentionConfig arguments).
+DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpack=UNPACK_PTX, block_t=128, split_warps=2),
+                   dict(unpack=UNPACK_PTX, block_t=64, split_warps=1), dict(unpack=UNPACK_PTX, block_t=128, split_warps=1),
+                   dict(unpack=UNPACK_PORTABLE, block_t=32, split_warps=2),
+                   dict(unpack=UNPACK_PTX, block_t=64, tokens_on_m=False),
+                   dict(unpack=UNPACK_PTX, prefetch=1), dict(unpack=UNPACK_PTX, block_t=32, prefetch=2))
+#: --quick: the default launch config on the cases whose INT2 part runs in the split kernel (G = D),
+#: and the L2 prefetch variant.
+QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2))
 
 
 
@@ -147,20 +151,16 @@ def check_decode(report: list, quick: bool = False) -> None:
             dense_attention(query[b : b + 1], torch.tensor([n - 1], device=DEVICE),
                             dense_context(state, b, n, DEVICE), sink, recent, scale)[0]
             for b, n in enumerate(lens)])
-        for mode, block_t, tokens_on_m, warps in QUICK_VARIANTS if quick else DECODE_VARIANTS:
+        for variant in QUICK_VARIANTS if quick else DECODE_VARIANTS:
             out = torch.full_like(query, float("nan"))
-            config = triton_ops.AttentionConfig(block_t=block_t, unpack=mode, tokens_on_m=tokens_on_m,
-                                                **({} if warps is None else {"split_warps": warps}))
+            config = triton_ops.AttentionConfig(**variant)
             triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                     state.window_block_table, state.seq_lens, sink, recent, scale, out=out,
                                     max_seq_len=max(lens), config=config)
             errors = [rel(out[b], expected[b]) for b in range(len(lens))]
             ok = max(errors) < TOLERANCE
-            report.append({"check": "decode", "case": name, "unpack": mode, "block_t": block_t,
-                           "tokens_on_m": tokens_on_m, "num_warps": warps, "rel_errors": errors, "ok": ok})
-            print(f"decode {name} unpack={mode} bt={block_t} tokens_on_m={tokens_on_m} warps={warps}: "
-                  f"max rel err {max(errors):.2e} "
-                  f"{'ok' if ok else 'FAIL'}", flush=True)
+            report.append({"check": "decode", "case": name, "config": variant, "rel_errors": errors, "ok": ok})
+            print(f"decode {name} {variant}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
 
 
 def check_decode_int8_keys(report: list) -> None:
@@ -179,14 +179,17 @@ def check_decode_int8_keys(report: list) -> None:
             dense_attention(rounded[b : b + 1], torch.tensor([n - 1], device=DEVICE),
                             dense_context(state, b, n, DEVICE), 0, 0, scale)[0]
             for b, n in enumerate(lens)])
-        out = torch.full_like(query, float("nan"))
-        triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                state.window_block_table, state.seq_lens, 0, 0, scale, out=out,
-                                max_seq_len=max(lens), config=triton_ops.AttentionConfig(int8_keys=True))
-        errors = [rel(out[b], expected[b]) for b in range(len(lens))]
-        ok = max(errors) < TOLERANCE
-        report.append({"check": "decode_int8_keys", "case": name, "rel_errors": errors, "ok": ok})
-        print(f"decode int8 keys {name}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
+        for prefetch in (0, 2):
+            out = torch.full_like(query, float("nan"))
+            triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                    state.window_block_table, state.seq_lens, 0, 0, scale, out=out, max_seq_len=max(lens),
+                                    config=triton_ops.AttentionConfig(int8_keys=True, prefetch=prefetch))
+            errors = [rel(out[b], expected[b]) for b in range(len(lens))]
+            ok = max(errors) < TOLERANCE
+            report.append({"check": "decode_int8_keys", "case": name, "prefetch": prefetch, "rel_errors": errors,
+                           "ok": ok})
+            print(f"decode int8 keys {name} prefetch={prefetch}: max rel err {max(errors):.2e} "
+                  f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
 def check_prefill(report: list) -> None:

@@ -47,11 +47,13 @@ SIGNATURE = {
 PLAIN_SCALARS = ("sink", "recent", "qk_scale")
 
 
-def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int):
-    """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack)."""
+def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int,
+                   int8_keys: bool = False, prefetch: int = 0, maxnreg: int = 0):
+    """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack); maxnreg 0 = compiler's choice."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
                      BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, NSPLIT=64, MODE=1, EMU=False,
+                     INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
                      **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **{name: "constexpr" for name in constants}}
@@ -60,18 +62,19 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
         constexprs={(names.index(k),): v for k, v in constants.items()},
         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in SIGNATURE if k not in PLAIN_SCALARS},
     )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages,
+                                                                             **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
-def disassemble(cubin: bytes) -> str:
-    """cuobjdump -sass of a cubin, with the tool shipped in the Triton wheel."""
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """cuobjdump FLAG (-sass, -res-usage) of a cubin, with the tool shipped in the Triton wheel."""
     import triton.backends.nvidia as nvidia
 
     tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
-        return subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, flag, handle.name], capture_output=True, text=True, check=True).stdout
 
 
 def loop_histograms(sass: str, top: int) -> list[str]:
@@ -96,15 +99,21 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--warps", type=int, default=2)
     parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--int8-keys", action="store_true", help="the int8-MMA key path (INT8_K)")
+    parser.add_argument("--prefetch", type=int, default=0, help="L2 prefetch distance in tiles (PREFETCH; 0 = off)")
+    parser.add_argument("--maxnreg", type=int, default=0, help="register cap (0 = compiler's choice)")
     parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
     parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
     args = parser.parse_args()
-    kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages)
-    sass = disassemble(kernel.asm["cubin"])
+    kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
+                            args.int8_keys, args.prefetch, args.maxnreg)
+    sass = cuobjdump(kernel.asm["cubin"], "-sass")
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
     if args.dump:
         with open(args.dump, "w") as handle:
             handle.write(sass)
-    print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90")
+    print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {usage.group(1)}, "
+          f"stack {usage.group(2)} B")
     for line in loop_histograms(sass, args.top):
         print(line)
     return 0

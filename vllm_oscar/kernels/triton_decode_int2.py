@@ -41,6 +41,8 @@ from vllm_oscar.kernels.triton_common import (BIAS, int8_mma, mma, plane_codes_i
 RESCALE_SLACK: tl.constexpr = tl.constexpr(8.0)
 #: Largest |int8| a query element is rounded to (symmetric absmax scaling per head row).
 INT8_QUERY_MAX: tl.constexpr = tl.constexpr(127.0)
+#: Bytes per L2 prefetch request (one cache line).
+PREFETCH_LINE: tl.constexpr = tl.constexpr(128)
 
 
 @triton.jit
@@ -84,6 +86,99 @@ def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.co
 
 
 @triton.jit
+def _load_tile(head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, sink_end, int2_end,
+               K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
+               V_SCALE: tl.constexpr, V_ZERO: tl.constexpr, SCALE_T: tl.constexpr, BS: tl.constexpr,
+               Q: tl.constexpr, SAME_BLOCK: tl.constexpr):
+    """One tile of positions [t0, t0 + BLOCK_T) of one (request, KV head): K codes [BT, Q] uint8, K scale and
+    offset [BT] (SCALE_T), V codes as int16 byte pairs [BT, Q/2], V scale and offset [BT], and the mask ok [BT]
+    of positions inside the pure-INT2 range."""
+    s = t0 + offs_t
+    ok = (s >= sink_end) & (s < int2_end)
+    if SAME_BLOCK:
+        base = head_base + tl.load(bt_row + t0 // BS).to(tl.int64) * stride_cb
+        slot = t0 % BS + offs_t
+    else:
+        base = head_base + tl.load(bt_row + s // BS, mask=ok, other=0).to(tl.int64) * stride_cb
+        slot = s % BS
+    rows = base + slot * Q  # with a scalar base, the K/V code rows are one contiguous run
+    kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
+    ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+    kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+    vc = tl.load((rows + V_CODES).to(tl.pointer_type(tl.int16))[:, None] + pairs[None, :], mask=ok[:, None], other=0)
+    vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+    vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+    return kc, ks, kz, vc, vs, vz, ok
+
+
+@triton.jit
+def _prefetch_tile(head_base, bt_row, stride_cb, t0, int2_end, live, BS: tl.constexpr, BLOCK_T: tl.constexpr,
+                   REGION: tl.constexpr):
+    """prefetch.global.L2 every 128-byte line of the (block, head) regions whose first position lies in
+    [t0, t0 + BLOCK_T) (nothing when ``live`` is False). A hint only: no result depends on it."""
+    NB: tl.constexpr = BLOCK_T // BS if BLOCK_T > BS else 1
+    LINES: tl.constexpr = triton.next_power_of_2((REGION + PREFETCH_LINE - 1) // PREFETCH_LINE)
+    blk = tl.arange(0, NB)
+    line = tl.arange(0, LINES)
+    start = live & (t0 % BS == 0) if BLOCK_T < BS else live
+    real = start & (t0 + blk * BS < int2_end)  # blocks past the request's INT2 range are not in its table
+    ids = tl.load(bt_row + t0 // BS + blk, mask=real, other=0).to(tl.int64)
+    addr = (head_base + ids[:, None] * stride_cb + line[None, :] * PREFETCH_LINE).to(tl.int64, bitcast=True)
+    want = (real[:, None] & (line[None, :] * PREFETCH_LINE < REGION)).to(tl.int32)
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [addr, want], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+               m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+               BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr):
+    """One tile's logits, lazy online-softmax update and V accumulation (the loaded tile as _load_tile
+    returns it; state as int2_split_kernel keeps it). Returns the updated state."""
+    ks = ks.to(tl.float32) * qk_scale
+    kz = kz.to(tl.float32) * qk_scale
+    if INT8_K:
+        iraw = int8_mma(plane_codes_int8(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.int32), EMU)
+        iraw = int8_mma(plane_codes_int8(kc, 1, MODE), q1, iraw, EMU)
+        iraw = int8_mma(plane_codes_int8(kc, 2, MODE), q2, iraw, EMU)
+        iraw = int8_mma(plane_codes_int8(kc, 3, MODE), q3, iraw, EMU)
+        logits = ks[:, None] * (iraw.to(tl.float32) * s_q[None, :]) + kz[:, None] * qo[None, :]
+    else:
+        raw = mma(unpack_plane(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.float32), EMU)
+        raw = mma(unpack_plane(kc, 1, MODE), q1, raw, EMU)
+        raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
+        raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
+        logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
+    logits = tl.where(ok[:, None], logits, float("-inf"))
+    tile_max = tl.max(logits, axis=0)
+    if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
+        m_new = tl.maximum(m_i, tile_max)
+        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+        l_i *= alpha
+        sw *= alpha
+        zw *= alpha
+        acc0e *= alpha[None, :]
+        acc0o *= alpha[None, :]
+        acc1e *= alpha[None, :]
+        acc1o *= alpha[None, :]
+        acc2e *= alpha[None, :]
+        acc2o *= alpha[None, :]
+        acc3e *= alpha[None, :]
+        acc3o *= alpha[None, :]
+        m_i = m_new
+    p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+    l_i += tl.sum(p, axis=0)
+    w = round_to(p * vs.to(tl.float32)[:, None], tl.bfloat16, EMU)
+    sw += tl.sum(w.to(tl.float32), axis=0)
+    zw += tl.sum(p * vz.to(tl.float32)[:, None], axis=0)
+    acc0e, acc0o = _accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
+    acc1e, acc1o = _accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
+    acc2e, acc2o = _accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
+    acc3e, acc3o = _accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
+    return m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
+
+
+@triton.jit
 def int2_split_kernel(
     q_ptr, stride_qb, stride_qh,
     cache_ptr, stride_cb, stride_ch,
@@ -95,7 +190,8 @@ def int2_split_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, MODE: tl.constexpr,
-    EMU: tl.constexpr, INT8_K: tl.constexpr = False,
+    EMU: tl.constexpr, INT8_K: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    REGION: tl.constexpr = 0,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring)."""
@@ -161,62 +257,16 @@ def int2_split_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
     for i in range(lo, hi):
-        t0 = first + i * BLOCK_T
-        s = t0 + offs_t
-        ok = (s >= sink_end) & (s < int2_end)
-        if SAME_BLOCK:
-            base = head_base + tl.load(bt_row + t0 // BS).to(tl.int64) * stride_cb
-            slot = t0 % BS + offs_t
-        else:
-            base = head_base + tl.load(bt_row + s // BS, mask=ok, other=0).to(tl.int64) * stride_cb
-            slot = s % BS
-        rows = base + slot * Q  # with a scalar base, the K/V code rows are one contiguous run
-        kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
-        ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-        kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-        ks = ks.to(tl.float32) * qk_scale
-        kz = kz.to(tl.float32) * qk_scale
-        if INT8_K:
-            iraw = int8_mma(plane_codes_int8(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.int32), EMU)
-            iraw = int8_mma(plane_codes_int8(kc, 1, MODE), q1, iraw, EMU)
-            iraw = int8_mma(plane_codes_int8(kc, 2, MODE), q2, iraw, EMU)
-            iraw = int8_mma(plane_codes_int8(kc, 3, MODE), q3, iraw, EMU)
-            logits = ks[:, None] * (iraw.to(tl.float32) * s_q[None, :]) + kz[:, None] * qo[None, :]
-        else:
-            raw = mma(unpack_plane(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.float32), EMU)
-            raw = mma(unpack_plane(kc, 1, MODE), q1, raw, EMU)
-            raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
-            raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
-            logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
-        logits = tl.where(ok[:, None], logits, float("-inf"))
-        tile_max = tl.max(logits, axis=0)
-        if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
-            m_new = tl.maximum(m_i, tile_max)
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i *= alpha
-            sw *= alpha
-            zw *= alpha
-            acc0e *= alpha[None, :]
-            acc0o *= alpha[None, :]
-            acc1e *= alpha[None, :]
-            acc1o *= alpha[None, :]
-            acc2e *= alpha[None, :]
-            acc2o *= alpha[None, :]
-            acc3e *= alpha[None, :]
-            acc3o *= alpha[None, :]
-            m_i = m_new
-        p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-        l_i += tl.sum(p, axis=0)
-        vc = tl.load((rows + V_CODES).to(tl.pointer_type(tl.int16))[:, None] + pairs[None, :], mask=ok[:, None], other=0)
-        vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
-        vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0).to(tl.float32)
-        w = round_to(p * vs[:, None], tl.bfloat16, EMU)
-        sw += tl.sum(w.to(tl.float32), axis=0)
-        zw += tl.sum(p * vz[:, None], axis=0)
-        acc0e, acc0o = _accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
-        acc1e, acc1o = _accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
-        acc2e, acc2o = _accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
-        acc3e, acc3o = _accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
+        if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
+            _prefetch_tile(head_base, bt_row, stride_cb, first + (i + PREFETCH) * BLOCK_T, int2_end,
+                           i + PREFETCH < hi,
+                           BS, BLOCK_T, REGION)
+        kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile(
+            head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
+            K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
+        m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
+            kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+            m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, BLOCK_T, GP, MODE, EMU, INT8_K)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps

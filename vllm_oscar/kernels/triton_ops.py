@@ -62,7 +62,9 @@ class AttentionConfig:
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= 128; not yet timed on a GPU, off by default);
     max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice;
-    fewer registers let more programs share an SM).
+    fewer registers let more programs share an SM);
+    prefetch: the INT2 split programs ask L2 for the tile this many steps ahead (prefetch.global.L2;
+    0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change.
     """
 
     block_t: Optional[int] = None
@@ -76,6 +78,7 @@ class AttentionConfig:
     min_tiles_per_split: int = MIN_TILES_PER_SPLIT
     int8_keys: bool = False
     max_registers: Optional[int] = None
+    prefetch: int = 0
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -255,6 +258,9 @@ def oscar_decode(
             f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
             f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
             f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
+    if config.prefetch and meta["MODE"] != UNPACK_PTX:
+        raise ValueError(f"prefetch={config.prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
+                         f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
     if split_int2:
         int2_split_kernel[(nsplit, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
@@ -266,7 +272,8 @@ def oscar_decode(
             **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE",
                                     "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "EMU",
                                     "num_stages")},
-            num_warps=config.split_warps, NSPLIT=nsplit, INT8_K=config.int8_keys, **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
+            num_warps=config.split_warps, NSPLIT=nsplit, INT8_K=config.int8_keys, PREFETCH=config.prefetch,
+            REGION=layout.head_region_bytes, **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     first = nsplit if split_int2 else 0
     attention_kernel[(total - first, batch, hkv)](
