@@ -188,17 +188,16 @@ def attention_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, DECODE: tl.constexpr, MODE: tl.constexpr,
-    WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr, PID_OFFSET: tl.constexpr,
+    WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr,
     NSINK: tl.constexpr, CHUNK_FROM_CACHE: tl.constexpr,
 ):
     """See module docstring. Decode writes partials (out: [B, Hq, NSPLIT+2, D] fp32, lse:
-    [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype).
-    PID_OFFSET: added to program_id(0) (decode launches only the window programs here,
-    with PID_OFFSET = NSPLIT, when the INT2 splits run in triton_decode_int2)."""
+    [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype). Decode runs here only
+    when the INT2 history cannot take triton_decode_int2 (several groups per row, or tokens_on_m off)."""
     Q: tl.constexpr = D // 4
     NG: tl.constexpr = D // G
     PARAM: tl.constexpr = D // G  # scale entries per (token, head)
-    pid = tl.program_id(0) + PID_OFFSET
+    pid = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
 

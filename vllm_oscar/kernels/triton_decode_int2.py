@@ -130,11 +130,10 @@ def _prefetch_tile(head_base, bt_row, stride_cb, t0, int2_end, live, BS: tl.cons
 
 
 @triton.jit
-def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
-               m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-               BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr):
-    """One tile's logits, lazy online-softmax update and V accumulation (the loaded tile as _load_tile
-    returns it; state as int2_split_kernel keeps it). Returns the updated state."""
+def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+                      BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
+                      INT8_K: tl.constexpr):
+    """[BT, GP] fp32 logits (log2 units) of one loaded INT2 tile; -inf where not ok."""
     ks = ks.to(tl.float32) * qk_scale
     kz = kz.to(tl.float32) * qk_scale
     if INT8_K:
@@ -149,7 +148,31 @@ def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale
         raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
         raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
         logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
-    logits = tl.where(ok[:, None], logits, float("-inf"))
+    return tl.where(ok[:, None], logits, float("-inf"))
+
+
+@triton.jit
+def _int2_tile_values(p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                      MODE: tl.constexpr, EMU: tl.constexpr):
+    """Accumulate p [BT, GP] (fp32, 0 where unused) times one loaded tile of INT2 V: sw += sum(w),
+    zw += sum(p * offset), acc^T += codes^T @ w with w = bf16(p * scale). Returns the updated sums."""
+    w = round_to(p * vs.to(tl.float32)[:, None], tl.bfloat16, EMU)
+    sw += tl.sum(w.to(tl.float32), axis=0)
+    zw += tl.sum(p * vz.to(tl.float32)[:, None], axis=0)
+    acc0e, acc0o = _accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
+    acc1e, acc1o = _accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
+    acc2e, acc2o = _accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
+    acc3e, acc3o = _accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
+    return sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
+
+
+@triton.jit
+def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+               m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+               BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr):
+    """One INT2 tile's logits, lazy online-softmax update and V accumulation (the loaded tile as
+    _load_tile returns it; state as int2_split_kernel keeps it). Returns the updated state."""
+    logits = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale, BLOCK_T, GP, MODE, EMU, INT8_K)
     tile_max = tl.max(logits, axis=0)
     if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
         m_new = tl.maximum(m_i, tile_max)
@@ -168,33 +191,52 @@ def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale
         m_i = m_new
     p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
     l_i += tl.sum(p, axis=0)
-    w = round_to(p * vs.to(tl.float32)[:, None], tl.bfloat16, EMU)
-    sw += tl.sum(w.to(tl.float32), axis=0)
-    zw += tl.sum(p * vz.to(tl.float32)[:, None], axis=0)
-    acc0e, acc0o = _accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
-    acc1e, acc1o = _accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
-    acc2e, acc2o = _accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
-    acc3e, acc3o = _accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
+    sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
+        p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, MODE, EMU)
     return m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
+
+
+@triton.jit
+def _window_query_plane(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr, WIN_T: tl.constexpr,
+                        EMU: tl.constexpr):
+    """Plane P of the query, transposed, in the window dtype: [Q, GP]."""
+    return round_to(tl.load(q_row[None, :] + P * Q + cols[:, None], mask=jok[None, :], other=0.0), WIN_T, EMU)
+
+
+@triton.jit
+def _window_values(wv_rows, copy, pw, acc_even, acc_odd, cols, P: tl.constexpr, Q: tl.constexpr,
+                   MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr):
+    """acc^T += F_P * V_P^T @ pw over BF16 window rows (wv_rows [BT] -> channel 0; pw [BT, GP] fp32,
+    0 where no copy), even and odd channels of plane P apart (the INT2 accumulators' layout)."""
+    v = tl.load(wv_rows[:, None] + P * Q + cols[None, :], mask=copy[:, None], other=0.0)
+    even, odd = tl.split(tl.reshape(v, [v.shape[0], Q // 2, 2]))
+    pf = round_to(pw * plane_factor(P, MODE), WIN_T, EMU)  # exact: a power-of-two scaling
+    return mma(tl.trans(even), pf, acc_even, EMU), mma(tl.trans(odd), pf, acc_odd, EMU)
 
 
 @triton.jit
 def int2_split_kernel(
     q_ptr, stride_qb, stride_qh,
     cache_ptr, stride_cb, stride_ch,
-    bt_ptr, stride_bt, seq_ptr,
+    wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2,
+    bt_ptr, wbt_ptr, stride_bt, seq_ptr,
     part_ptr, stride_pb, stride_ph, stride_ps,
     lse_ptr, stride_lb, stride_lh,
     sink, recent, qk_scale,
     GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr,
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
-    BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, MODE: tl.constexpr,
-    EMU: tl.constexpr, INT8_K: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
-    REGION: tl.constexpr = 0,
+    BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, NSINK: tl.constexpr,
+    MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
-    (codes exact, query rounded to int8 per head row: module docstring)."""
+    (codes exact, query rounded to int8 per head row: module docstring).
+
+    Programs 0..NSPLIT-1 split the pure INT2 range; program NSPLIT + w takes window tile w: tiles
+    0..NSINK-1 of the sink [0, sink_end), then tiles of the recent window [int2_end, length). A window
+    position reads its BF16 copy (window_k/window_v at window_block_table) and, where its block has
+    no copy (table entry < 0), its INT2 codes."""
     Q: tl.constexpr = D // 4
     pid = tl.program_id(0)
     b = tl.program_id(1)
@@ -256,17 +298,62 @@ def int2_split_kernel(
     head_base = cache_ptr + h * stride_ch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
-    for i in range(lo, hi):
-        if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
-            _prefetch_tile(head_base, bt_row, stride_cb, first + (i + PREFETCH) * BLOCK_T, int2_end,
-                           i + PREFETCH < hi,
-                           BS, BLOCK_T, REGION)
-        kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile(
-            head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
-            K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
-        m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
-            kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
-            m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, BLOCK_T, GP, MODE, EMU, INT8_K)
+    if pid < NSPLIT:
+        for i in range(lo, hi):
+            if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
+                _prefetch_tile(head_base, bt_row, stride_cb, first + (i + PREFETCH) * BLOCK_T, int2_end,
+                               i + PREFETCH < hi, BS, BLOCK_T, REGION)
+            kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile(
+                head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
+                K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
+            m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
+                kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+                m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                BLOCK_T, GP, MODE, EMU, INT8_K)
+    else:
+        tile = pid - NSPLIT
+        in_sink = tile < NSINK
+        part_lo = tl.where(in_sink, 0, int2_end)
+        part_hi = tl.where(in_sink, sink_end, length)
+        t0 = (part_lo // BLOCK_T + tl.where(in_sink, tile, tile - NSINK)) * BLOCK_T
+        if t0 < part_hi:
+            s = t0 + offs_t
+            ok = (s >= part_lo) & (s < part_hi)
+            wblk = tl.load(wbt_ptr + b.to(tl.int64) * stride_bt + s // BS, mask=ok, other=-1)
+            copy = ok & (wblk >= 0)
+            no_copy = ok & (wblk < 0)
+            rows = tl.where(copy, wblk, 0).to(tl.int64) * stride_w0 + (s % BS) * stride_w1 + h * stride_w2
+            raw = mma(tl.load(wk_ptr + rows[:, None] + cols[None, :], mask=copy[:, None], other=0.0),
+                      _window_query_plane(q_row, cols, jok, 0, Q, WIN_T, EMU), tl.zeros([BLOCK_T, GP], tl.float32), EMU)
+            raw = mma(tl.load(wk_ptr + rows[:, None] + Q + cols[None, :], mask=copy[:, None], other=0.0),
+                      _window_query_plane(q_row, cols, jok, 1, Q, WIN_T, EMU), raw, EMU)
+            raw = mma(tl.load(wk_ptr + rows[:, None] + 2 * Q + cols[None, :], mask=copy[:, None], other=0.0),
+                      _window_query_plane(q_row, cols, jok, 2, Q, WIN_T, EMU), raw, EMU)
+            raw = mma(tl.load(wk_ptr + rows[:, None] + 3 * Q + cols[None, :], mask=copy[:, None], other=0.0),
+                      _window_query_plane(q_row, cols, jok, 3, Q, WIN_T, EMU), raw, EMU)
+            logits = tl.where(copy[:, None], raw * qk_scale, float("-inf"))
+            any_int2 = tl.max(no_copy.to(tl.int32), axis=0) > 0
+            if any_int2:  # positions whose block has no BF16 copy read INT2
+                kc, ks, kz, vc, vs, vz, _ = _load_tile(
+                    head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
+                    K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
+                logits = tl.where(no_copy[:, None], _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, s_q,
+                                                                      qk_scale, BLOCK_T, GP, MODE, EMU, INT8_K), logits)
+            m_i = tl.max(logits, axis=0)
+            p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+            l_i = tl.sum(p, axis=0)
+            pw = tl.where(copy[:, None], p, 0.0)
+            acc0e, acc0o = _window_values(wv_ptr + rows, copy, pw, acc0e, acc0o, cols, 0, Q, MODE, WIN_T, EMU)
+            acc1e, acc1o = _window_values(wv_ptr + rows, copy, pw, acc1e, acc1o, cols, 1, Q, MODE, WIN_T, EMU)
+            acc2e, acc2o = _window_values(wv_ptr + rows, copy, pw, acc2e, acc2o, cols, 2, Q, MODE, WIN_T, EMU)
+            acc3e, acc3o = _window_values(wv_ptr + rows, copy, pw, acc3e, acc3o, cols, 3, Q, MODE, WIN_T, EMU)
+            if any_int2:
+                kc, ks, kz, vc, vs, vz, _ = _load_tile(
+                    head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
+                    K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
+                sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
+                    tl.where(no_copy[:, None], p, 0.0), vc, vs, vz, sw, zw,
+                    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, MODE, EMU)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps

@@ -261,34 +261,36 @@ def oscar_decode(
     if config.prefetch and meta["MODE"] != UNPACK_PTX:
         raise ValueError(f"prefetch={config.prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
-    if split_int2:
-        int2_split_kernel[(nsplit, batch, hkv)](
+    if split_int2:  # INT2 splits and window tiles in one launch
+        int2_split_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
             int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-            block_table, block_table.stride(0), seq_lens,
+            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+            block_table, window_block_table, block_table.stride(0), seq_lens,
             part, part.stride(0), part.stride(1), part.stride(2),
             lse, lse.stride(0), lse.stride(1),
             sink, recent, softmax_scale * LOG2E,
             **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE",
-                                    "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "EMU",
+                                    "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU",
                                     "num_stages")},
-            num_warps=config.split_warps, NSPLIT=nsplit, INT8_K=config.int8_keys, PREFETCH=config.prefetch,
-            REGION=layout.head_region_bytes, **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
+            num_warps=config.split_warps, NSPLIT=nsplit, NSINK=nsink, INT8_K=config.int8_keys,
+            PREFETCH=config.prefetch, REGION=layout.head_region_bytes,
+            **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
-    first = nsplit if split_int2 else 0
-    attention_kernel[(total - first, batch, hkv)](
-        query_rot, query_rot.stride(0), query_rot.stride(1),
-        query_rot, query_rot, 0, 0,
-        int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-        window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
-        block_table, window_block_table, block_table.stride(0),
-        seq_lens, seq_lens,
-        part, part.stride(0), part.stride(1), part.stride(2),
-        lse, lse.stride(0), lse.stride(1),
-        sink, recent, softmax_scale * LOG2E,
-        BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"], PID_OFFSET=first,
-        NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
-    )
+    else:
+        attention_kernel[(total, batch, hkv)](
+            query_rot, query_rot.stride(0), query_rot.stride(1),
+            query_rot, query_rot, 0, 0,
+            int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+            block_table, window_block_table, block_table.stride(0),
+            seq_lens, seq_lens,
+            part, part.stride(0), part.stride(1), part.stride(2),
+            lse, lse.stride(0), lse.stride(1),
+            sink, recent, softmax_scale * LOG2E,
+            BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"],
+            NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
+        )
     merge_kernel[(batch, hq)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=total, NSP=triton.next_power_of_2(total), D=d, EMU=meta["EMU"],
@@ -351,7 +353,7 @@ def oscar_prefill(
         out, out.stride(0), out.stride(1), 0,
         out, 0, 0,
         sink, recent, softmax_scale * LOG2E,
-        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, PID_OFFSET=0, NSINK=0,
+        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, NSINK=0,
         NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, **meta,
     )
     return out
