@@ -49,11 +49,11 @@ PLAIN_SCALARS = ("sink", "recent", "qk_scale")
 
 
 def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int,
-                   int8_keys: bool = False, prefetch: int = 0, maxnreg: int = 0):
+                   int8_keys: bool = False, prefetch: int = 0, maxnreg: int = 0, win_bt: int = 32):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack); maxnreg 0 = compiler's choice."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
-                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, NSPLIT=64, NSINK=1, MODE=1, WIN_T=tl.bfloat16, EMU=False,
+                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0, NSPLIT=64, NSINK=1, MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
                      **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
@@ -102,12 +102,13 @@ def main() -> int:
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--int8-keys", action="store_true", help="the int8-MMA key path (INT8_K)")
     parser.add_argument("--prefetch", type=int, default=0, help="L2 prefetch distance in tiles (PREFETCH; 0 = off)")
+    parser.add_argument("--win-bt", type=int, default=32, help="window tile (WIN_BT)")
     parser.add_argument("--maxnreg", type=int, default=0, help="register cap (0 = compiler's choice)")
     parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
     parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
     args = parser.parse_args()
     kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
-                            args.int8_keys, args.prefetch, args.maxnreg)
+                            args.int8_keys, args.prefetch, args.maxnreg, args.win_bt)
     sass = cuobjdump(kernel.asm["cubin"], "-sass")
     usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
     if args.dump:

@@ -188,6 +188,18 @@ def test_triton_decode_int8_key_path_rejects_small_heads() -> None:
                                 config=triton_ops.AttentionConfig(int8_keys=True))
 
 
+def test_triton_decode_prefetch_needs_the_ptx_path() -> None:
+    """The L2 prefetch is inline PTX: asked for under the interpreter it is a clear error, not ignored."""
+    gen = torch.Generator().manual_seed(5)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([40], 1, layout, 0, 0, gen)
+    query = torch.randn(1, 2, 64, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="prefetch=1 issues inline PTX"):
+        triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                state.window_block_table, state.seq_lens, 0, 0, 0.125,
+                                config=triton_ops.AttentionConfig(prefetch=1))
+
+
 def test_triton_decode_window_boundaries_at_every_offset() -> None:
     """Every sequence length 1..41 with sink 5 / recent 7 in blocks of 16: each boundary
     position falls at every offset of a block; half the requests lose a window block."""

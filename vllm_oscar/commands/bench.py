@@ -19,7 +19,7 @@ import torch
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
-    from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT
+    from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT, PROGRAMS_PER_SM
 
     parser.add_argument("mode", choices=("decode", "tune"), help="decode: full comparison; tune: config sweep")
     parser.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
@@ -45,16 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per INT2 split program (per general-kernel program with --rows-on-m)")
     parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
     parser.add_argument("--unpack", type=int, nargs="+", default=[0, 1], help="tune: 0 portable, 1 PTX")
-    parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[4],
+    parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[PROGRAMS_PER_SM],
                         help="tune: split-K sizing, programs per SM")
     parser.add_argument("--min-tiles", type=int, nargs="+", default=[MIN_TILES_PER_SPLIT],
                         help="tune: the fewest tiles per decode split (short contexts / batch 1)")
-    parser.add_argument("--int8-keys", type=int, nargs="+", default=[0], choices=(0, 1),
-                        help="tune: 1 = the int8-MMA key path of the INT2 splits (head_dim >= 128)")
+    parser.add_argument("--int8-keys", nargs="+", default=["auto"], choices=("auto", "0", "1"),
+                        help="tune: 1 = the int8-MMA key path of the INT2 splits (head_dim >= 128); auto = "
+                             "the default (on where it applies)")
     parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
                         help="tune: maxnreg of the INT2 split programs (0 = compiler's choice)")
-    parser.add_argument("--prefetch", type=int, nargs="+", default=[0],
-                        help="tune: L2 prefetch distance of the INT2 split programs in tiles (0 = off)")
+    parser.add_argument("--prefetch", nargs="+", default=["auto"],
+                        help="tune: L2 prefetch distance of the INT2 split programs in tiles (0 = off; auto = the default)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -67,6 +68,11 @@ def refit_rounds(text: str) -> int | tuple[int, int]:
     if len(parts) not in (1, 2) or min(parts, default=-1) < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give refit rounds as N or K/V with integers >= 0, e.g. 8/2.")
     return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+def _auto(text: str, kind):
+    """A tune value: "auto" -> None (AttentionConfig's default), else kind(int(text))."""
+    return None if text == "auto" else kind(int(text))
 
 
 def fastest_configs(tune_json: str, geometries: list[str]) -> dict:
@@ -111,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "tune":
         rows = []
         configs = [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}), unpack=up, tokens_on_m=not args.rows_on_m,
-                                   programs_per_sm=pps, min_tiles_per_split=tiles, int8_keys=bool(int8),
-                                   max_registers=reg or None, prefetch=pf)
+                                   programs_per_sm=pps, min_tiles_per_split=tiles, int8_keys=_auto(int8, bool),
+                                   max_registers=reg or None, prefetch=_auto(pf, int))
                    for bt, nw, ns, up, pps, tiles, int8, reg, pf in itertools.product(
                        args.block_t, args.num_warps, args.num_stages, args.unpack, args.programs_per_sm,
                        args.min_tiles, args.int8_keys, args.max_registers, args.prefetch)]
@@ -124,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                                           f"splits={r['oscar']['splits']}")
                 print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']}/{c['split_warps']} "
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
-                      f"tiles>={c['min_tiles_per_split']} int8k={int(c['int8_keys'])} "
+                      f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
                       f"reg={c['max_registers']} pf={c['prefetch']}: {line}", flush=True)
                 rows.append(r)
         report["tune"] = rows

@@ -226,15 +226,17 @@ def int2_split_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr,
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
-    BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, NSINK: tl.constexpr,
+    BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, WIN_BT: tl.constexpr, WIN_SAME_BLOCK: tl.constexpr,
+    NSPLIT: tl.constexpr, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
 
-    Programs 0..NSPLIT-1 split the pure INT2 range; program NSPLIT + w takes window tile w: tiles
-    0..NSINK-1 of the sink [0, sink_end), then tiles of the recent window [int2_end, length). A window
+    Programs 0..NSPLIT-1 split the pure INT2 range; program NSPLIT + w takes window tile w (WIN_BT
+    positions; smaller than BLOCK_T so that the BF16 tiles do not raise the kernel's register count):
+    tiles 0..NSINK-1 of the sink [0, sink_end), then tiles of the recent window [int2_end, length). A window
     position reads its BF16 copy (window_k/window_v at window_block_table) and, where its block has
     no copy (table entry < 0), its INT2 codes."""
     Q: tl.constexpr = D // 4
@@ -315,16 +317,17 @@ def int2_split_kernel(
         in_sink = tile < NSINK
         part_lo = tl.where(in_sink, 0, int2_end)
         part_hi = tl.where(in_sink, sink_end, length)
-        t0 = (part_lo // BLOCK_T + tl.where(in_sink, tile, tile - NSINK)) * BLOCK_T
+        t0 = (part_lo // WIN_BT + tl.where(in_sink, tile, tile - NSINK)) * WIN_BT
         if t0 < part_hi:
-            s = t0 + offs_t
+            offs_w = tl.arange(0, WIN_BT)
+            s = t0 + offs_w
             ok = (s >= part_lo) & (s < part_hi)
             wblk = tl.load(wbt_ptr + b.to(tl.int64) * stride_bt + s // BS, mask=ok, other=-1)
             copy = ok & (wblk >= 0)
             no_copy = ok & (wblk < 0)
             rows = tl.where(copy, wblk, 0).to(tl.int64) * stride_w0 + (s % BS) * stride_w1 + h * stride_w2
             raw = mma(tl.load(wk_ptr + rows[:, None] + cols[None, :], mask=copy[:, None], other=0.0),
-                      _window_query_plane(q_row, cols, jok, 0, Q, WIN_T, EMU), tl.zeros([BLOCK_T, GP], tl.float32), EMU)
+                      _window_query_plane(q_row, cols, jok, 0, Q, WIN_T, EMU), tl.zeros([WIN_BT, GP], tl.float32), EMU)
             raw = mma(tl.load(wk_ptr + rows[:, None] + Q + cols[None, :], mask=copy[:, None], other=0.0),
                       _window_query_plane(q_row, cols, jok, 1, Q, WIN_T, EMU), raw, EMU)
             raw = mma(tl.load(wk_ptr + rows[:, None] + 2 * Q + cols[None, :], mask=copy[:, None], other=0.0),
@@ -335,10 +338,10 @@ def int2_split_kernel(
             any_int2 = tl.max(no_copy.to(tl.int32), axis=0) > 0
             if any_int2:  # positions whose block has no BF16 copy read INT2
                 kc, ks, kz, vc, vs, vz, _ = _load_tile(
-                    head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
-                    K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
+                    head_base, bt_row, stride_cb, t0, offs_w, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
+                    K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
                 logits = tl.where(no_copy[:, None], _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, s_q,
-                                                                      qk_scale, BLOCK_T, GP, MODE, EMU, INT8_K), logits)
+                                                                      qk_scale, WIN_BT, GP, MODE, EMU, INT8_K), logits)
             m_i = tl.max(logits, axis=0)
             p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
             l_i = tl.sum(p, axis=0)
@@ -349,8 +352,8 @@ def int2_split_kernel(
             acc3e, acc3o = _window_values(wv_ptr + rows, copy, pw, acc3e, acc3o, cols, 3, Q, MODE, WIN_T, EMU)
             if any_int2:
                 kc, ks, kz, vc, vs, vz, _ = _load_tile(
-                    head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
-                    K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
+                    head_base, bt_row, stride_cb, t0, offs_w, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
+                    K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
                 sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
                     tl.where(no_copy[:, None], p, 0.0), vc, vs, vz, sw, zw,
                     acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, MODE, EMU)

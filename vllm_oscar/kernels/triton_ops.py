@@ -35,13 +35,22 @@ WRITE_BLOCK_N: int = 16
 #: Decode: aim for this many programs per SM, and at least this many tiles per split.
 #: 16 measured on the H200 (Qwen3-8B 32K B=8: 0.213 ms at 4, 0.196 at 8, 0.177 at 16; B=32 unchanged).
 PROGRAMS_PER_SM: int = 16
-MIN_TILES_PER_SPLIT: int = 4
+#: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
+MIN_TILES_PER_SPLIT: int = 2
 MAX_SPLITS: int = 256
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
+#: Window tile of the fused decode launch (positions per window program). 32, not the INT2 tile (64):
+#: a 64-position BF16 tile raised the whole kernel to 196 registers (offline SASS, Triton 3.6), 32 keeps
+#: it at the split loop's own 167.
+WINDOW_BLOCK_T: int = 32
 #: Smallest head_dim for AttentionConfig.int8_keys (int8 MMAs take K >= 32 per code plane).
 INT8_MMA_MIN_HEAD_DIM: int = 128
+#: L2 prefetch distance (tiles) of the INT2 split programs on a GPU. H200, Qwen3-8B geometry, 32K,
+#: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
+#: (docs/notes/kernels.md V8).
+PREFETCH_TILES: int = 1
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -60,11 +69,14 @@ class AttentionConfig:
     programs_per_sm: decode split-K sizing target (programs per SM when num_splits is None);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
-    to int8 per head row (head_dim >= 128; not yet timed on a GPU, off by default);
+    to int8 per head row (head_dim >= 128). None = on where it applies (INT2 split kernel, head_dim
+    >= 128, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8: 1.1-1.2x on the
+    H200; scripts/int8_query_error.py: the rounding adds 1.6% of the INT2 key error in amplitude);
     max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice;
     fewer registers let more programs share an SM);
     prefetch: the INT2 split programs ask L2 for the tile this many steps ahead (prefetch.global.L2;
-    0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change.
+    0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change. None =
+    PREFETCH_TILES with the PTX unpack, 0 otherwise.
     """
 
     block_t: Optional[int] = None
@@ -76,9 +88,9 @@ class AttentionConfig:
     tokens_on_m: bool = True
     programs_per_sm: int = PROGRAMS_PER_SM
     min_tiles_per_split: int = MIN_TILES_PER_SPLIT
-    int8_keys: bool = False
+    int8_keys: Optional[bool] = None
     max_registers: Optional[int] = None
-    prefetch: int = 0
+    prefetch: Optional[int] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -246,20 +258,24 @@ def oscar_decode(
     block_t = resolved_block_t(config)
     nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, block_t, query_rot.device,
                                                 config.programs_per_sm, config.min_tiles_per_split)
-    nsink = triton.cdiv(sink, block_t)
-    total = nsplit + nsink + triton.cdiv(recent, block_t) + 1
+    split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
+    window_t = min(block_t, WINDOW_BLOCK_T) if split_int2 else block_t
+    nsink = triton.cdiv(sink, window_t)
+    total = nsplit + nsink + triton.cdiv(recent, window_t) + 1
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
-    split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
-    if config.int8_keys and not (split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM):
+    int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
+    int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
+    prefetch = (PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0) if config.prefetch is None else config.prefetch
+    if int8_keys and not int8_applies:
         raise ValueError(
             f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
             f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
             f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
-    if config.prefetch and meta["MODE"] != UNPACK_PTX:
-        raise ValueError(f"prefetch={config.prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
+    if prefetch and meta["MODE"] != UNPACK_PTX:
+        raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
     if split_int2:  # INT2 splits and window tiles in one launch
         int2_split_kernel[(total, batch, hkv)](
@@ -273,8 +289,9 @@ def oscar_decode(
             **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE",
                                     "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU",
                                     "num_stages")},
-            num_warps=config.split_warps, NSPLIT=nsplit, NSINK=nsink, INT8_K=config.int8_keys,
-            PREFETCH=config.prefetch, REGION=layout.head_region_bytes,
+            WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0,
+            num_warps=config.split_warps, NSPLIT=nsplit, NSINK=nsink, INT8_K=int8_keys,
+            PREFETCH=prefetch, REGION=layout.head_region_bytes,
             **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     else:
