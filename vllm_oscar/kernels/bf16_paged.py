@@ -106,6 +106,6 @@ def bf16_paged_decode(
     )
     merge_kernel[(batch, hq)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-        out, out.stride(0), out.stride(1), NS=nsplit, D=d, EMU=False,
+        out, out.stride(0), out.stride(1), NS=nsplit, NSP=triton.next_power_of_2(nsplit), D=d, EMU=False,
     )
     return out

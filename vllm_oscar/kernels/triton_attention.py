@@ -40,8 +40,6 @@ import triton.language as tl
 from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, scaled_codes
 
 LOG2E: float = 1.4426950408889634
-#: Partials merged per step (rows of D fp32 values held at once).
-MERGE_CHUNK: tl.constexpr = tl.constexpr(8)
 
 @triton.jit
 def _int2_logits(q0, q1, q2, q3, qo0, qo1, qo2, qo3,
@@ -421,36 +419,20 @@ def attention_kernel(
 
 
 @triton.jit
-def merge_partials(part_row, stride_ph, stride_ps, lse_row, stride_lh, out_row, stride_oh, head0, GROUP: tl.constexpr,
-                    NPART: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, EMU: tl.constexpr):
-    """out[head] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NPART partials of each head
-    head0 .. head0 + GROUP - 1 of one request (rows of part/lse/out already offset to the request)."""
-    idx = tl.arange(0, triton.next_power_of_2(NPART))
-    chunk = tl.arange(0, CHUNK)
-    cols = tl.arange(0, D)
-    for j in range(GROUP):
-        head = head0 + j
-        lse = tl.load(lse_row + head * stride_lh + idx, mask=idx < NPART, other=float("-inf"), cache_modifier=".cg")
-        top = tl.max(lse, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        total = tl.sum(tl.exp2(lse - top), axis=0)
-        acc = tl.zeros([D], tl.float32)
-        for c in range(0, NPART, CHUNK):
-            part = c + chunk
-            weight = tl.exp2(tl.load(lse_row + head * stride_lh + part, mask=part < NPART, other=float("-inf"),
-                                     cache_modifier=".cg") - top)
-            rows = tl.load(part_row + head * stride_ph + part[:, None] * stride_ps + cols[None, :],
-                           mask=(part < NPART)[:, None], other=0.0, cache_modifier=".cg")
-            acc += tl.sum(rows * weight[:, None], axis=0)
-        tl.store(out_row + head * stride_oh + cols, round_to(acc / total, out_row.dtype.element_ty, EMU))
-
-
-@triton.jit
 def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
-                 out_ptr, stride_ob, stride_oh, NS: tl.constexpr, D: tl.constexpr, EMU: tl.constexpr):
-    """Program (b, h): out[b, h] from its NS partials (merge_partials), for the decode launches that do
-    not merge in their last program."""
+                 out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
+                 EMU: tl.constexpr):
+    """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials."""
     b = tl.program_id(0)
     h = tl.program_id(1)
-    merge_partials(part_ptr + b.to(tl.int64) * stride_pb, stride_ph, stride_ps, lse_ptr + b * stride_lb, stride_lh,
-                   out_ptr + b.to(tl.int64) * stride_ob, stride_oh, h, 1, NS, D, MERGE_CHUNK, EMU)
+    idx = tl.arange(0, NSP)
+    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + idx, mask=idx < NS, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.exp2(lse - top)
+    cols = tl.arange(0, D)
+    parts = tl.load(part_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + idx[:, None] * stride_ps + cols[None, :],
+                    mask=(idx < NS)[:, None], other=0.0)
+    total = tl.sum(weight, axis=0)
+    out = tl.sum(parts * weight[:, None], axis=0) / total
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, round_to(out, out_ptr.dtype.element_ty, EMU))

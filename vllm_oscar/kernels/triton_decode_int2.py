@@ -32,7 +32,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from vllm_oscar.kernels.triton_attention import MERGE_CHUNK, merge_partials
 from vllm_oscar.kernels.triton_common import (BIAS, int8_mma, mma, plane_codes_int8, plane_factor, round_to,
                                               unpack_pair_plane, unpack_plane)
 
@@ -231,8 +230,6 @@ def int2_split_kernel(
     NSPLIT: tl.constexpr, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0,
-    out_ptr=None, stride_ob=0, stride_oh=0, ticket_ptr=None, stride_tb=0,
-    FUSED_MERGE: tl.constexpr = False, NPART: tl.constexpr = 1,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -370,16 +367,3 @@ def int2_split_kernel(
     _store_plane(o_row, acc3e, acc3o, bias, zw, inv_l, pairs, jok, 3, Q, MODE)
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=jok)
-    if FUSED_MERGE:
-        # The last of the NPART programs of (b, h) to finish merges their partials: every thread's
-        # stores above happen before the barrier, the ticket is an acq_rel atomic at GPU scope, and
-        # the merger reads the partials through L2 (.cg).
-        tl.debug_barrier()
-        ticket_ptr = ticket_ptr + b * stride_tb + h
-        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-        if ticket == NPART - 1:
-            tl.store(ticket_ptr, 0)  # zero again for the next launch
-            tl.debug_barrier()
-            merge_partials(part_ptr + b.to(tl.int64) * stride_pb, stride_ph, stride_ps,
-                            lse_ptr + b * stride_lb, stride_lh, out_ptr + b.to(tl.int64) * stride_ob, stride_oh,
-                            h * GROUP, GROUP, NPART, D, MERGE_CHUNK, EMU)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from typing import Optional
 
 import torch
@@ -28,8 +27,6 @@ from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
 from vllm_oscar.kernels.triton_write import oscar_write_kernel
 from vllm_oscar.quant import clip_threshold_index
-
-logger = logging.getLogger(__name__)
 
 #: Smallest head_dim the Triton kernels take (tl.dot needs the D/4-channel planes >= 16).
 MIN_TRITON_HEAD_DIM: int = 64
@@ -185,35 +182,6 @@ def oscar_write(
     )
 
 
-#: Per device: int32 zeros, one merge ticket per (request, KV head) of the fused decode launch. Each
-#: launch leaves them zero again (the merging program resets its ticket), so one buffer serves every
-#: launch on the device, eager or replayed; two decodes must not run concurrently on one device.
-_MERGE_TICKETS: dict[torch.device, torch.Tensor] = {}
-#: Decodes that ran the separate merge kernel because the ticket buffer had to grow during a CUDA
-#: graph capture (same result, one launch more); logged once.
-MERGE_FALLBACKS: int = 0
-#: Smallest ticket buffer allocated (entries).
-MIN_MERGE_TICKETS: int = 4096
-
-
-def _merge_tickets(device: torch.device, count: int) -> Optional[torch.Tensor]:
-    """The device's zeroed ticket buffer with >= count entries; None (separate merge kernel) if it would
-    have to be allocated while a CUDA graph is being captured."""
-    global MERGE_FALLBACKS
-    tickets = _MERGE_TICKETS.get(device)
-    if tickets is not None and tickets.numel() >= count:
-        return tickets
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        MERGE_FALLBACKS += 1
-        if MERGE_FALLBACKS == 1:
-            logger.warning("oscar_decode: %d (request, KV head) pairs, more than ever seen before, during a CUDA "
-                           "graph capture: this graph merges in a separate kernel (same result, one launch more). "
-                           "Run one eager decode at the largest batch before capturing to avoid it.", count)
-        return None
-    _MERGE_TICKETS[device] = torch.zeros(max(count, MIN_MERGE_TICKETS), dtype=torch.int32, device=device)
-    return _MERGE_TICKETS[device]
-
-
 def _unpack_mode(config: AttentionConfig) -> int:
     if config.unpack is not None:
         if config.unpack == UNPACK_PTX and _interpreting():
@@ -309,8 +277,7 @@ def oscar_decode(
     if prefetch and meta["MODE"] != UNPACK_PTX:
         raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
-    tickets = _merge_tickets(query_rot.device, batch * hkv) if split_int2 else None
-    if split_int2:  # INT2 splits and window tiles in one launch (and the merge, with tickets)
+    if split_int2:  # INT2 splits and window tiles in one launch
         int2_split_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
             int2_cache, int2_cache.stride(0), int2_cache.stride(1),
@@ -325,9 +292,6 @@ def oscar_decode(
             WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0,
             num_warps=config.split_warps, NSPLIT=nsplit, NSINK=nsink, INT8_K=int8_keys,
             PREFETCH=prefetch, REGION=layout.head_region_bytes,
-            out_ptr=out, stride_ob=out.stride(0), stride_oh=out.stride(1),
-            ticket_ptr=tickets if tickets is not None else seq_lens, stride_tb=hkv,
-            FUSED_MERGE=tickets is not None, NPART=total,
             **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     else:
@@ -344,11 +308,10 @@ def oscar_decode(
             BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"],
             NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
         )
-    if tickets is None:
-        merge_kernel[(batch, hq)](
-            part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-            out, out.stride(0), out.stride(1), NS=total, D=d, EMU=meta["EMU"],
-        )
+    merge_kernel[(batch, hq)](
+        part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
+        out, out.stride(0), out.stride(1), NS=total, NSP=triton.next_power_of_2(total), D=d, EMU=meta["EMU"],
+    )
     return out
 
 
