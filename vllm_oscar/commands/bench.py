@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
                         help="decode: also time oscar_write on this many new tokens per layer")
+    parser.add_argument("--write-warps", type=int, nargs="+", default=[0],
+                        help="decode: warps per write program to time (0 = the default)")
     parser.add_argument("--write-refit", type=refit_rounds, nargs="+",
                         default=[0, "/".join(map(str, SERVED_REFIT_ITERATIONS))], metavar="N|K/V",
                         help="decode: grid refit rounds of the timed writes, one number for both sides or "
@@ -153,11 +155,14 @@ def run(args: argparse.Namespace) -> int:
             if "breakdown" in rows[-1].get("oscar", {}):
                 print(f"  kernels: {benchmark.format_breakdown(rows[-1]['oscar']['breakdown'])}", flush=True)
         report["decode"] = rows
-        report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps, rounds)
-                           for g in args.geometry for n in args.write_tokens for rounds in args.write_refit]
+        report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps, rounds,
+                                                      num_warps=warps or None)
+                           for g in args.geometry for n in args.write_tokens for rounds in args.write_refit
+                           for warps in args.write_warps]
         print(benchmark.format_table(rows))
         for w in report["write"]:
-            print(f"write {w['geometry']} {w['tokens']} tokens, refit {w['refit_iterations']}: {w['ms']:.4f} ms, "
+            print(f"write {w['geometry']} {w['tokens']} tokens, refit {w['refit_iterations']}, {w['num_warps']} warps: "
+                  f"{w['ms']:.4f} ms, "
                   f"{w['tokens_per_s'] / 1e6:.2f} M tokens/s/layer, {w['GBps']:.0f} GB/s")
         if args.png:
             benchmark.plot(rows, args.png)

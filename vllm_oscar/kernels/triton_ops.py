@@ -32,6 +32,8 @@ from vllm_oscar.quant import clip_threshold_index
 MIN_TRITON_HEAD_DIM: int = 64
 #: Tokens per write program (tl.dot needs >= 16 rows).
 WRITE_BLOCK_N: int = 16
+#: Warps per write program.
+WRITE_NUM_WARPS: int = 4
 #: Decode: aim for this many programs per SM, and at least this many tiles per split.
 #: 16 measured on the H200 (Qwen3-8B 32K B=8: 0.213 ms at 4, 0.196 at 8, 0.177 at 16; B=32 unchanged).
 PROGRAMS_PER_SM: int = 16
@@ -148,10 +150,12 @@ def oscar_write(
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
     refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
+    num_warps: int = WRITE_NUM_WARPS,
 ) -> None:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
-    Arguments as torch_ops.oscar_write. Rotations are used in float32 (converted if not).
+    Arguments as torch_ops.oscar_write, plus num_warps (a launch knob the benchmark sweeps).
+    Rotations are used in float32 (converted if not).
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
@@ -178,7 +182,7 @@ def oscar_write(
         CLIP_K=clip_threshold_index(d, clip_k), CLIP_V=clip_threshold_index(d, clip_v),
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
-        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=4,
+        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=num_warps,
     )
 
 
