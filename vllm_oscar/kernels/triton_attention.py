@@ -27,7 +27,8 @@ programs takes one tile of the sink, each of the last NREC one tile of the recen
 tile of latency, not sink + recent positions in series. Each writes a partial (output normalised by its own softmax
 sum, and its log2-sum-exp); ``merge_kernel`` combines them exactly. NSPLIT comes from a
 host-side upper bound of the lengths, so the launch never reads device data (CUDA-graph
-safe). Prefill grid: (cdiv(max_query_len, BLOCK_M), B, Hkv), output written directly.
+safe). Decode runs here only when the INT2 history has several groups per row or tokens_on_m is
+off; otherwise triton_decode_int2 runs the splits and the windows in one launch. Prefill grid: (cdiv(max_query_len, BLOCK_M), B, Hkv), output written directly.
 
 Softmax runs in base 2 (logits * softmax_scale * log2 e). Accumulators are fp32.
 """

@@ -1,9 +1,10 @@
-"""Decode hot loop: the pure-INT2 split-K programs, tokens on the MMA's M dimension.
+"""Decode in one launch: the pure-INT2 split-K programs and the BF16 window tiles, tokens on the MMA's M side.
 
-Grid (NSPLIT, B, Hkv). Program (k, b, h) takes split k of the tiles of request b's pure
-INT2 range [min(sink, L), max(min(sink, L), L - recent)) (positions every query of a
-decode reads from INT2) and writes a partial (normalised output + log2-sum-exp) into the
-same buffers as triton_attention's window programs; merge_kernel combines them.
+Grid (NSPLIT + NSINK + NREC, B, Hkv). Program (k < NSPLIT, b, h) takes split k of the tiles of
+request b's pure INT2 range [min(sink, L), max(min(sink, L), L - recent)) (positions every
+query of a decode reads from INT2); program (NSPLIT + w, b, h) takes window tile w (WIN_BT
+positions of the sink, then of the recent window). Each writes a partial (normalised output +
+log2-sum-exp); triton_attention.merge_kernel combines them.
 
 Orientation (why this kernel exists): the general kernel computes logits as
 [query rows, tokens] with the GQA group padded to 16 rows, so every element-wise step of
