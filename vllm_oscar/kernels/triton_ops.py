@@ -169,7 +169,7 @@ def oscar_write(
         return
     rk = k_rotation.to(torch.float32).contiguous()
     rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
-    grid = (triton.cdiv(n, WRITE_BLOCK_N), hkv)
+    grid = (triton.cdiv(n, WRITE_BLOCK_N), hkv, 2)  # axis 2: K, V
     oscar_write_kernel[grid](
         key, value, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         rk, rv, rk.stride(0), rk.stride(1),

@@ -1,8 +1,9 @@
 """Triton write kernel: rotate, clip, quantize and pack new K/V rows; copy window rows.
 
 One launch per layer step (the refit adds REFIT passes over the rows held in registers,
-no memory traffic). Grid: (cdiv(N, BLOCK_N), Hkv); a program takes BLOCK_N tokens
-of one KV head and does, for K and then V:
+no memory traffic). Grid: (cdiv(N, BLOCK_N), Hkv, 2); a program takes BLOCK_N tokens
+of one KV head and one side (axis 2: 0 = K, 1 = V, so the two sides' refit rounds run in
+parallel programs) and does:
 
     y      = x @ R[h]                    tl.dot, fp32 operands, IEEE precision, K-tiled
     window store[wslot] = y              (rotated, unclipped; where wslot >= 0)
@@ -190,18 +191,20 @@ def oscar_write_kernel(
     valid = row_ok & (slot >= 0)
     slot = tl.where(valid, slot, 0)
 
-    yk = _rotated_rows(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, True)
-    _store_window(yk, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
-    ck = yk
-    if DO_CLIP_K:
-        ck = _clip(yk, CLIP_K, D)
-    _quantize_store(ck, yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G,
-                    SCALE_T, EPS, EMU, REFIT_K, FLOOR_K)
-
-    yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE_V)
-    _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
-    cv = yv
-    if DO_CLIP_V:
-        cv = _clip(yv, CLIP_V, D)
-    _quantize_store(cv, yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G,
-                    SCALE_T, EPS, EMU, REFIT_V, FLOOR_V)
+    if tl.program_id(2) == 0:  # K and V in separate programs: the refit rounds of the two sides run in parallel
+        yk = _rotated_rows(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, True)
+        _store_window(yk, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+        ck = yk
+        if DO_CLIP_K:
+            ck = _clip(yk, CLIP_K, D)
+        _quantize_store(ck, yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G,
+                        SCALE_T, EPS, EMU, REFIT_K, FLOOR_K)
+    else:
+        yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K,
+                           ROTATE_V)
+        _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+        cv = yv
+        if DO_CLIP_V:
+            cv = _clip(yv, CLIP_V, D)
+        _quantize_store(cv, yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G,
+                        SCALE_T, EPS, EMU, REFIT_V, FLOOR_V)
