@@ -388,10 +388,10 @@ def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.
     wslots = torch.where(slots % 4 == 0, slots, -1)  # a quarter of the tokens also go to a window
     ms = time_graph([lambda: triton_ops.oscar_write(key, value, rot, rot, 0.96, 0.92, cache, layout, slots,
                                                     wk, wv, wslots, refit_iterations=refit_iterations,
-                                                    num_warps=num_warps or triton_ops.WRITE_NUM_WARPS)], reps)
+                                                    num_warps=num_warps)], reps)
     moved = tokens * hkv * (2 * dim * 2 + layout.token_bytes) + tokens // 4 * hkv * 4 * dim
     return {"geometry": geometry, "tokens": tokens, "refit_iterations": list(refit_pair(refit_iterations)),
-            "num_warps": num_warps or triton_ops.WRITE_NUM_WARPS, "ms": ms, "tokens_per_s": tokens / ms * 1e3,
+            "num_warps": num_warps or triton_ops.write_warps(dim), "ms": ms, "tokens_per_s": tokens / ms * 1e3,
             "GBps": moved / ms / 1e6}
 
 

@@ -32,8 +32,16 @@ from vllm_oscar.quant import clip_threshold_index
 MIN_TRITON_HEAD_DIM: int = 64
 #: Tokens per write program (tl.dot needs >= 16 rows).
 WRITE_BLOCK_N: int = 16
-#: Warps per write program.
+#: Warps per write program: 4, or 8 for head_dim <= 64. H200, served 8/2 refit, K and V in separate
+#: programs, ms at 32 / 4096 new tokens (docs/perf/write_kv_split.json): Qwen3-8B geometry 4 warps
+#: 0.0311 / 0.3684, 8 warps 0.0321 / 0.4412; SmolLM2 4 warps 0.0178 / 0.0705, 8 warps 0.0147 / 0.0545.
 WRITE_NUM_WARPS: int = 4
+WRITE_NUM_WARPS_SMALL_HEAD: int = 8
+
+
+def write_warps(head_dim: int) -> int:
+    """Default warps per write program for this head size."""
+    return WRITE_NUM_WARPS_SMALL_HEAD if head_dim <= 64 else WRITE_NUM_WARPS
 #: Decode: aim for this many programs per SM, and at least this many tiles per split.
 #: 16 measured on the H200 (Qwen3-8B 32K B=8: 0.213 ms at 4, 0.196 at 8, 0.177 at 16; B=32 unchanged).
 PROGRAMS_PER_SM: int = 16
@@ -150,11 +158,12 @@ def oscar_write(
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
     refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
-    num_warps: int = WRITE_NUM_WARPS,
+    num_warps: Optional[int] = None,
 ) -> None:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
-    Arguments as torch_ops.oscar_write, plus num_warps (a launch knob the benchmark sweeps).
+    Arguments as torch_ops.oscar_write, plus num_warps (a launch knob the benchmark sweeps; None =
+    write_warps(head_dim)).
     Rotations are used in float32 (converted if not).
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
@@ -182,7 +191,7 @@ def oscar_write(
         CLIP_K=clip_threshold_index(d, clip_k), CLIP_V=clip_threshold_index(d, clip_v),
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
-        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=num_warps,
+        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=num_warps or write_warps(d),
     )
 
 
@@ -381,4 +390,4 @@ def oscar_prefill(
 
 
 __all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_splits", "resolved_block_t",
-           "oscar_decode", "oscar_prefill", "oscar_write"]
+           "oscar_decode", "oscar_prefill", "oscar_write", "write_warps"]
