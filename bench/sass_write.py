@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Read the SASS of the write kernel without a GPU (as bench/sass_decode.py does for the decode loop).
+
+Compiles ``triton_write.oscar_write_kernel`` for sm_90 and prints registers, the whole kernel's
+instruction count and barriers, and each loop's count (the clip search is a runtime loop; the refit
+rounds are unrolled). Use the device's Triton with PYTHONPATH (see bench/sass_decode.py).
+
+    PYTHONPATH=/opt/tri36 python bench/sass_write.py --head-dim 128 --refit 8 2 --warps 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sass_decode import cuobjdump, loop_histograms  # noqa: E402
+from vllm_oscar.config import SCALE_EPS  # noqa: E402
+from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
+from vllm_oscar.kernels.triton_ops import WRITE_BLOCK_N, _plane_offsets  # noqa: E402
+from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
+from vllm_oscar.quant import clip_threshold_index  # noqa: E402
+
+#: Runtime arguments of oscar_write_kernel and their Triton types.
+SIGNATURE = {
+    "k_ptr": "*bf16", "v_ptr": "*bf16", "stride_kn": "i32", "stride_kh": "i32", "stride_vn": "i32", "stride_vh": "i32",
+    "rk_ptr": "*fp32", "rv_ptr": "*fp32", "stride_rh": "i32", "stride_rr": "i32",
+    "cache_ptr": "*u8", "stride_cb": "i64", "stride_ch": "i32", "slot_ptr": "*i64", "wslot_ptr": "*i64",
+    "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32", "stride_w2": "i32", "N": "i32",
+}
+
+
+def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float]):
+    """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served)."""
+    layout = PageLayout(head_dim, head_dim, block_size)
+    constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
+                     CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
+                     DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=True, BLOCK_N=WRITE_BLOCK_N,
+                     BLOCK_K=min(head_dim, 64), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
+                     FLOOR_V=False)
+    names = oscar_write_kernel.arg_names
+    signature = {**SIGNATURE, **{name: "constexpr" for name in constants}}
+    source = ASTSource(fn=oscar_write_kernel, signature=signature,
+                       constexprs={(names.index(k),): v for k, v in constants.items()},
+                       attrs={(names.index(k),): [["tt.divisibility", 16]] for k in SIGNATURE if k != "N"})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--refit", type=int, nargs=2, default=[8, 2], metavar=("K", "V"))
+    parser.add_argument("--clip", type=float, nargs=2, default=[0.96, 0.92], metavar=("K", "V"))
+    parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--dump", metavar="FILE")
+    args = parser.parse_args()
+    kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip))
+    sass = cuobjdump(kernel.asm["cubin"], "-sass")
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
+    if args.dump:
+        with open(args.dump, "w") as handle:
+            handle.write(sass)
+    ops = collections.Counter(m.group(1).split(".")[0] for m in
+                              re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass))
+    common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))
+    print(f"{args.warps} warps, sm_90, registers {usage.group(1)}, stack {usage.group(2)} B, shared "
+          f"{kernel.metadata.shared} B; whole kernel {sum(ops.values())} instructions: {common}")
+    for line in loop_histograms(sass, args.top):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
