@@ -106,14 +106,15 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
-               tokens_on_m=True, query_scale=1.0):
+               tokens_on_m=True, query_scale=1.0, window_block_t=None):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
     query = (query_scale * torch.randn(len(lens), hq, dim, generator=gen)).to(qdtype)
     scale = 1.0 / math.sqrt(dim)
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
-    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m)
+    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m,
+                                        window_block_t=window_block_t)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -186,6 +187,18 @@ def test_triton_decode_int8_key_path_rejects_small_heads() -> None:
         triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                 state.window_block_table, state.seq_lens, 0, 0, 0.125,
                                 config=triton_ops.AttentionConfig(int8_keys=True))
+
+
+@pytest.mark.parametrize("window_block_t", [16, 64])
+def test_triton_decode_window_tile_sizes(window_block_t) -> None:
+    """Window programs of 16 and 64 positions (the default is 32), some blocks without a BF16 copy."""
+    run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 2, seed=31 + window_block_t,
+               window_block_t=window_block_t)
+
+
+def test_triton_decode_rejects_a_bad_window_tile() -> None:
+    with pytest.raises(ValueError, match="window_block_t=24 must be a power of two"):
+        run_decode([40], 2, 1, 64, 64, 16, 4, 8, 0, 16, 1, seed=3, window_block_t=24)
 
 
 def test_triton_decode_prefetch_needs_the_ptx_path() -> None:

@@ -86,7 +86,9 @@ class AttentionConfig:
     fewer registers let more programs share an SM);
     prefetch: the INT2 split programs ask L2 for the tile this many steps ahead (prefetch.global.L2;
     0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change. None =
-    PREFETCH_TILES with the PTX unpack, 0 otherwise.
+    PREFETCH_TILES with the PTX unpack, 0 otherwise;
+    window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
+    None = min(block_t, WINDOW_BLOCK_T)).
     """
 
     block_t: Optional[int] = None
@@ -101,6 +103,7 @@ class AttentionConfig:
     int8_keys: Optional[bool] = None
     max_registers: Optional[int] = None
     prefetch: Optional[int] = None
+    window_block_t: Optional[int] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -221,6 +224,15 @@ def resolved_block_t(config: AttentionConfig) -> int:
     return config.block_t
 
 
+def _window_block_t(config: AttentionConfig, block_t: int) -> int:
+    """config.window_block_t, or min(block_t, WINDOW_BLOCK_T); a power of two >= 16."""
+    if config.window_block_t is None:
+        return min(block_t, WINDOW_BLOCK_T)
+    if config.window_block_t < 16 or config.window_block_t & (config.window_block_t - 1):
+        raise ValueError(f"window_block_t={config.window_block_t} must be a power of two >= 16.")
+    return config.window_block_t
+
+
 def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:
     block_t = resolved_block_t(config)
     return dict(
@@ -272,7 +284,7 @@ def oscar_decode(
     nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, block_t, query_rot.device,
                                                 config.programs_per_sm, config.min_tiles_per_split)
     split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
-    window_t = min(block_t, WINDOW_BLOCK_T) if split_int2 else block_t
+    window_t = _window_block_t(config, block_t) if split_int2 else block_t
     nsink = triton.cdiv(sink, window_t)
     total = nsplit + nsink + triton.cdiv(recent, window_t) + 1
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
