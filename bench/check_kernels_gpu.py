@@ -101,18 +101,25 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+#: Write launch variants (WriteConfig arguments): the default, the clip by maximum removal, the
+#: rotation on tensor cores.
+WRITE_VARIANTS = (dict(), dict(clip_search="top"), dict(rotation_precision="tf32x3"))
+
+
 def check_write(report: list) -> None:
     for dim, group, bs, prerot, n in ((128, 128, 16, False, 4096), (64, 64, 16, True, 2048), (256, 128, 32, False, 1024)):
-        t0 = time.time()
-        result = write_case(triton_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda")
-        check_write_case(result, prerot)
         twin = write_case(torch_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda")
-        differing = float((result[8] != twin[8]).float().mean())
-        assert differing < 5e-3, f"triton vs torch cache bytes differ in {differing:.2e} of bytes"
-        report.append({"check": "write", "dim": dim, "group": group, "n": n, "prerotated": prerot,
-                       "bytes_differing_vs_torch": differing, "ok": True})
-        print(f"write D={dim} G={group} N={n} prerotated={prerot}: ok (bytes differing vs torch path "
-              f"{differing:.1e}) {time.time() - t0:.1f}s", flush=True)
+        for variant in WRITE_VARIANTS:
+            t0 = time.time()
+            result = write_case(triton_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda",
+                                launch=triton_ops.WriteConfig(**variant))
+            check_write_case(result, prerot)
+            differing = float((result[8] != twin[8]).float().mean())
+            assert differing < 5e-3, f"triton {variant} vs torch cache bytes differ in {differing:.2e} of bytes"
+            report.append({"check": "write", "dim": dim, "group": group, "n": n, "prerotated": prerot,
+                           "config": variant, "bytes_differing_vs_torch": differing, "ok": True})
+            print(f"write D={dim} G={group} N={n} prerotated={prerot} {variant}: ok (bytes differing vs torch path "
+                  f"{differing:.1e}) {time.time() - t0:.1f}s", flush=True)
 
 
 DECODE_CASES = [

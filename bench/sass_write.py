@@ -27,7 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sass_decode import cuobjdump, loop_histograms  # noqa: E402
 from vllm_oscar.config import SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
-from vllm_oscar.kernels.triton_ops import WRITE_BLOCK_N, _plane_offsets  # noqa: E402
+from vllm_oscar.kernels.triton_ops import CLIP_TOP_MAX_ROUNDS, WRITE_BLOCK_N, _plane_offsets  # noqa: E402
 from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
 from vllm_oscar.quant import clip_threshold_index  # noqa: E402
 
@@ -40,14 +40,17 @@ SIGNATURE = {
 }
 
 
-def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float]):
+def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float],
+                  clip_top: bool = False, rotation: str = "ieee"):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served)."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
                      DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=True, BLOCK_N=WRITE_BLOCK_N,
                      BLOCK_K=min(head_dim, 64), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
-                     FLOOR_V=False)
+                     FLOOR_V=False, ROT_PRECISION=rotation,
+                     CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
+                     CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS)
     names = oscar_write_kernel.arg_names
     signature = {**SIGNATURE, **{name: "constexpr" for name in constants}}
     source = ASTSource(fn=oscar_write_kernel, signature=signature,
@@ -63,10 +66,13 @@ def main() -> int:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--refit", type=int, nargs=2, default=[8, 2], metavar=("K", "V"))
     parser.add_argument("--clip", type=float, nargs=2, default=[0.96, 0.92], metavar=("K", "V"))
+    parser.add_argument("--clip-search", choices=("bisect", "top"), default="bisect")
+    parser.add_argument("--rotation", choices=("ieee", "tf32x3"), default="ieee")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
-    kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip))
+    kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
+                           args.clip_search == "top", args.rotation)
     sass = cuobjdump(kernel.asm["cubin"], "-sass")
     usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
     if args.dump:

@@ -67,6 +67,46 @@ def test_triton_write_matches_reference(dim, group, bs, scale_dtype, prerotated)
     check_write_case(result, prerotated)
 
 
+@pytest.mark.parametrize("dim,group", [(64, 64), (128, 128), (128, 32)])
+def test_triton_write_clip_by_maximum_removal_matches_reference(dim, group) -> None:
+    """WriteConfig(clip_search="top"): the same exact clip threshold as the bisection (rows with
+    planted outliers, so the top values are spread; served refit)."""
+    launch = triton_ops.WriteConfig(clip_search="top")
+    result = write_case(triton_ops, 21, 2, dim, group, 16, torch.float16, False, seed=dim + group,
+                        refit_iterations=GRID_REFIT_ITERATIONS, launch=launch)
+    check_write_case(result, False, GRID_REFIT_ITERATIONS)
+    bisected = write_case(triton_ops, 21, 2, dim, group, 16, torch.float16, False, seed=dim + group,
+                          refit_iterations=GRID_REFIT_ITERATIONS)
+    assert torch.equal(result[8], bisected[8])
+
+
+def test_triton_write_clip_by_maximum_removal_counts_ties() -> None:
+    """Rows whose largest |values| repeat: removing a maximum removes all its ties, counted."""
+    gen = torch.Generator().manual_seed(9)
+    dim = 64
+    rows = torch.randn(16, 1, dim, generator=gen)
+    rows[:, :, :2] = 5.0  # two equal maxima, then three equal runners-up: the 0.96 threshold (3rd
+    rows[:, :, 2:5] = -4.0  # largest) is 4.0, reached in the second round; 0.92 (6th) in the third
+    identity = torch.eye(dim).unsqueeze(0)
+    layout = PageLayout(dim, dim, 16, torch.float32)
+    outs = []
+    for search in ("bisect", "top"):
+        cache = layout.allocate(2, 1)
+        window = torch.zeros(2, 16, 1, dim, dtype=torch.bfloat16)
+        triton_ops.oscar_write(rows.to(torch.bfloat16), rows.to(torch.bfloat16), identity, identity, 0.96, 0.92, cache,
+                               layout, torch.arange(16), window, window.clone(), torch.full((16,), -1),
+                               config=triton_ops.WriteConfig(clip_search=search))
+        outs.append(cache)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_triton_write_config_rejects_unknown_choices() -> None:
+    with pytest.raises(ValueError, match="clip_search='sort'"):
+        triton_ops.WriteConfig(clip_search="sort")
+    with pytest.raises(ValueError, match="rotation_precision='tf32'"):
+        triton_ops.WriteConfig(rotation_precision="tf32")
+
+
 def test_triton_write_agrees_with_torch_write() -> None:
     """Same input through both paths: the caches match byte for byte almost everywhere."""
     a = write_case(triton_ops, 19, 1, 64, 64, 16, torch.float16, False, seed=7)

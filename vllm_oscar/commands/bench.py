@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: also time oscar_write on this many new tokens per layer")
     parser.add_argument("--write-warps", type=int, nargs="+", default=[0],
                         help="decode: warps per write program to time (0 = the default)")
+    parser.add_argument("--write-clip", nargs="+", default=["bisect"], choices=("bisect", "top"),
+                        help="decode: clip threshold searches of the write to time (WriteConfig.clip_search)")
+    parser.add_argument("--write-rotation", nargs="+", default=["ieee"], choices=("ieee", "tf32x3"),
+                        help="decode: rotation dot precisions of the write to time (WriteConfig.rotation_precision)")
     parser.add_argument("--write-refit", type=refit_rounds, nargs="+",
                         default=[0, "/".join(map(str, SERVED_REFIT_ITERATIONS))], metavar="N|K/V",
                         help="decode: grid refit rounds of the timed writes, one number for both sides or "
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print("vllm-oscar bench needs a CUDA GPU (the Triton kernels); none is visible.", file=sys.stderr)
         return 2
     from vllm_oscar.kernels import benchmark
-    from vllm_oscar.kernels.triton_ops import AttentionConfig
+    from vllm_oscar.kernels.triton_ops import AttentionConfig, WriteConfig
 
     device = torch.device("cuda")
     info = benchmark.device_info(device)
@@ -158,12 +162,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  kernels: {benchmark.format_breakdown(rows[-1]['oscar']['breakdown'])}", flush=True)
         report["decode"] = rows
         report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps, rounds,
-                                                      num_warps=warps or None)
+                                                      WriteConfig(warps or None, clip, rotation))
                            for g in args.geometry for n in args.write_tokens for rounds in args.write_refit
-                           for warps in args.write_warps]
+                           for warps in args.write_warps for clip in args.write_clip for rotation in args.write_rotation]
         print(benchmark.format_table(rows))
         for w in report["write"]:
-            print(f"write {w['geometry']} {w['tokens']} tokens, refit {w['refit_iterations']}, {w['num_warps']} warps: "
+            print(f"write {w['geometry']} {w['tokens']} tokens, refit {w['refit_iterations']}, {w['num_warps']} warps, "
+                  f"clip {w['clip_search']}, rotation {w['rotation_precision']}: "
                   f"{w['ms']:.4f} ms, "
                   f"{w['tokens_per_s'] / 1e6:.2f} M tokens/s/layer, {w['GBps']:.0f} GB/s")
         if args.png:

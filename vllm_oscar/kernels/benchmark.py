@@ -368,12 +368,14 @@ def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int
 
 
 def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.device, reps: int,
-                     refit_iterations: "int | tuple[int, int]" = 0, num_warps: Optional[int] = None) -> dict:
+                     refit_iterations: "int | tuple[int, int]" = 0, config=None) -> dict:
     """oscar_write on ``tokens`` new rows of one layer with ``refit_iterations`` grid refit rounds
-    on K and V (served floors), num_warps per program (None = the default): ms, tokens/s, input GB/s."""
+    on K and V (served floors) and launch knobs ``config`` (triton_ops.WriteConfig, None = the default):
+    ms, tokens/s, input GB/s."""
     from vllm_oscar.config import refit_pair
     from vllm_oscar.kernels import triton_ops
 
+    config = config or triton_ops.DEFAULT_WRITE
     hq, hkv, dim = GEOMETRIES[geometry]
     gen = torch.Generator(device=device).manual_seed(tokens)
     layout = PageLayout(dim, dim, block_size, torch.float16)
@@ -388,10 +390,11 @@ def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.
     wslots = torch.where(slots % 4 == 0, slots, -1)  # a quarter of the tokens also go to a window
     ms = time_graph([lambda: triton_ops.oscar_write(key, value, rot, rot, 0.96, 0.92, cache, layout, slots,
                                                     wk, wv, wslots, refit_iterations=refit_iterations,
-                                                    num_warps=num_warps)], reps)
+                                                    config=config)], reps)
     moved = tokens * hkv * (2 * dim * 2 + layout.token_bytes) + tokens // 4 * hkv * 4 * dim
     return {"geometry": geometry, "tokens": tokens, "refit_iterations": list(refit_pair(refit_iterations)),
-            "num_warps": num_warps or triton_ops.write_warps(dim), "ms": ms, "tokens_per_s": tokens / ms * 1e3,
+            "num_warps": config.num_warps or triton_ops.write_warps(dim), "clip_search": config.clip_search,
+            "rotation_precision": config.rotation_precision, "ms": ms, "tokens_per_s": tokens / ms * 1e3,
             "GBps": moved / ms / 1e6}
 
 

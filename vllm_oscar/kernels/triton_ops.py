@@ -32,6 +32,9 @@ from vllm_oscar.quant import clip_threshold_index
 MIN_TRITON_HEAD_DIM: int = 64
 #: Tokens per write program (tl.dot needs >= 16 rows).
 WRITE_BLOCK_N: int = 16
+#: WriteConfig(clip_search="top") removes the row maximum at most this many times per row (the
+#: rounds are unrolled); a side whose clip keeps fewer values bisects (same threshold either way).
+CLIP_TOP_MAX_ROUNDS: int = 16
 #: Warps per write program: 4, or 8 for head_dim <= 64. H200, served 8/2 refit, K and V in separate
 #: programs, ms at 32 / 4096 new tokens (docs/perf/write_kv_split.json): Qwen3-8B geometry 4 warps
 #: 0.0311 / 0.3684, 8 warps 0.0321 / 0.4412; SmolLM2 4 warps 0.0178 / 0.0705, 8 warps 0.0147 / 0.0545.
@@ -42,6 +45,41 @@ WRITE_NUM_WARPS_SMALL_HEAD: int = 8
 def write_warps(head_dim: int) -> int:
     """Default warps per write program for this head size."""
     return WRITE_NUM_WARPS_SMALL_HEAD if head_dim <= 64 else WRITE_NUM_WARPS
+
+
+#: WriteConfig choices.
+CLIP_SEARCHES: tuple[str, ...] = ("bisect", "top")
+ROTATION_PRECISIONS: tuple[str, ...] = ("ieee", "tf32x3")
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteConfig:
+    """Launch knobs of oscar_write (the benchmark sweeps them; the defaults are the measured ones).
+
+    num_warps: warps per program, None = write_warps(head_dim). clip_search: "bisect" (32 count
+    steps per row) or "top" (remove the row maximum D - index times, two reductions per round; used
+    on a side when that is <= CLIP_TOP_MAX_ROUNDS rounds): the same exact threshold, a speed choice,
+    not yet timed on a GPU. rotation_precision: the rotation dot's input precision, "ieee" (fp32 on
+    the FMA pipe) or "tf32x3" (three TF32 tensor-core MMAs: about fp32 accuracy but not bit-identical;
+    not yet timed or checked on a GPU).
+    """
+
+    num_warps: Optional[int] = None
+    clip_search: str = "bisect"
+    rotation_precision: str = "ieee"
+
+    def __post_init__(self) -> None:
+        if self.clip_search not in CLIP_SEARCHES:
+            raise ValueError(f"clip_search={self.clip_search!r}: choose one of {CLIP_SEARCHES}.")
+        if self.rotation_precision not in ROTATION_PRECISIONS:
+            raise ValueError(f"rotation_precision={self.rotation_precision!r}: choose one of {ROTATION_PRECISIONS}.")
+
+
+DEFAULT_WRITE = WriteConfig()
+
+
+def _clip_top(config: WriteConfig, head_dim: int, clip_index: int) -> bool:
+    return config.clip_search == "top" and head_dim - clip_index <= CLIP_TOP_MAX_ROUNDS
 #: Decode: aim for this many programs per SM, and at least this many tiles per split.
 #: 16 measured on the H200 (Qwen3-8B 32K B=8: 0.213 ms at 4, 0.196 at 8, 0.177 at 16; B=32 unchanged).
 PROGRAMS_PER_SM: int = 16
@@ -161,12 +199,11 @@ def oscar_write(
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
     refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
-    num_warps: Optional[int] = None,
+    config: WriteConfig = DEFAULT_WRITE,
 ) -> None:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
-    Arguments as torch_ops.oscar_write, plus num_warps (a launch knob the benchmark sweeps; None =
-    write_warps(head_dim)).
+    Arguments as torch_ops.oscar_write, plus config (launch knobs, WriteConfig).
     Rotations are used in float32 (converted if not).
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
@@ -182,6 +219,7 @@ def oscar_write(
     rk = k_rotation.to(torch.float32).contiguous()
     rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
     grid = (triton.cdiv(n, WRITE_BLOCK_N), hkv, 2)  # axis 2: K, V
+    clip_k_index, clip_v_index = clip_threshold_index(d, clip_k), clip_threshold_index(d, clip_v)
     oscar_write_kernel[grid](
         key, value, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         rk, rv, rk.stride(0), rk.stride(1),
@@ -191,10 +229,12 @@ def oscar_write(
         n,
         D=d, G=layout.group_size, BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], EPS=SCALE_EPS,
         **_plane_offsets(layout),
-        CLIP_K=clip_threshold_index(d, clip_k), CLIP_V=clip_threshold_index(d, clip_v),
+        CLIP_K=clip_k_index, CLIP_V=clip_v_index,
+        CLIP_TOP_K=_clip_top(config, d, clip_k_index), CLIP_TOP_V=_clip_top(config, d, clip_v_index),
+        ROT_PRECISION=config.rotation_precision,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
-        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=num_warps or write_warps(d),
+        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=config.num_warps or write_warps(d),
     )
 
 
@@ -402,4 +442,4 @@ def oscar_prefill(
 
 
 __all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_splits", "resolved_block_t",
-           "oscar_decode", "oscar_prefill", "oscar_write", "write_warps"]
+           "oscar_decode", "oscar_prefill", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
