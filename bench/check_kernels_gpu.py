@@ -137,10 +137,13 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
                    dict(unpack=UNPACK_PTX, block_t=64, split_warps=1), dict(unpack=UNPACK_PTX, block_t=128, split_warps=1),
                    dict(unpack=UNPACK_PORTABLE, block_t=32, split_warps=2),
                    dict(unpack=UNPACK_PTX, block_t=64, tokens_on_m=False),
-                   dict(unpack=UNPACK_PTX, prefetch=1), dict(unpack=UNPACK_PTX, block_t=32, prefetch=2))
+                   dict(unpack=UNPACK_PTX, prefetch=1), dict(unpack=UNPACK_PTX, block_t=32, prefetch=2),
+                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32))
 #: --quick: the default launch config on the cases whose INT2 part runs in the split kernel (G = D),
-#: and the L2 prefetch variant.
-QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2))
+#: the L2 prefetch variant, and the window-tile / merge-block knobs.
+QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
+                  dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
+                  dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16))
 
 
 

@@ -146,7 +146,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
-               tokens_on_m=True, query_scale=1.0, window_block_t=None):
+               tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -154,7 +154,7 @@ def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, split
     scale = 1.0 / math.sqrt(dim)
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
     config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m,
-                                        window_block_t=window_block_t)
+                                        window_block_t=window_block_t, merge_block_d=merge_block_d)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -234,6 +234,17 @@ def test_triton_decode_window_tile_sizes(window_block_t) -> None:
     """Window programs of 16 and 64 positions (the default is 32), some blocks without a BF16 copy."""
     run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 2, seed=31 + window_block_t,
                window_block_t=window_block_t)
+
+
+@pytest.mark.parametrize("dim,merge_block_d", [(64, 16), (128, 32), (128, 128)])
+def test_triton_decode_merge_by_channel_blocks(dim, merge_block_d) -> None:
+    """The merge split over channel blocks (grid axis 2), with many partials (splits + windows)."""
+    run_decode([200, 65, 3], 4, 2, dim, dim, 16, 8, 24, 1, 16, 9, seed=41 + merge_block_d, merge_block_d=merge_block_d)
+
+
+def test_triton_decode_rejects_a_bad_merge_block() -> None:
+    with pytest.raises(ValueError, match="merge_block_d=48 must be a power of two"):
+        run_decode([40], 2, 1, 64, 64, 16, 4, 8, 0, 16, 1, seed=3, merge_block_d=48)
 
 
 def test_triton_decode_rejects_a_bad_window_tile() -> None:

@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune: L2 prefetch distance of the INT2 split programs in tiles (0 = off; auto = the default)")
     parser.add_argument("--window-block-t", nargs="+", default=["auto"],
                         help="tune: positions per window program of the INT2 split launch (auto = the default)")
+    parser.add_argument("--merge-block-d", nargs="+", default=["auto"],
+                        help="tune: channels per merge program (auto = head_dim, one program per head)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -126,10 +128,12 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         configs = [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}), unpack=up, tokens_on_m=not args.rows_on_m,
                                    programs_per_sm=pps, min_tiles_per_split=tiles, int8_keys=_auto(int8, bool),
-                                   max_registers=reg or None, prefetch=_auto(pf, int), window_block_t=_auto(wbt, int))
-                   for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt in itertools.product(
+                                   max_registers=reg or None, prefetch=_auto(pf, int), window_block_t=_auto(wbt, int),
+                                   merge_block_d=_auto(mbd, int))
+                   for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd in itertools.product(
                        args.block_t, args.num_warps, args.num_stages, args.unpack, args.programs_per_sm,
-                       args.min_tiles, args.int8_keys, args.max_registers, args.prefetch, args.window_block_t)]
+                       args.min_tiles, args.int8_keys, args.max_registers, args.prefetch, args.window_block_t,
+                       args.merge_block_d)]
         for geometry, context, batch in cases:
             for r in benchmark.tune_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
                                          configs):
@@ -139,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']}/{c['split_warps']} "
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
-                      f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']}: {line}", flush=True)
+                      f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
+                      f"mbd={c['merge_block_d']}: {line}", flush=True)
                 rows.append(r)
         report["tune"] = rows
     else:

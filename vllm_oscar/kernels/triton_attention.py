@@ -422,8 +422,11 @@ def attention_kernel(
 @triton.jit
 def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                  out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
-                 EMU: tl.constexpr):
-    """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials."""
+                 EMU: tl.constexpr, BLOCK_D: tl.constexpr = None):
+    """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials.
+
+    Grid (B, Hq, D / BLOCK_D): program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D)
+    (BLOCK_D None = D: one program per head; a [NSP, D] fp32 tile spills past ~128 partials)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     idx = tl.arange(0, NSP)
@@ -431,7 +434,10 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
     top = tl.max(lse, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
     weight = tl.exp2(lse - top)
-    cols = tl.arange(0, D)
+    if BLOCK_D is None:
+        cols = tl.arange(0, D)
+    else:
+        cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     parts = tl.load(part_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + idx[:, None] * stride_ps + cols[None, :],
                     mask=(idx < NS)[:, None], other=0.0)
     total = tl.sum(weight, axis=0)

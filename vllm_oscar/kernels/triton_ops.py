@@ -126,7 +126,9 @@ class AttentionConfig:
     0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change. None =
     PREFETCH_TILES with the PTX unpack, 0 otherwise;
     window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
-    None = min(block_t, WINDOW_BLOCK_T)).
+    None = min(block_t, WINDOW_BLOCK_T)); merge_block_d: channels per merge program (a power of two
+    >= 16 dividing head_dim; None = head_dim, one program per head: offline its [partials, D] tile
+    spills past ~128 partials, i.e. at batch 1 and long contexts; not yet timed).
     """
 
     block_t: Optional[int] = None
@@ -142,6 +144,7 @@ class AttentionConfig:
     max_registers: Optional[int] = None
     prefetch: Optional[int] = None
     window_block_t: Optional[int] = None
+    merge_block_d: Optional[int] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -273,6 +276,16 @@ def _window_block_t(config: AttentionConfig, block_t: int) -> int:
     return config.window_block_t
 
 
+def _merge_block_d(config: AttentionConfig, head_dim: int) -> int:
+    """config.merge_block_d, or head_dim; a power of two >= 16 that divides head_dim."""
+    block = config.merge_block_d
+    if block is None:
+        return head_dim
+    if block < 16 or block & (block - 1) or head_dim % block:
+        raise ValueError(f"merge_block_d={block} must be a power of two >= 16 that divides head_dim {head_dim}.")
+    return block
+
+
 def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:
     block_t = resolved_block_t(config)
     return dict(
@@ -373,9 +386,11 @@ def oscar_decode(
             BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"],
             NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
         )
-    merge_kernel[(batch, hq)](
+    merge_d = _merge_block_d(config, d)
+    merge_kernel[(batch, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=total, NSP=triton.next_power_of_2(total), D=d, EMU=meta["EMU"],
+        BLOCK_D=None if merge_d == d else merge_d,
     )
     return out
 
