@@ -459,12 +459,12 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-#: Launch configs the decode benchmark's autotune tries: (block_t, num_warps, num_stages, tokens_on_m).
-AUTOTUNE_CANDIDATES: tuple[tuple[int, int, int, bool], ...] = (
-    (64, 2, 2, True), (64, 4, 2, True), (64, 2, 3, True), (64, 4, 3, True),
-    (128, 2, 2, True), (128, 4, 2, True), (128, 4, 3, True), (128, 8, 2, True),
-    (128, 4, 3, False),
-    (64, 1, 2, True), (128, 1, 2, True), (64, 2, 2, False), (128, 2, 2, False),
+#: Launch configs the decode benchmark's autotune tries (AttentionConfig arguments): the default and
+#: one step away from it on each knob that the H200 tunes found close.
+AUTOTUNE_CANDIDATES: tuple[dict, ...] = (
+    dict(), dict(block_t=32), dict(programs_per_sm=24), dict(min_tiles_per_split=1), dict(min_tiles_per_split=4),
+    dict(prefetch=0), dict(prefetch=2), dict(int8_keys=False), dict(window_block_t=16), dict(window_block_t=64),
+    dict(merge_block_d=32),
 )
 
 
@@ -474,13 +474,13 @@ def autotune(geometry: str, block_size: int, device: torch.device, bandwidth: di
     from vllm_oscar.kernels.triton_ops import AttentionConfig
 
     trials = []
-    for block_t, warps, stages, tokens_on_m in AUTOTUNE_CANDIDATES:
-        config = AttentionConfig(block_t=block_t, num_warps=warps, num_stages=stages, tokens_on_m=tokens_on_m)
+    for arguments in AUTOTUNE_CANDIDATES:
+        config = AttentionConfig(**arguments)
         try:
             r = run_case(geometry, context, batch, block_size, reps, device, bandwidth, oscar_config=config,
                          with_baselines=False)
             trials.append({"config": dataclasses.asdict(config), "ms": r["oscar"]["ms"]})
-        except Exception as error:  # a config that does not compile is recorded and skipped
+        except Exception as error:  # a config that does not apply (e.g. int8 keys at head_dim 64) is recorded
             trials.append({"config": dataclasses.asdict(config), "error": f"{type(error).__name__}: {error}"[:200]})
     timed = [t for t in trials if "ms" in t]
     if not timed:
