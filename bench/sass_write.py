@@ -41,14 +41,14 @@ SIGNATURE = {
 
 
 def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float],
-                  clip_top: bool = False, rotation: str = "ieee"):
+                  clip_top: bool = False, rotation: str = "ieee", unroll: bool = True):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served)."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
                      DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=True, BLOCK_N=WRITE_BLOCK_N,
                      BLOCK_K=min(head_dim, 64), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
-                     FLOOR_V=False, ROT_PRECISION=rotation,
+                     FLOOR_V=False, ROT_PRECISION=rotation, UNROLL_REFIT=unroll,
                      CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
                      CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS)
     names = oscar_write_kernel.arg_names
@@ -68,11 +68,12 @@ def main() -> int:
     parser.add_argument("--clip", type=float, nargs=2, default=[0.96, 0.92], metavar=("K", "V"))
     parser.add_argument("--clip-search", choices=("bisect", "top"), default="bisect")
     parser.add_argument("--rotation", choices=("ieee", "tf32x3"), default="ieee")
+    parser.add_argument("--refit-loop", action="store_true", help="refit rounds as a loop (not unrolled)")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
     kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
-                           args.clip_search == "top", args.rotation)
+                           args.clip_search == "top", args.rotation, not args.refit_loop)
     sass = cuobjdump(kernel.asm["cubin"], "-sass")
     usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
     if args.dump:

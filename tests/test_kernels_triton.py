@@ -80,6 +80,16 @@ def test_triton_write_clip_by_maximum_removal_matches_reference(dim, group) -> N
     assert torch.equal(result[8], bisected[8])
 
 
+def test_triton_write_refit_loop_writes_the_same_bytes() -> None:
+    """WriteConfig(unroll_refit=False): the refit rounds as a loop, the same cache bytes."""
+    looped = write_case(triton_ops, 21, 2, 128, 128, 16, torch.float16, False, seed=12,
+                        refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(unroll_refit=False))
+    check_write_case(looped, False, GRID_REFIT_ITERATIONS)
+    unrolled = write_case(triton_ops, 21, 2, 128, 128, 16, torch.float16, False, seed=12,
+                          refit_iterations=GRID_REFIT_ITERATIONS)
+    assert torch.equal(looped[8], unrolled[8])
+
+
 def test_triton_write_clip_by_maximum_removal_counts_ties() -> None:
     """Rows whose largest |values| repeat: removing a maximum removes all its ties, counted."""
     gen = torch.Generator().manual_seed(9)

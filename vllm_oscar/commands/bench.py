@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: clip threshold searches of the write to time (WriteConfig.clip_search)")
     parser.add_argument("--write-rotation", nargs="+", default=["ieee"], choices=("ieee", "tf32x3"),
                         help="decode: rotation dot precisions of the write to time (WriteConfig.rotation_precision)")
+    parser.add_argument("--write-unroll", type=int, nargs="+", default=[1], choices=(0, 1),
+                        help="decode: 1 = refit rounds unrolled, 0 = a loop (WriteConfig.unroll_refit)")
     parser.add_argument("--write-refit", type=refit_rounds, nargs="+",
                         default=[0, "/".join(map(str, SERVED_REFIT_ITERATIONS))], metavar="N|K/V",
                         help="decode: grid refit rounds of the timed writes, one number for both sides or "
@@ -167,13 +169,14 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  kernels: {benchmark.format_breakdown(rows[-1]['oscar']['breakdown'])}", flush=True)
         report["decode"] = rows
         report["write"] = [benchmark.write_throughput(g, n, args.block_size, device, args.reps, rounds,
-                                                      WriteConfig(warps or None, clip, rotation))
+                                                      WriteConfig(warps or None, clip, rotation, bool(unroll)))
                            for g in args.geometry for n in args.write_tokens for rounds in args.write_refit
-                           for warps in args.write_warps for clip in args.write_clip for rotation in args.write_rotation]
+                           for warps in args.write_warps for clip in args.write_clip for rotation in args.write_rotation
+                           for unroll in args.write_unroll]
         print(benchmark.format_table(rows))
         for w in report["write"]:
             print(f"write {w['geometry']} {w['tokens']} tokens, refit {w['refit_iterations']}, {w['num_warps']} warps, "
-                  f"clip {w['clip_search']}, rotation {w['rotation_precision']}: "
+                  f"clip {w['clip_search']}, rotation {w['rotation_precision']}, unrolled {w['unroll_refit']}: "
                   f"{w['ms']:.4f} ms, "
                   f"{w['tokens_per_s'] / 1e6:.2f} M tokens/s/layer, {w['GBps']:.0f} GB/s")
         if args.png:

@@ -61,12 +61,15 @@ class WriteConfig:
     on a side when that is <= CLIP_TOP_MAX_ROUNDS rounds): the same exact threshold, a speed choice,
     not yet timed on a GPU. rotation_precision: the rotation dot's input precision, "ieee" (fp32 on
     the FMA pipe) or "tf32x3" (three TF32 tensor-core MMAs: about fp32 accuracy but not bit-identical;
-    not yet timed or checked on a GPU).
+    not yet timed or checked on a GPU). unroll_refit: the refit rounds unrolled (True, as measured so
+    far) or a loop (same bytes; offline 255 -> 128 registers and 32 -> 8 B of spills at 8 / 2, D = 128;
+    not yet timed).
     """
 
     num_warps: Optional[int] = None
     clip_search: str = "bisect"
     rotation_precision: str = "ieee"
+    unroll_refit: bool = True
 
     def __post_init__(self) -> None:
         if self.clip_search not in CLIP_SEARCHES:
@@ -234,7 +237,7 @@ def oscar_write(
         **_plane_offsets(layout),
         CLIP_K=clip_k_index, CLIP_V=clip_v_index,
         CLIP_TOP_K=_clip_top(config, d, clip_k_index), CLIP_TOP_V=_clip_top(config, d, clip_v_index),
-        ROT_PRECISION=config.rotation_precision,
+        ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
         REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=config.num_warps or write_warps(d),

@@ -115,7 +115,8 @@ def _grid_error(x, codes, scale, zero):
 def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
                     CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr,
                     BS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, SCALE_T: tl.constexpr,
-                    EPS: tl.constexpr, EMU: tl.constexpr, REFIT: tl.constexpr, FLOOR: tl.constexpr = False):
+                    EPS: tl.constexpr, EMU: tl.constexpr, REFIT: tl.constexpr, FLOOR: tl.constexpr = False,
+                    REFIT_UNROLL: tl.constexpr = 1):
     """Quantize clipped rows y [BN, D] (refit against the unclipped rows x when REFIT > 0)
     and store codes/scale/offset at their slots."""
     BN: tl.constexpr = y.shape[0]
@@ -136,7 +137,7 @@ def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
         x_mean = tl.sum(xg, axis=2) / G
         x_centered = xg - x_mean[:, :, None]
         floor = scale
-        for _ in tl.static_range(REFIT):
+        for _ in tl.range(REFIT, loop_unroll_factor=REFIT_UNROLL):
             code_mean = tl.sum(codes_f, axis=2) / G
             code_centered = codes_f - code_mean[:, :, None]
             variance = tl.sum(code_centered * code_centered, axis=2) / G
@@ -200,12 +201,13 @@ def oscar_write_kernel(
     ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr,
     REFIT_K: tl.constexpr = 0, REFIT_V: tl.constexpr = 0, FLOOR_K: tl.constexpr = False, FLOOR_V: tl.constexpr = False,
     CLIP_TOP_K: tl.constexpr = False, CLIP_TOP_V: tl.constexpr = False, ROT_PRECISION: tl.constexpr = "ieee",
+    UNROLL_REFIT: tl.constexpr = True,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
     REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid);
     FLOOR_K / FLOOR_V: that side's refit scale never below the clipped min/max scale; CLIP_TOP_K / CLIP_TOP_V:
     that side's clip threshold by maximum removal instead of bisection (_clip); ROT_PRECISION: the rotation dot's
-    input precision (_rotated_rows)."""
+    input precision (_rotated_rows); UNROLL_REFIT: the refit rounds unrolled (True) or a loop."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -223,7 +225,7 @@ def oscar_write_kernel(
         if DO_CLIP_K:
             ck = _clip(yk, CLIP_K, D, CLIP_TOP_K)
         _quantize_store(ck, yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G,
-                        SCALE_T, EPS, EMU, REFIT_K, FLOOR_K)
+                        SCALE_T, EPS, EMU, REFIT_K, FLOOR_K, REFIT_K if UNROLL_REFIT else 1)
     else:
         yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K,
                            ROTATE_V, ROT_PRECISION)
@@ -232,4 +234,4 @@ def oscar_write_kernel(
         if DO_CLIP_V:
             cv = _clip(yv, CLIP_V, D, CLIP_TOP_V)
         _quantize_store(cv, yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G,
-                        SCALE_T, EPS, EMU, REFIT_V, FLOOR_V)
+                        SCALE_T, EPS, EMU, REFIT_V, FLOOR_V, REFIT_V if UNROLL_REFIT else 1)
