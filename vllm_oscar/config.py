@@ -180,6 +180,10 @@ def check_scale_dtype(scale_dtype: torch.dtype) -> None:
         raise ValueError(f"scale_dtype={scale_dtype} is not supported; allowed: {allowed}.")
 
 
+#: Smallest head_dim of the GPU decode's int8 key path (int8 MMAs take K >= 32 per code plane, D / 4).
+INT8_MMA_MIN_HEAD_DIM: int = 128
+
+
 @dataclasses.dataclass(frozen=True)
 class OscarConfig:
     """What a user can choose about the OSCAR KV cache.
@@ -203,6 +207,10 @@ class OscarConfig:
             property of the served quantizer since issue 6: the free key refit cost
             SmolLM2 most of its passkey retrievals (docs/QUALITY.md, "Passkey and the grid
             refit"). Same storage and decode either way; only the write does more work.
+        int8_keys: the GPU decode computes the key dot as an int8 MMA with the query rounded
+            to int8 per head row (None: where it applies, head_dim >= 128 on CUDA; its cost:
+            1.6% of the INT2 key error in amplitude, scripts/int8_query_error.py). False: the
+            bf16 query everywhere. True where it cannot apply (CPU, head_dim < 128) is an error.
     """
 
     group_size: Optional[int] = None
@@ -214,6 +222,7 @@ class OscarConfig:
     rotation_path: Optional[str] = None
     hadamard_only: bool = False
     refit_iterations: RefitIterations = SERVED_REFIT_ITERATIONS
+    int8_keys: Optional[bool] = None
 
     def __post_init__(self) -> None:
         check_scale_dtype(self.scale_dtype)

@@ -38,7 +38,7 @@ from vllm_oscar.attention.parallel import current_kv_head_slice
 from vllm_oscar.attention.rotations import LayerRotations, layer_rotations, log_rotation_choice
 from vllm_oscar.attention.settings import current_oscar_config
 from vllm_oscar.calibration.identity import ModelIdentity
-from vllm_oscar.config import BACKEND_NAME, KERNEL_BLOCK_MULTIPLE, KV_CACHE_DTYPE_NAME, OscarConfig
+from vllm_oscar.config import BACKEND_NAME, INT8_MMA_MIN_HEAD_DIM, KERNEL_BLOCK_MULTIPLE, KV_CACHE_DTYPE_NAME, OscarConfig
 from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_write, rotate_rows
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
@@ -142,6 +142,18 @@ def _process_config() -> OscarConfig:
     if _config_of_process is None:
         raise RuntimeError("OSCAR: the KV cache spec was requested before any OSCAR layer was built.")
     return _config_of_process
+
+
+def check_int8_keys(config: OscarConfig, layout: PageLayout, device: torch.device) -> None:
+    """int8_keys=True where the int8 key path cannot run is an error at start-up, not at the first decode."""
+    if not config.int8_keys:
+        return
+    if device.type != "cuda" or layout.head_dim < INT8_MMA_MIN_HEAD_DIM or layout.group_size != layout.head_dim:
+        raise ValueError(
+            f"OSCAR option int8_keys=true needs the CUDA decode with head_dim >= {INT8_MMA_MIN_HEAD_DIM} and one "
+            f"scale group per head vector; this layer runs on {device.type} with head_dim {layout.head_dim}, "
+            f"group_size {layout.group_size}. Remove the option (the default uses it where it applies) or set "
+            f"it to false.")
 
 
 def unsupported_reasons(head_size: int, use_mla: bool, has_sliding_window: bool, attn_type: str,
@@ -323,6 +335,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
                 f"OSCAR: layer {self.layer_name} has {self.num_kv_heads} KV heads on this rank but the "
                 f"tensor-parallel slice is {kv_slice}.")
         device = torch.device(vllm_config.device_config.device)
+        check_int8_keys(self.config, self.layout, device)
         self.rotations = layer_rotations(identity, self.config, extract_layer_index(self.layer_name),
                                          kv_slice, device)
         log_rotation_choice(identity, self.rotations)
@@ -381,7 +394,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         if bd:
             oscar_decode(q_rot[:bd], cache, self.window_k, self.window_v, self.layout, m.block_table[:bd],
                          m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, self.scale,
-                         out=out_rot[:bd], max_seq_len=m.max_seq_len)
+                         out=out_rot[:bd], max_seq_len=m.max_seq_len, int8_keys=self.config.int8_keys)
         if n > bd:
             oscar_prefill(q_rot[bd:], None, None, cache, self.window_k, self.window_v, self.layout,
                           m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc,

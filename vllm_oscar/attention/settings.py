@@ -16,6 +16,9 @@ variables. Keys (all optional):
                      0 = plain clipped min/max; one integer sets both sides); the key refit is
                      always floored (never narrower than the clipped min/max grid:
                      config.REFIT_SCALE_FLOOR, docs/QUALITY.md "Passkey and the grid refit")
+    int8_keys        GPU decode: the key dot as an int8 MMA with the query rounded to int8 per head
+                     row (default: on where it applies, head_dim >= 128 on CUDA; false = bf16
+                     query everywhere; true where it cannot apply is an error)
 
 Unknown keys are an error (a typo must not silently fall back to a default).
 """
@@ -41,6 +44,7 @@ _KEYS: dict[str, str] = {
     "group_size": "group_size",
     "scale_dtype": "scale_dtype",
     "refit_iterations": "refit_iterations",
+    "int8_keys": "int8_keys",
 }
 
 
@@ -76,9 +80,9 @@ def config_from_options(options: Mapping[str, Any]) -> OscarConfig:
             value = _SCALE_DTYPES[value]
         elif key == "rotations":
             value = str(value)
-        elif key == "hadamard_only":
+        elif key in ("hadamard_only", "int8_keys"):
             if not isinstance(value, bool):
-                raise ValueError(f"hadamard_only={value!r} must be true or false.")
+                raise ValueError(f"{key}={value!r} must be true or false.")
         kwargs[field] = value
     return OscarConfig(**kwargs)
 

@@ -12,6 +12,7 @@ tensor arrives, so the CPU path needs no GPU toolchain.
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 from typing import Optional
 
@@ -79,19 +80,26 @@ def oscar_decode(
     softmax_scale: float,
     out: Optional[torch.Tensor] = None,
     max_seq_len: Optional[int] = None,
+    int8_keys: Optional[bool] = None,
 ) -> torch.Tensor:
     """Paged decode over INT2 history + BF16 windows -> out_rot [B, Hq, D].
 
     CUDA -> Triton kernel (split-K sized from ``max_seq_len``, a Python int upper bound of
     seq_lens; default: block_table.shape[1] * block_size; CUDA-graph safe), CPU -> torch
-    (``max_seq_len`` unused). Other arguments: torch_ops.oscar_decode.
+    (``max_seq_len`` unused). int8_keys: the Triton path's int8 key MMA (None = where it
+    applies; triton_ops.AttentionConfig); the torch path has no int8 key path, so True on CPU
+    is an error. Other arguments: torch_ops.oscar_decode.
     """
     impl = implementation_for(int2_cache)
     if impl is torch_ops:
+        if int8_keys:
+            raise ValueError("int8_keys=True: the int8 key path exists only in the CUDA (Triton) decode; "
+                             "on CPU leave int8_keys unset or false.")
         return torch_ops.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                       window_block_table, seq_lens, sink, recent, softmax_scale, out)
+    config = dataclasses.replace(impl.DEFAULT_DECODE, int8_keys=int8_keys)
     return impl.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
-                             window_block_table, seq_lens, sink, recent, softmax_scale, out, max_seq_len)
+                             window_block_table, seq_lens, sink, recent, softmax_scale, out, max_seq_len, config)
 
 
 def oscar_prefill(

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import triton
 
-from vllm_oscar.config import REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
+from vllm_oscar.config import INT8_MMA_MIN_HEAD_DIM, REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
 from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_write_args
 from vllm_oscar.kernels.layout import PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
@@ -96,8 +96,6 @@ DECODE_BLOCK_T: int = 64
 #: a 64-position BF16 tile raised the whole kernel to 196 registers (offline SASS, Triton 3.6), 32 keeps
 #: it at the split loop's own 167.
 WINDOW_BLOCK_T: int = 32
-#: Smallest head_dim for AttentionConfig.int8_keys (int8 MMAs take K >= 32 per code plane).
-INT8_MMA_MIN_HEAD_DIM: int = 128
 #: L2 prefetch distance (tiles) of the INT2 split programs on a GPU. H200, Qwen3-8B geometry, 32K,
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
 #: (docs/notes/kernels.md V8).

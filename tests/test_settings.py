@@ -1,0 +1,55 @@
+"""The user's OSCAR options (additional_config["oscar"]) and the int8 key option's checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_oscar.attention.settings import config_from_options
+from vllm_oscar.config import SERVED_REFIT_ITERATIONS
+from vllm_oscar.kernels import PageLayout, oscar_decode
+from kernels_reference import random_paged_state
+
+
+def test_defaults_and_explicit_values() -> None:
+    assert config_from_options({}).int8_keys is None
+    assert config_from_options({}).refit_iterations == SERVED_REFIT_ITERATIONS
+    config = config_from_options({"int8_keys": False, "refit_iterations": [4, 1], "sink_tokens": 32})
+    assert (config.int8_keys, config.refit_iterations, config.sink_tokens) == (False, (4, 1), 32)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"int8_keys": "yes"}, "int8_keys='yes' must be true or false"),
+    ({"hadamard_only": 1}, "hadamard_only=1 must be true or false"),
+    ({"int8_key": True}, r"unknown OSCAR option\(s\) \['int8_key'\]"),
+])
+def test_bad_options_are_errors(options, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_from_options(options)
+
+
+def test_int8_keys_true_on_the_cpu_path_is_an_error() -> None:
+    """The torch (CPU) decode has no int8 key path: asking for it fails instead of being ignored."""
+    gen = torch.Generator().manual_seed(1)
+    layout = PageLayout(128, 128, 16, torch.float16)
+    state = random_paged_state([40], 1, layout, 4, 8, gen)
+    query = torch.randn(1, 2, 128, generator=gen).to(torch.bfloat16)
+    args = (query, state.cache, state.window_k, state.window_v, layout, state.block_table, state.window_block_table,
+            state.seq_lens, 4, 8, 128 ** -0.5)
+    with pytest.raises(ValueError, match="int8 key path exists only in the CUDA"):
+        oscar_decode(*args, int8_keys=True)
+    exact = oscar_decode(*args)
+    assert torch.equal(oscar_decode(*args, int8_keys=False), exact)
+
+
+@pytest.mark.vllm
+def test_backend_checks_int8_keys_at_start_up() -> None:
+    from vllm_oscar.attention.backend import check_int8_keys
+
+    layout = PageLayout(128, 128, 16, torch.float16)
+    check_int8_keys(config_from_options({}), layout, torch.device("cpu"))
+    check_int8_keys(config_from_options({"int8_keys": False}), layout, torch.device("cpu"))
+    with pytest.raises(ValueError, match="int8_keys=true needs the CUDA decode"):
+        check_int8_keys(config_from_options({"int8_keys": True}), layout, torch.device("cpu"))
+    with pytest.raises(ValueError, match="head_dim 64"):
+        check_int8_keys(config_from_options({"int8_keys": True}), PageLayout(64, 64, 16), torch.device("cuda"))
