@@ -7,7 +7,7 @@ instruction count and the most frequent opcodes; plus registers and shared memor
 and stride arguments are marked divisible by 16, as Triton's launcher specialises them on
 the GPU (without that, the loads compile to byte loads).
 
-    python bench/sass_decode.py --head-dim 128 --group 4 --block-t 64 --block-size 16 --warps 2
+    python bench/sass_decode.py --head-dim 128 --group 4 --block-t 64 --block-size 16 --warps 1 --int8-keys --prefetch 1
     python bench/sass_decode.py ... --dump /tmp/k.sass      # also keep the full listing
 
 To compile with the GPU machine's Triton (3.6) instead of the one installed here:
@@ -98,8 +98,8 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=4, help="query heads per KV head")
     parser.add_argument("--block-t", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--warps", type=int, default=2)
-    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--warps", type=int, default=1)
+    parser.add_argument("--stages", type=int, default=1)
     parser.add_argument("--int8-keys", action="store_true", help="the int8-MMA key path (INT8_K)")
     parser.add_argument("--prefetch", type=int, default=0, help="L2 prefetch distance in tiles (PREFETCH; 0 = off)")
     parser.add_argument("--win-bt", type=int, default=32, help="window tile (WIN_BT)")
