@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU call that checks and times every kernel knob not yet measured, then the full decode table
+# (docs/notes/kernels.md, "The next GPU call"). Run from the repository root on the GPU machine;
+# everything lands under $OUT (each step's log is written as it runs, so a cut call keeps the head).
+#
+#     bash bench/kernels_gpu.sh            # ~5-6 min on the H200
+#     STEPS="check write" bash bench/kernels_gpu.sh
+set -uo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:?set OUT to a folder for the results}"
+STEPS="${STEPS:-check write tune table}"
+GEOMETRIES="qwen3-8b smollm2-135m"
+
+step() {  # name, command...: run, log to $OUT/<name>.log, report the exit code, go on either way
+  local name=$1; shift
+  echo "[kernels_gpu] $name: $*"
+  "$@" > "$OUT/$name.log" 2>&1
+  echo "[kernels_gpu] $name: rc $? at ${SECONDS} s"
+}
+
+for s in $STEPS; do
+  case $s in
+    check) step check python bench/check_kernels_gpu.py --only write decode int8 graph --quick --json "$OUT/check.json" ;;
+    write) step write python -m vllm_oscar.cli bench decode --geometry $GEOMETRIES --contexts 4096 --batches 8 \
+             --write-tokens 8 32 256 4096 --write-refit 8/2 --write-clip bisect top --write-rotation ieee tf32x3 \
+             --write-unroll 1 0 --reps 10 --json "$OUT/write.json" ;;
+    tune) step tune python -m vllm_oscar.cli bench tune --geometry $GEOMETRIES --contexts 4096 32768 --batches 1 8 32 \
+            --block-t 64 --num-warps 1 --num-stages 1 --unpack 1 --merge-block-d auto 32 --window-block-t auto 16 64 \
+            --reps 10 --json "$OUT/tune.json" ;;
+    table) step table python -m vllm_oscar.cli bench decode --geometry $GEOMETRIES --config-from "$OUT/tune.json" \
+             --contexts 4096 16384 32768 65536 131072 --batches 1 8 32 64 --write-tokens 32 4096 --write-refit 8/2 \
+             --reps 10 --json "$OUT/decode.json" --png "$OUT/decode.png" ;;
+    *) echo "[kernels_gpu] unknown step $s (check, write, tune, table)"; exit 2 ;;
+  esac
+done
+grep -h "FAIL\|ALL OK" "$OUT/check.log" 2>/dev/null | tail -3
