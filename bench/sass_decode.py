@@ -78,6 +78,16 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
         return subprocess.run([tool, flag, handle.name], capture_output=True, text=True, check=True).stdout
 
 
+def read_compiled(kernel, dump: str | None) -> tuple[str, str, str]:
+    """(SASS listing, registers, stack bytes) of a CompiledKernel; the listing also goes to ``dump``."""
+    sass = cuobjdump(kernel.asm["cubin"], "-sass")
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
+    if dump:
+        with open(dump, "w") as handle:
+            handle.write(sass)
+    return sass, usage.group(1), usage.group(2)
+
+
 def loop_histograms(sass: str, top: int) -> list[str]:
     """One line per loop (backward branch): instruction count and the top opcodes."""
     instructions = [(int(m.group(1), 16), m.group(2).split(".")[0]) for m in
@@ -109,13 +119,9 @@ def main() -> int:
     args = parser.parse_args()
     kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                             args.int8_keys, args.prefetch, args.maxnreg, args.win_bt)
-    sass = cuobjdump(kernel.asm["cubin"], "-sass")
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
-    if args.dump:
-        with open(args.dump, "w") as handle:
-            handle.write(sass)
-    print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {usage.group(1)}, "
-          f"stack {usage.group(2)} B")
+    sass, registers, stack = read_compiled(kernel, args.dump)
+    print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {registers}, "
+          f"stack {stack} B")
     for line in loop_histograms(sass, args.top):
         print(line)
     return 0

@@ -24,7 +24,7 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sass_decode import cuobjdump, loop_histograms  # noqa: E402
+from sass_decode import loop_histograms, read_compiled  # noqa: E402
 from vllm_oscar.config import SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_ops import CLIP_TOP_MAX_ROUNDS, WRITE_BLOCK_N, _plane_offsets  # noqa: E402
@@ -74,15 +74,11 @@ def main() -> int:
     args = parser.parse_args()
     kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
                            args.clip_search == "top", args.rotation, not args.refit_loop)
-    sass = cuobjdump(kernel.asm["cubin"], "-sass")
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(kernel.asm["cubin"], "-res-usage"))
-    if args.dump:
-        with open(args.dump, "w") as handle:
-            handle.write(sass)
+    sass, registers, stack = read_compiled(kernel, args.dump)
     ops = collections.Counter(m.group(1).split(".")[0] for m in
                               re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass))
     common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))
-    print(f"{args.warps} warps, sm_90, registers {usage.group(1)}, stack {usage.group(2)} B, shared "
+    print(f"{args.warps} warps, sm_90, registers {registers}, stack {stack} B, shared "
           f"{kernel.metadata.shared} B; whole kernel {sum(ops.values())} instructions: {common}")
     for line in loop_histograms(sass, args.top):
         print(line)

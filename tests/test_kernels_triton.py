@@ -228,15 +228,19 @@ def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv,
             assert error < relative_error(got[row], bf16_path[row]), f"request {row}"
 
 
-def test_triton_decode_int8_key_path_rejects_small_heads() -> None:
+def decode_small_head(config) -> None:
+    """oscar_decode on one 40-token request, head_dim 64, with ``config``."""
     gen = torch.Generator().manual_seed(3)
     layout = PageLayout(64, 64, 16, torch.float16)
     state = random_paged_state([40], 1, layout, 0, 0, gen)
     query = torch.randn(1, 2, 64, generator=gen).to(torch.bfloat16)
+    triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                            state.window_block_table, state.seq_lens, 0, 0, 0.125, config=config)
+
+
+def test_triton_decode_int8_key_path_rejects_small_heads() -> None:
     with pytest.raises(ValueError, match="head_dim >= 128"):
-        triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                state.window_block_table, state.seq_lens, 0, 0, 0.125,
-                                config=triton_ops.AttentionConfig(int8_keys=True))
+        decode_small_head(triton_ops.AttentionConfig(int8_keys=True))
 
 
 @pytest.mark.parametrize("window_block_t", [16, 64])
@@ -264,14 +268,8 @@ def test_triton_decode_rejects_a_bad_window_tile() -> None:
 
 def test_triton_decode_prefetch_needs_the_ptx_path() -> None:
     """The L2 prefetch is inline PTX: asked for under the interpreter it is a clear error, not ignored."""
-    gen = torch.Generator().manual_seed(5)
-    layout = PageLayout(64, 64, 16, torch.float16)
-    state = random_paged_state([40], 1, layout, 0, 0, gen)
-    query = torch.randn(1, 2, 64, generator=gen).to(torch.bfloat16)
     with pytest.raises(ValueError, match="prefetch=1 issues inline PTX"):
-        triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                state.window_block_table, state.seq_lens, 0, 0, 0.125,
-                                config=triton_ops.AttentionConfig(prefetch=1))
+        decode_small_head(triton_ops.AttentionConfig(prefetch=1))
 
 
 def test_triton_decode_window_boundaries_at_every_offset() -> None:

@@ -259,32 +259,29 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
+def _tile_size(name: str, value: Optional[int], default: int, divides: Optional[int] = None) -> int:
+    """value, or default when None; a power of two >= 16 (that divides ``divides`` when given)."""
+    if value is None:
+        return default
+    if value < 16 or value & (value - 1) or (divides is not None and divides % value):
+        within = f" that divides head_dim {divides}" if divides is not None else ""
+        raise ValueError(f"{name}={value} must be a power of two >= 16{within}.")
+    return value
+
+
 def resolved_block_t(config: AttentionConfig) -> int:
     """config.block_t, or DECODE_BLOCK_T; a power of two >= 16."""
-    if config.block_t is None:
-        return DECODE_BLOCK_T
-    if config.block_t < 16 or config.block_t & (config.block_t - 1):
-        raise ValueError(f"block_t={config.block_t} must be a power of two >= 16.")
-    return config.block_t
+    return _tile_size("block_t", config.block_t, DECODE_BLOCK_T)
 
 
 def _window_block_t(config: AttentionConfig, block_t: int) -> int:
     """config.window_block_t, or min(block_t, WINDOW_BLOCK_T); a power of two >= 16."""
-    if config.window_block_t is None:
-        return min(block_t, WINDOW_BLOCK_T)
-    if config.window_block_t < 16 or config.window_block_t & (config.window_block_t - 1):
-        raise ValueError(f"window_block_t={config.window_block_t} must be a power of two >= 16.")
-    return config.window_block_t
+    return _tile_size("window_block_t", config.window_block_t, min(block_t, WINDOW_BLOCK_T))
 
 
 def _merge_block_d(config: AttentionConfig, head_dim: int) -> int:
     """config.merge_block_d, or head_dim; a power of two >= 16 that divides head_dim."""
-    block = config.merge_block_d
-    if block is None:
-        return head_dim
-    if block < 16 or block & (block - 1) or head_dim % block:
-        raise ValueError(f"merge_block_d={block} must be a power of two >= 16 that divides head_dim {head_dim}.")
-    return block
+    return _tile_size("merge_block_d", config.merge_block_d, head_dim, divides=head_dim)
 
 
 def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:

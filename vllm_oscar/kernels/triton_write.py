@@ -187,6 +187,25 @@ def _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, B
 
 
 @triton.jit
+def _write_side(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, w_ptr, stride_w0, stride_w1, stride_w2,
+                cache_ptr, stride_cb, stride_ch, rows, row_ok, slot, wslot, valid, h,
+                D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr, EPS: tl.constexpr,
+                EMU: tl.constexpr, BLOCK_K: tl.constexpr, ROTATE: tl.constexpr, PRECISION: tl.constexpr,
+                CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr, DO_CLIP: tl.constexpr,
+                CLIP_INDEX: tl.constexpr, CLIP_TOP: tl.constexpr, REFIT: tl.constexpr, FLOOR: tl.constexpr,
+                REFIT_UNROLL: tl.constexpr):
+    """One side (K or V) of BLOCK_N rows: rotate, copy into the window store, clip, quantize, store."""
+    y = _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE,
+                      PRECISION)
+    _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+    clipped = y
+    if DO_CLIP:
+        clipped = _clip(y, CLIP_INDEX, D, CLIP_TOP)
+    _quantize_store(clipped, y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF, BS, D,
+                    G, SCALE_T, EPS, EMU, REFIT, FLOOR, REFIT_UNROLL)
+
+
+@triton.jit
 def oscar_write_kernel(
     k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh,
     rk_ptr, rv_ptr, stride_rh, stride_rr,
@@ -218,20 +237,12 @@ def oscar_write_kernel(
     slot = tl.where(valid, slot, 0)
 
     if tl.program_id(2) == 0:  # K and V in separate programs: the refit rounds of the two sides run in parallel
-        yk = _rotated_rows(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, True,
-                           ROT_PRECISION)
-        _store_window(yk, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
-        ck = yk
-        if DO_CLIP_K:
-            ck = _clip(yk, CLIP_K, D, CLIP_TOP_K)
-        _quantize_store(ck, yk, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D, G,
-                        SCALE_T, EPS, EMU, REFIT_K, FLOOR_K, REFIT_K if UNROLL_REFIT else 1)
+        _write_side(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, wk_ptr, stride_w0, stride_w1, stride_w2,
+                    cache_ptr, stride_cb, stride_ch, rows, row_ok, slot, wslot, valid, h, D, G, BS, SCALE_T, EPS, EMU,
+                    BLOCK_K, True, ROT_PRECISION, K_CODES, K_SCALE, K_ZERO, DO_CLIP_K, CLIP_K, CLIP_TOP_K, REFIT_K,
+                    FLOOR_K, REFIT_K if UNROLL_REFIT else 1)
     else:
-        yv = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K,
-                           ROTATE_V, ROT_PRECISION)
-        _store_window(yv, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
-        cv = yv
-        if DO_CLIP_V:
-            cv = _clip(yv, CLIP_V, D, CLIP_TOP_V)
-        _quantize_store(cv, yv, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D, G,
-                        SCALE_T, EPS, EMU, REFIT_V, FLOOR_V, REFIT_V if UNROLL_REFIT else 1)
+        _write_side(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, wv_ptr, stride_w0, stride_w1, stride_w2,
+                    cache_ptr, stride_cb, stride_ch, rows, row_ok, slot, wslot, valid, h, D, G, BS, SCALE_T, EPS, EMU,
+                    BLOCK_K, ROTATE_V, ROT_PRECISION, V_CODES, V_SCALE, V_ZERO, DO_CLIP_V, CLIP_V, CLIP_TOP_V, REFIT_V,
+                    FLOOR_V, REFIT_V if UNROLL_REFIT else 1)
