@@ -101,9 +101,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-#: Write launch variants (WriteConfig arguments): the default, the clip by maximum removal, the
-#: rotation on tensor cores, the refit rounds as a loop.
-WRITE_VARIANTS = (dict(), dict(clip_search="top"), dict(rotation_precision="tf32x3"), dict(unroll_refit=False))
+#: Write launch variants (WriteConfig arguments): the default (clip by maximum removal, refit loop),
+#: the bisection clip, the rotation on tensor cores, the refit rounds unrolled.
+WRITE_VARIANTS = (dict(), dict(clip_search="bisect"), dict(rotation_precision="tf32x3"), dict(unroll_refit=True))
 
 
 def check_write(report: list) -> None:

@@ -3,7 +3,7 @@
 
 Compiles ``triton_write.oscar_write_kernel`` for sm_90 and prints registers, the whole kernel's
 instruction count and barriers, and each loop's count (the clip search is a runtime loop; the refit
-rounds are unrolled). Use the device's Triton with PYTHONPATH (see bench/sass_decode.py).
+rounds are unrolled with --unroll 1). Use the device's Triton with PYTHONPATH (see bench/sass_decode.py).
 
     PYTHONPATH=/opt/tri36 python bench/sass_write.py --head-dim 128 --refit 8 2 --warps 4
 """
@@ -27,7 +27,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from sass_decode import loop_histograms, read_compiled  # noqa: E402
 from vllm_oscar.config import SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
-from vllm_oscar.kernels.triton_ops import CLIP_TOP_MAX_ROUNDS, WRITE_BLOCK_N, _plane_offsets  # noqa: E402
+from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, ROTATION_PRECISIONS,  # noqa: E402
+                                          WRITE_BLOCK_N, _plane_offsets)
 from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
 from vllm_oscar.quant import clip_threshold_index  # noqa: E402
 
@@ -66,14 +67,15 @@ def main() -> int:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--refit", type=int, nargs=2, default=[8, 2], metavar=("K", "V"))
     parser.add_argument("--clip", type=float, nargs=2, default=[0.96, 0.92], metavar=("K", "V"))
-    parser.add_argument("--clip-search", choices=("bisect", "top"), default="bisect")
-    parser.add_argument("--rotation", choices=("ieee", "tf32x3"), default="ieee")
-    parser.add_argument("--refit-loop", action="store_true", help="refit rounds as a loop (not unrolled)")
+    parser.add_argument("--clip-search", choices=CLIP_SEARCHES, default=DEFAULT_WRITE.clip_search)
+    parser.add_argument("--rotation", choices=ROTATION_PRECISIONS, default=DEFAULT_WRITE.rotation_precision)
+    parser.add_argument("--unroll", type=int, choices=(0, 1), default=int(DEFAULT_WRITE.unroll_refit),
+                        help="1 = refit rounds unrolled, 0 = a loop (WriteConfig.unroll_refit)")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
     kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
-                           args.clip_search == "top", args.rotation, not args.refit_loop)
+                           args.clip_search == "top", args.rotation, bool(args.unroll))
     sass, registers, stack = read_compiled(kernel, args.dump)
     ops = collections.Counter(m.group(1).split(".")[0] for m in
                               re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass))

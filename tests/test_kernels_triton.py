@@ -69,24 +69,24 @@ def test_triton_write_matches_reference(dim, group, bs, scale_dtype, prerotated)
 
 @pytest.mark.parametrize("dim,group", [(64, 64), (128, 128), (128, 32)])
 def test_triton_write_clip_by_maximum_removal_matches_reference(dim, group) -> None:
-    """WriteConfig(clip_search="top"): the same exact clip threshold as the bisection (rows with
-    planted outliers, so the top values are spread; served refit)."""
-    launch = triton_ops.WriteConfig(clip_search="top")
+    """The default clip by maximum removal and WriteConfig(clip_search="bisect"): the same exact clip
+    threshold (rows with planted outliers, so the top values are spread; served refit)."""
     result = write_case(triton_ops, 21, 2, dim, group, 16, torch.float16, False, seed=dim + group,
-                        refit_iterations=GRID_REFIT_ITERATIONS, launch=launch)
+                        refit_iterations=GRID_REFIT_ITERATIONS)
     check_write_case(result, False, GRID_REFIT_ITERATIONS)
     bisected = write_case(triton_ops, 21, 2, dim, group, 16, torch.float16, False, seed=dim + group,
-                          refit_iterations=GRID_REFIT_ITERATIONS)
+                          refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(clip_search="bisect"))
+    check_write_case(bisected, False, GRID_REFIT_ITERATIONS)
     assert torch.equal(result[8], bisected[8])
 
 
-def test_triton_write_refit_loop_writes_the_same_bytes() -> None:
-    """WriteConfig(unroll_refit=False): the refit rounds as a loop, the same cache bytes."""
+def test_triton_write_refit_loop_and_unrolled_write_the_same_bytes() -> None:
+    """The default refit loop and WriteConfig(unroll_refit=True): the same cache bytes."""
     looped = write_case(triton_ops, 21, 2, 128, 128, 16, torch.float16, False, seed=12,
-                        refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(unroll_refit=False))
+                        refit_iterations=GRID_REFIT_ITERATIONS)
     check_write_case(looped, False, GRID_REFIT_ITERATIONS)
     unrolled = write_case(triton_ops, 21, 2, 128, 128, 16, torch.float16, False, seed=12,
-                          refit_iterations=GRID_REFIT_ITERATIONS)
+                          refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(unroll_refit=True))
     assert torch.equal(looped[8], unrolled[8])
 
 

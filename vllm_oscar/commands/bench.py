@@ -19,7 +19,8 @@ import torch
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
-    from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT, PROGRAMS_PER_SM
+    from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT, PROGRAMS_PER_SM,
+                                               ROTATION_PRECISIONS)
 
     parser.add_argument("mode", choices=("decode", "tune"), help="decode: full comparison; tune: config sweep")
     parser.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
@@ -33,11 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: also time oscar_write on this many new tokens per layer")
     parser.add_argument("--write-warps", type=int, nargs="+", default=[0],
                         help="decode: warps per write program to time (0 = the default)")
-    parser.add_argument("--write-clip", nargs="+", default=["bisect"], choices=("bisect", "top"),
+    parser.add_argument("--write-clip", nargs="+", default=[DEFAULT_WRITE.clip_search], choices=CLIP_SEARCHES,
                         help="decode: clip threshold searches of the write to time (WriteConfig.clip_search)")
-    parser.add_argument("--write-rotation", nargs="+", default=["ieee"], choices=("ieee", "tf32x3"),
+    parser.add_argument("--write-rotation", nargs="+", default=[DEFAULT_WRITE.rotation_precision], choices=ROTATION_PRECISIONS,
                         help="decode: rotation dot precisions of the write to time (WriteConfig.rotation_precision)")
-    parser.add_argument("--write-unroll", type=int, nargs="+", default=[1], choices=(0, 1),
+    parser.add_argument("--write-unroll", type=int, nargs="+", default=[int(DEFAULT_WRITE.unroll_refit)], choices=(0, 1),
                         help="decode: 1 = refit rounds unrolled, 0 = a loop (WriteConfig.unroll_refit)")
     parser.add_argument("--write-refit", type=refit_rounds, nargs="+",
                         default=[0, "/".join(map(str, SERVED_REFIT_ITERATIONS))], metavar="N|K/V",

@@ -47,6 +47,10 @@ def write_warps(head_dim: int) -> int:
     return WRITE_NUM_WARPS_SMALL_HEAD if head_dim <= 64 else WRITE_NUM_WARPS
 
 
+#: WriteConfig defaults (top clip, refit loop, fp32 rotation), H200 2026-11-29 20:19 UTC, served 8 / 2 refit,
+#: ms at 32 / 4096 new tokens (docs/perf/write_h200_v10.json): Qwen3-8B geometry bisect + unrolled
+#: 0.0330 / 0.3636, top + loop 0.0168 / 0.1760; SmolLM2 0.0143 / 0.0559 -> 0.0114 / 0.0406. tf32x3
+#: rotation: 0.0216 / 0.2488 (Qwen3-8B, top + loop), slower on SmolLM2 in every variant.
 #: WriteConfig choices.
 CLIP_SEARCHES: tuple[str, ...] = ("bisect", "top")
 ROTATION_PRECISIONS: tuple[str, ...] = ("ieee", "tf32x3")
@@ -56,20 +60,20 @@ ROTATION_PRECISIONS: tuple[str, ...] = ("ieee", "tf32x3")
 class WriteConfig:
     """Launch knobs of oscar_write (the benchmark sweeps them; the defaults are the measured ones).
 
-    num_warps: warps per program, None = write_warps(head_dim). clip_search: "bisect" (32 count
-    steps per row) or "top" (remove the row maximum D - index times, two reductions per round; used
-    on a side when that is <= CLIP_TOP_MAX_ROUNDS rounds): the same exact threshold, a speed choice,
-    not yet timed on a GPU. rotation_precision: the rotation dot's input precision, "ieee" (fp32 on
-    the FMA pipe) or "tf32x3" (three TF32 tensor-core MMAs: about fp32 accuracy but not bit-identical;
-    not yet timed or checked on a GPU). unroll_refit: the refit rounds unrolled (True, as measured so
-    far) or a loop (same bytes; offline 255 -> 128 registers and 32 -> 8 B of spills at 8 / 2, D = 128;
-    not yet timed).
+    num_warps: warps per program, None = write_warps(head_dim). clip_search: "top" (remove the row
+    maximum D - index times, two reductions per round; used on a side when that is <=
+    CLIP_TOP_MAX_ROUNDS rounds, else bisect) or "bisect" (32 count steps per row): the same exact
+    threshold (byte-identical on the H200), a speed choice. rotation_precision: the rotation dot's
+    input precision, "ieee" (fp32 on the FMA pipe) or "tf32x3" (three TF32 tensor-core MMAs: about
+    fp32 accuracy, not bit-identical: 1.4e-5 of the bytes differ on the H200; slower there with the
+    refit loop). unroll_refit: the refit rounds unrolled (True) or a loop (False: same bytes, 255 ->
+    128 registers at 8 / 2, D = 128). Defaults as measured (note above CLIP_SEARCHES).
     """
 
     num_warps: Optional[int] = None
-    clip_search: str = "bisect"
+    clip_search: str = "top"
     rotation_precision: str = "ieee"
-    unroll_refit: bool = True
+    unroll_refit: bool = False
 
     def __post_init__(self) -> None:
         if self.clip_search not in CLIP_SEARCHES:
@@ -96,6 +100,10 @@ DECODE_BLOCK_T: int = 64
 #: a 64-position BF16 tile raised the whole kernel to 196 registers (offline SASS, Triton 3.6), 32 keeps
 #: it at the split loop's own 167.
 WINDOW_BLOCK_T: int = 32
+#: Channels per merge program (min(head_dim, MERGE_BLOCK_D)). H200 tune 2026-11-29 20:20 UTC
+#: (docs/perf/tune_h200_v10.json): 32 beat one program per head in 17 of 18 cases, most at batch 1
+#: and long contexts (Qwen3-8B 32K B=1 0.0230 -> 0.0205 ms), where the per-head [partials, D] tile spilled.
+MERGE_BLOCK_D: int = 32
 #: L2 prefetch distance (tiles) of the INT2 split programs on a GPU. H200, Qwen3-8B geometry, 32K,
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
 #: (docs/notes/kernels.md V8).
@@ -128,8 +136,7 @@ class AttentionConfig:
     PREFETCH_TILES with the PTX unpack, 0 otherwise;
     window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
     None = min(block_t, WINDOW_BLOCK_T)); merge_block_d: channels per merge program (a power of two
-    >= 16 dividing head_dim; None = head_dim, one program per head: offline its [partials, D] tile
-    spills past ~128 partials, i.e. at batch 1 and long contexts; not yet timed).
+    >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)).
     """
 
     block_t: Optional[int] = None
@@ -280,8 +287,8 @@ def _window_block_t(config: AttentionConfig, block_t: int) -> int:
 
 
 def _merge_block_d(config: AttentionConfig, head_dim: int) -> int:
-    """config.merge_block_d, or head_dim; a power of two >= 16 that divides head_dim."""
-    return _tile_size("merge_block_d", config.merge_block_d, head_dim, divides=head_dim)
+    """config.merge_block_d, or min(head_dim, MERGE_BLOCK_D); a power of two >= 16 that divides head_dim."""
+    return _tile_size("merge_block_d", config.merge_block_d, min(head_dim, MERGE_BLOCK_D), divides=head_dim)
 
 
 def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:

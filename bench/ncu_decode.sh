@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Nsight Compute profile of the INT2 split decode kernel (and the merge) for a few cases: where the
+# issue slots go (warp stall reasons), occupancy, memory throughput, and per-SASS-line samples.
+# Needs ncu (the device's Firecracker machines have it; clocks are left alone: --clock-control none).
+# Outputs under $OUT: <case>.ncu-rep, <case>_details.txt (sections), <case>_raw.csv (all metrics),
+# <case>_sass.csv (source page: SASS with per-line stall samples, where this ncu prints it).
+#
+#     OUT=/tmp/ncu bash bench/ncu_decode.sh                       # the default cases
+#     CASES="qwen3-8b:32768:32" OUT=/tmp/ncu bash bench/ncu_decode.sh
+set -uo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:?set OUT to a folder for the results}"
+CASES="${CASES:-qwen3-8b:32768:32 qwen3-8b:32768:1 smollm2-135m:32768:32}"
+EXTRA="${EXTRA:-}"   # extra profile_decode.py flags, e.g. "--int8-keys 0"
+NCU="${NCU:-ncu}"
+
+for c in $CASES; do
+  IFS=: read -r geometry context batch <<< "$c"
+  name="${geometry}_${context}_b${batch}${TAG:+_$TAG}"
+  echo "[ncu_decode] $name ($EXTRA) at ${SECONDS} s"
+  "$NCU" --clock-control none --kernel-name regex:'int2_split_kernel|merge_kernel' --launch-skip 2 --launch-count 2 \
+    --set full --import-source no -f -o "$OUT/$name" \
+    python bench/profile_decode.py --geometry "$geometry" --context "$context" --batch "$batch" --calls 2 $EXTRA \
+    > "$OUT/${name}_run.log" 2>&1 || { echo "[ncu_decode] $name: ncu failed"; tail -5 "$OUT/${name}_run.log"; continue; }
+  "$NCU" -i "$OUT/$name.ncu-rep" --page details > "$OUT/${name}_details.txt" 2>&1
+  "$NCU" -i "$OUT/$name.ncu-rep" --page raw --csv > "$OUT/${name}_raw.csv" 2>&1
+  "$NCU" -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass --kernel-name regex:int2_split_kernel \
+    > "$OUT/${name}_sass.csv" 2>&1 || echo "[ncu_decode] $name: no source page from this ncu"
+done
+echo "[ncu_decode] done at ${SECONDS} s"

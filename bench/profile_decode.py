@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Run one decode case a few times, for a profiler (Nsight Compute) to attach to.
+
+Builds the benchmark's random OSCAR case (one layer) and calls ``oscar_decode`` ``--calls``
+times with the default launch config (or the knobs given). Prints the kernels' names and the
+mean wall time per call so that a profiled run can be matched to the benchmark table. Used by
+bench/ncu_decode.sh:
+
+    python bench/profile_decode.py --geometry qwen3-8b --context 32768 --batch 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS  # noqa: E402
+from vllm_oscar.kernels import triton_ops  # noqa: E402
+from vllm_oscar.kernels.benchmark import GEOMETRIES, make_oscar_case  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="qwen3-8b")
+    parser.add_argument("--context", type=int, default=32768)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--block-t", type=int, default=None)
+    parser.add_argument("--int8-keys", type=int, choices=(0, 1), default=None)
+    parser.add_argument("--prefetch", type=int, default=None)
+    parser.add_argument("--max-registers", type=int, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (this script feeds a GPU profiler)")
+    device = torch.device("cuda")
+    hq, hkv, dim = GEOMETRIES[args.geometry]
+    gen = torch.Generator(device=device).manual_seed(args.context * 131 + args.batch)
+    case = make_oscar_case(args.batch, args.context, hq, hkv, dim, args.block_size, 1, device, gen)
+    config = triton_ops.AttentionConfig(
+        block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
+        int8_keys=None if args.int8_keys is None else bool(args.int8_keys))
+    out = torch.empty_like(case.query)
+
+    def decode() -> None:
+        triton_ops.oscar_decode(case.query, case.caches[0], case.window_k[0], case.window_v[0], case.layout,
+                                case.block_table, case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS,
+                                DEFAULT_RECENT_TOKENS, 1.0 / math.sqrt(dim), out=out, max_seq_len=args.context,
+                                config=config)
+
+    decode()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.calls):
+        decode()
+    torch.cuda.synchronize()
+    print(f"{args.geometry} context {args.context} batch {args.batch}: {args.calls} calls, "
+          f"{(time.perf_counter() - start) / args.calls * 1e3:.3f} ms per call (wall, unprofiled: the benchmark "
+          f"times graph replays)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
