@@ -33,7 +33,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
-from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel  # noqa: E402
+from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_ops import _plane_offsets  # noqa: E402
 
 #: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types.
@@ -42,10 +42,10 @@ SIGNATURE = {
     "stride_ch": "i32", "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32",
     "stride_w2": "i32", "bt_ptr": "*i32", "wbt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32", "part_ptr": "*fp32",
     "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32", "stride_lb": "i32",
-    "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32",
+    "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32",
 }
-#: Scalars that are not marked divisible by 16.
-PLAIN_SCALARS = ("sink", "recent", "qk_scale")
+#: Scalars that are not marked divisible by 16 (the kernel's unspecialised ones among them).
+PLAIN_SCALARS = ("sink", "recent", "qk_scale", *SPLIT_RUNTIME_ARGS)
 
 
 def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int,
@@ -53,7 +53,7 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack); maxnreg 0 = compiler's choice."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
-                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0, NSPLIT=64, NSINK=1, MODE=1, WIN_T=tl.bfloat16, EMU=False,
+                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0, NSINK=1, MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
                      **_plane_offsets(layout))
     names = int2_split_kernel.arg_names

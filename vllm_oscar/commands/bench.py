@@ -19,7 +19,7 @@ import torch
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
-    from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT, PROGRAMS_PER_SM,
+    from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT,
                                                ROTATION_PRECISIONS)
 
     parser.add_argument("mode", choices=("decode", "tune"), help="decode: full comparison; tune: config sweep")
@@ -54,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per INT2 split program (per general-kernel program with --rows-on-m)")
     parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
     parser.add_argument("--unpack", type=int, nargs="+", default=[0, 1], help="tune: 0 portable, 1 PTX")
-    parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[PROGRAMS_PER_SM],
-                        help="tune: split-K sizing, programs per SM")
+    parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[0],
+                        help="tune: split-K sizing, split programs per SM (0 = as many as one SM holds at once, "
+                             "the default)")
     parser.add_argument("--min-tiles", type=int, nargs="+", default=[MIN_TILES_PER_SPLIT],
                         help="tune: the fewest tiles per decode split (short contexts / batch 1)")
     parser.add_argument("--int8-keys", nargs="+", default=["auto"], choices=("auto", "0", "1"),
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "tune":
         rows = []
         configs = [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}), unpack=up, tokens_on_m=not args.rows_on_m,
-                                   programs_per_sm=pps, min_tiles_per_split=tiles, int8_keys=_auto(int8, bool),
+                                   programs_per_sm=pps or None, min_tiles_per_split=tiles, int8_keys=_auto(int8, bool),
                                    max_registers=reg or None, prefetch=_auto(pf, int), window_block_t=_auto(wbt, int),
                                    merge_block_d=_auto(mbd, int))
                    for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd in itertools.product(

@@ -260,7 +260,7 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     o_bytes = oscar_bytes(case, batch, length, hkv, hq, dim)
     result["oscar"] = {"ms": ms, "layers": oscar_layers, "bytes": o_bytes, "GBps": o_bytes / ms / 1e6,
                        "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
-                       "splits": _splits(config, case, batch, hkv, length, device)}
+                       "splits": _splits(config, case, length)}
     if breakdown:
         try:
             kernels = kernel_breakdown([oscar_fn(i) for i in range(oscar_layers)], reps)
@@ -321,13 +321,14 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     return result
 
 
-def _splits(config, case: OscarCase, batch: int, hkv: int, length: int, device: torch.device) -> int:
+def _splits(config, case: OscarCase, length: int, layer: int = 0) -> int:
     """The split-K count oscar_decode uses for this config and case."""
     from vllm_oscar.kernels import triton_ops
 
-    return config.num_splits or triton_ops.decode_splits(
-        batch, hkv, length, triton_ops.resolved_block_t(config), device, config.programs_per_sm,
-        config.min_tiles_per_split)
+    return triton_ops.decode_split_count(
+        case.query, case.caches[layer], case.window_k[layer], case.window_v[layer], case.layout, case.block_table,
+        case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS,
+        1.0 / math.sqrt(case.layout.head_dim), length, config)
 
 
 def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int, device: torch.device,
@@ -358,7 +359,7 @@ def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int
             ms = time_graph(fns, reps)
             row["oscar"] = {"ms": ms, "GBps": o_bytes / ms / 1e6,
                             "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
-                            "splits": _splits(config, case, batch, hkv, length, device)}
+                            "splits": _splits(config, case, length)}
         except Exception as error:  # noqa: BLE001 - a variant that fails is reported
             row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         rows.append(row)
@@ -462,7 +463,7 @@ def plot(rows: list[dict], path: str) -> None:
 #: Launch configs the decode benchmark's autotune tries (AttentionConfig arguments): the default and
 #: one step away from it on each knob that the H200 tunes found close.
 AUTOTUNE_CANDIDATES: tuple[dict, ...] = (
-    dict(), dict(block_t=32), dict(programs_per_sm=24), dict(min_tiles_per_split=1), dict(min_tiles_per_split=4),
+    dict(), dict(block_t=32), dict(programs_per_sm=16), dict(min_tiles_per_split=1), dict(min_tiles_per_split=4),
     dict(prefetch=0), dict(prefetch=2), dict(int8_keys=False), dict(window_block_t=16), dict(window_block_t=64),
     dict(merge_block_d=32),
 )

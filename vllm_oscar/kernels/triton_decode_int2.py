@@ -1,10 +1,13 @@
 """Decode in one launch: the pure-INT2 split-K programs and the BF16 window tiles, tokens on the MMA's M side.
 
-Grid (NSPLIT + NSINK + NREC, B, Hkv). Program (k < NSPLIT, b, h) takes split k of the tiles of
+Grid (B, Hkv, NSPLIT + NSINK + NREC). Program (b, h, k < NSPLIT) takes split k of the tiles of
 request b's pure INT2 range [min(sink, L), max(min(sink, L), L - recent)) (positions every
-query of a decode reads from INT2); program (NSPLIT + w, b, h) takes window tile w (WIN_BT
-positions of the sink, then of the recent window). Each writes a partial (normalised output +
-log2-sum-exp); triton_attention.merge_kernel combines them.
+query of a decode reads from INT2); program (b, h, NSPLIT + w) takes window tile w (WIN_BT
+positions of the sink, then of the recent window). The split index is the slowest grid axis, so
+every split program is dispatched before any window program (the splits are sized to fill whole
+waves, the short window programs fill in behind them). Each writes a partial (normalised output +
+log2-sum-exp); triton_attention.merge_kernel combines them. NSPLIT is a runtime argument: one
+compiled kernel serves every split count.
 
 Orientation (why this kernel exists): the general kernel computes logits as
 [query rows, tokens] with the GQA group padded to 16 rows, so every element-wise step of
@@ -215,7 +218,12 @@ def _window_values(wv_rows, copy, pw, acc_even, acc_odd, cols, P: tl.constexpr, 
     return mma(tl.trans(even), pf, acc_even, EMU), mma(tl.trans(odd), pf, acc_odd, EMU)
 
 
-@triton.jit
+#: Arguments left unspecialised, so that one compiled kernel serves every split count (they
+#: only address the partial outputs).
+SPLIT_RUNTIME_ARGS = ["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"]
+
+
+@triton.jit(do_not_specialize=SPLIT_RUNTIME_ARGS)
 def int2_split_kernel(
     q_ptr, stride_qb, stride_qh,
     cache_ptr, stride_cb, stride_ch,
@@ -228,7 +236,7 @@ def int2_split_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, WIN_BT: tl.constexpr, WIN_SAME_BLOCK: tl.constexpr,
-    NSPLIT: tl.constexpr, NSINK: tl.constexpr,
+    NSPLIT, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0,
 ):
@@ -241,9 +249,9 @@ def int2_split_kernel(
     position reads its BF16 copy (window_k/window_v at window_block_table) and, where its block has
     no copy (table entry < 0), its INT2 codes."""
     Q: tl.constexpr = D // 4
-    pid = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    pid = tl.program_id(2)
     length = tl.load(seq_ptr + b)
     sink_end = tl.minimum(sink, length)
     int2_end = tl.maximum(sink_end, length - recent)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -87,9 +87,18 @@ DEFAULT_WRITE = WriteConfig()
 
 def _clip_top(config: WriteConfig, head_dim: int, clip_index: int) -> bool:
     return config.clip_search == "top" and head_dim - clip_index <= CLIP_TOP_MAX_ROUNDS
-#: Decode: aim for this many programs per SM, and at least this many tiles per split.
-#: 16 measured on the H200 (Qwen3-8B 32K B=8: 0.213 ms at 4, 0.196 at 8, 0.177 at 16; B=32 unchanged).
+#: Decode split-K sizing where no compiled kernel tells how many programs an SM holds (the
+#: interpreter, CPU tensors) and the BF16 Triton baseline's target: programs per SM.
 PROGRAMS_PER_SM: int = 16
+#: SM limits of the residency estimate where torch does not report them (Hopper's), and the
+#: registers-per-warp allocation unit.
+SM_REGISTERS: int = 65536
+SM_THREADS: int = 2048
+SM_SHARED_BYTES: int = 233472
+SM_MAX_PROGRAMS: int = 32
+REGISTER_ALLOCATION_UNIT: int = 256
+#: Shared memory the driver reserves per program (bytes).
+DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
 MIN_TILES_PER_SPLIT: int = 2
 MAX_SPLITS: int = 256
@@ -123,7 +132,10 @@ class AttentionConfig:
     sized from max_seq_len and the SM count; tokens_on_m: decode runs its pure-INT2 splits
     in triton_decode_int2 (tokens on the MMA M side; one group per row, G = D) instead of
     the general kernel (query rows on M, padded to 16). Same function, different speed.
-    programs_per_sm: decode split-K sizing target (programs per SM when num_splits is None);
+    programs_per_sm: decode split-K sizing target when num_splits is None: the split programs number
+    at most programs_per_sm per SM (rounded down to whole splits per (request, KV head), so a multiple
+    of the SM's capacity fills whole waves). None = as many as one SM holds at once (from the compiled
+    split kernel's registers, warps and shared memory: one full wave; docs/notes/kernels.md V10);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= 128). None = on where it applies (INT2 split kernel, head_dim
@@ -146,7 +158,7 @@ class AttentionConfig:
     unpack: Optional[int] = None
     num_splits: Optional[int] = None
     tokens_on_m: bool = True
-    programs_per_sm: int = PROGRAMS_PER_SM
+    programs_per_sm: Optional[int] = None
     min_tiles_per_split: int = MIN_TILES_PER_SPLIT
     int8_keys: Optional[bool] = None
     max_registers: Optional[int] = None
@@ -259,11 +271,49 @@ def _unpack_mode(config: AttentionConfig) -> int:
 
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device,
                   programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT) -> int:
-    """Split-K count: about programs_per_sm programs per SM, each with >= min_tiles_per_split tiles."""
+    """Split-K count: at most programs_per_sm split programs per SM in all (rounded down, so that they
+    fill whole waves rather than spill a partial one), each with >= min_tiles_per_split tiles."""
     sms = 132 if device.type != "cuda" else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    wanted = triton.cdiv(programs_per_sm * sms, batch * num_kv_heads)
+    wanted = programs_per_sm * sms // (batch * num_kv_heads)
     most = max(1, triton.cdiv(max_seq_len, block_t) // min_tiles_per_split)
     return max(1, min(wanted, most, MAX_SPLITS))
+
+
+def resident_programs(registers: int, num_warps: int, shared_bytes: int, device_index: int) -> int:
+    """Programs of a kernel (registers per thread, warps, shared bytes per program) one SM of this
+    device holds at once: the least of the register, thread, shared-memory and program limits."""
+    props = torch.cuda.get_device_properties(device_index)
+    sm_registers = getattr(props, "regs_per_multiprocessor", SM_REGISTERS)
+    sm_threads = getattr(props, "max_threads_per_multi_processor", SM_THREADS)
+    sm_shared = getattr(props, "shared_memory_per_multiprocessor", SM_SHARED_BYTES)
+    unit = REGISTER_ALLOCATION_UNIT
+    per_warp = -(-registers * 32 // unit) * unit
+    by_registers = sm_registers // (per_warp * num_warps)
+    by_threads = sm_threads // (32 * num_warps)
+    by_shared = sm_shared // (shared_bytes + DRIVER_SHARED_PER_PROGRAM)
+    return max(1, min(by_registers, by_threads, by_shared, SM_MAX_PROGRAMS))
+
+
+#: Programs per SM of each compiled int2_split_kernel specialisation, keyed by device, constexprs
+#: and argument dtypes (filled on first use by _split_programs_per_sm).
+_SPLIT_RESIDENCY: dict[tuple, int] = {}
+
+
+def _split_programs_per_sm(args: list, consts: dict, device: torch.device) -> int:
+    """Programs of int2_split_kernel (these arguments and constexprs) one SM holds at once; compiles
+    the kernel on first use (no launch, so safe inside a CUDA-graph capture). PROGRAMS_PER_SM under
+    the interpreter."""
+    if _interpreting() or device.type != "cuda":
+        return PROGRAMS_PER_SM
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, tuple(sorted((k, repr(v)) for k, v in consts.items())),
+           tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    if key not in _SPLIT_RESIDENCY:
+        compiled = int2_split_kernel.warmup(*args, grid=(1, 1, 1), NSPLIT=1, **consts)
+        compiled._init_handles()  # loads the binary: n_regs comes from the driver
+        _SPLIT_RESIDENCY[key] = resident_programs(compiled.n_regs, compiled.metadata.num_warps,
+                                                  compiled.metadata.shared, index)
+    return _SPLIT_RESIDENCY[key]
 
 
 def _tile_size(name: str, value: Optional[int], default: int, divides: Optional[int] = None) -> int:
@@ -302,6 +352,82 @@ def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config:
     )
 
 
+@dataclasses.dataclass
+class _DecodePlan:
+    """How oscar_decode launches one call: the split count and the INT2 split kernel's arguments."""
+
+    split_int2: bool  # the INT2 split kernel (else the general kernel)
+    num_splits: int
+    total: int  # partials per (request, head): splits + window tiles
+    nsink: int
+    meta: dict  # _common_meta
+    split_consts: dict  # constexprs and launch options of int2_split_kernel
+    split_args: Callable[[torch.Tensor, torch.Tensor], list]  # (part, lse) -> its runtime arguments
+
+
+def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
+                 seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
+                 config: AttentionConfig) -> _DecodePlan:
+    """The launch plan of oscar_decode (arguments as there, already checked)."""
+    batch, hq, d = query_rot.shape
+    hkv = int2_cache.shape[1]
+    block_t = resolved_block_t(config)
+    split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
+    window_t = _window_block_t(config, block_t) if split_int2 else block_t
+    nsink = triton.cdiv(sink, window_t)
+    windows = nsink + triton.cdiv(recent, window_t) + 1
+    group = hq // hkv
+    meta = _common_meta(layout, group, window_k, config)
+    int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
+    int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
+    prefetch = (PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0) if config.prefetch is None else config.prefetch
+    if int8_keys and not int8_applies:
+        raise ValueError(
+            f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
+            f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
+            f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
+    if prefetch and meta["MODE"] != UNPACK_PTX:
+        raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
+                         f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
+    device = query_rot.device
+
+    def split_args(part: torch.Tensor, lse: torch.Tensor) -> list:
+        return [query_rot, query_rot.stride(0), query_rot.stride(1),
+                int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+                window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+                block_table, window_block_table, block_table.stride(0), seq_lens,
+                part, part.stride(0), part.stride(1), part.stride(2),
+                lse, lse.stride(0), lse.stride(1),
+                sink, recent, softmax_scale * LOG2E]
+
+    split_consts = dict(
+        **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE", "K_ZERO",
+                                "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU", "num_stages")},
+        WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
+        NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
+        **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
+    if config.num_splits:
+        nsplit = config.num_splits
+    else:
+        per_sm = config.programs_per_sm
+        if per_sm is None:
+            per_sm = PROGRAMS_PER_SM
+            if split_int2:
+                probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
+                per_sm = _split_programs_per_sm(split_args(probe, probe[..., 0]), split_consts, device)
+        nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split)
+    return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, split_args)
+
+
+def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
+                       window_v: torch.Tensor, layout: PageLayout, block_table: torch.Tensor,
+                       window_block_table: torch.Tensor, seq_lens: torch.Tensor, sink: int, recent: int,
+                       softmax_scale: float, max_seq_len: int, config: AttentionConfig = DEFAULT_DECODE) -> int:
+    """The split-K count oscar_decode uses for these arguments (for reports; compiles on first use)."""
+    return _plan_decode(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
+                        sink, recent, softmax_scale, max_seq_len, config).num_splits
+
+
 def oscar_decode(
     query_rot: torch.Tensor,
     int2_cache: torch.Tensor,
@@ -338,45 +464,13 @@ def oscar_decode(
         return out
     if max_seq_len is None:
         max_seq_len = block_table.shape[1] * layout.block_size
-    block_t = resolved_block_t(config)
-    nsplit = config.num_splits or decode_splits(batch, hkv, max_seq_len, block_t, query_rot.device,
-                                                config.programs_per_sm, config.min_tiles_per_split)
-    split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
-    window_t = _window_block_t(config, block_t) if split_int2 else block_t
-    nsink = triton.cdiv(sink, window_t)
-    total = nsplit + nsink + triton.cdiv(recent, window_t) + 1
+    plan = _plan_decode(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
+                        sink, recent, softmax_scale, max_seq_len, config)
+    meta, nsplit, total, split_int2, nsink = plan.meta, plan.num_splits, plan.total, plan.split_int2, plan.nsink
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
-    group = hq // hkv
-    meta = _common_meta(layout, group, window_k, config)
-    int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
-    int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
-    prefetch = (PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0) if config.prefetch is None else config.prefetch
-    if int8_keys and not int8_applies:
-        raise ValueError(
-            f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
-            f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
-            f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
-    if prefetch and meta["MODE"] != UNPACK_PTX:
-        raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
-                         f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
-    if split_int2:  # INT2 splits and window tiles in one launch
-        int2_split_kernel[(total, batch, hkv)](
-            query_rot, query_rot.stride(0), query_rot.stride(1),
-            int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
-            block_table, window_block_table, block_table.stride(0), seq_lens,
-            part, part.stride(0), part.stride(1), part.stride(2),
-            lse, lse.stride(0), lse.stride(1),
-            sink, recent, softmax_scale * LOG2E,
-            **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE",
-                                    "K_ZERO", "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU",
-                                    "num_stages")},
-            WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0,
-            num_warps=config.split_warps, NSPLIT=nsplit, NSINK=nsink, INT8_K=int8_keys,
-            PREFETCH=prefetch, REGION=layout.head_region_bytes,
-            **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
-        )
+    if split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
+        int2_split_kernel[(batch, hkv, total)](*plan.split_args(part, lse), NSPLIT=nsplit, **plan.split_consts)
     else:
         attention_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
@@ -461,5 +555,5 @@ def oscar_prefill(
     return out
 
 
-__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_splits", "resolved_block_t",
+__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_split_count", "decode_splits", "resolved_block_t",
            "oscar_decode", "oscar_prefill", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
