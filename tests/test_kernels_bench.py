@@ -10,7 +10,8 @@ import torch
 
 from vllm_oscar.cli import main
 from vllm_oscar.commands.bench import fastest_configs
-from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT, AttentionConfig, decode_splits
+from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, AttentionConfig, SmLimits, decode_splits,
+                                          resident_programs)
 from vllm_oscar.kernels.benchmark import bf16_bytes, format_breakdown, summarize_kernels, window_blocks
 
 
@@ -65,6 +66,30 @@ def test_decode_splits_respect_the_fewest_tiles_per_split() -> None:
     assert decode_splits(1, 8, 4096, 64, cpu, min_tiles_per_split=1) == 64
     # A full GPU (many requests) needs no splitting, whatever the floor.
     assert decode_splits(512, 8, 4096, 64, cpu, min_tiles_per_split=1) == 1
+
+
+def test_decode_splits_fill_whole_waves() -> None:
+    """The split programs never spill a partial wave: 12 per SM x 132 SMs = 1584 slots."""
+    cpu = torch.device("cpu")
+    for batch, heads in ((1, 8), (8, 8), (32, 8), (64, 8), (32, 3), (5, 7)):
+        splits = decode_splits(batch, heads, 1 << 20, 64, cpu, programs_per_sm=12)
+        assert splits * batch * heads <= 12 * 132 < (splits + 1) * batch * heads
+    assert decode_splits(32, 8, 1 << 20, 64, cpu, programs_per_sm=24) == 12  # two full waves
+
+
+def test_resident_programs_take_the_tightest_sm_limit() -> None:
+    """Registers are allocated per warp in units of 256, whole warps per scheduler partition (a
+    quarter of the file); threads, shared memory and the program cap bound it too (Hopper's SM)."""
+    hopper = SmLimits(registers=65536, threads=2048, shared_bytes=233472)
+    assert resident_programs(154, 1, 2304, hopper) == 12  # 154 -> 160 per thread: 5120 per warp
+    assert resident_programs(158, 1, 2304, hopper) == 12
+    assert resident_programs(128, 1, 2304, hopper) == 16
+    assert resident_programs(168, 1, 2304, hopper) == 12  # 5376 per warp: 3 per 16384-register partition
+    assert resident_programs(96, 1, 0, hopper) == 20  # 5 per partition (the whole file would fit 21)
+    assert resident_programs(32, 1, 0, hopper) == 32  # the resident-program cap
+    assert resident_programs(32, 4, 0, hopper) == 16  # 2048 threads / 128
+    assert resident_programs(64, 1, 40 * 1024, hopper) == 5  # 233472 / (40 KB + 1 KB)
+    assert resident_programs(255, 8, 0, hopper) == 1
 
 
 def test_kernel_summary_separates_busy_time_from_gaps() -> None:

@@ -97,6 +97,8 @@ SM_THREADS: int = 2048
 SM_SHARED_BYTES: int = 233472
 SM_MAX_PROGRAMS: int = 32
 REGISTER_ALLOCATION_UNIT: int = 256
+#: Schedulers per SM; each has a quarter of the register file and holds whole warps.
+SM_PARTITIONS: int = 4
 #: Shared memory the driver reserves per program (bytes).
 DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
@@ -279,18 +281,33 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
-def resident_programs(registers: int, num_warps: int, shared_bytes: int, device_index: int) -> int:
-    """Programs of a kernel (registers per thread, warps, shared bytes per program) one SM of this
-    device holds at once: the least of the register, thread, shared-memory and program limits."""
+@dataclasses.dataclass(frozen=True)
+class SmLimits:
+    """What one SM offers the programs resident on it."""
+
+    registers: int = SM_REGISTERS
+    threads: int = SM_THREADS
+    shared_bytes: int = SM_SHARED_BYTES
+
+
+@functools.lru_cache(maxsize=None)
+def sm_limits(device_index: int) -> SmLimits:
+    """This CUDA device's SmLimits (Hopper's where torch does not report a field)."""
     props = torch.cuda.get_device_properties(device_index)
-    sm_registers = getattr(props, "regs_per_multiprocessor", SM_REGISTERS)
-    sm_threads = getattr(props, "max_threads_per_multi_processor", SM_THREADS)
-    sm_shared = getattr(props, "shared_memory_per_multiprocessor", SM_SHARED_BYTES)
+    return SmLimits(getattr(props, "regs_per_multiprocessor", SM_REGISTERS),
+                    getattr(props, "max_threads_per_multi_processor", SM_THREADS),
+                    getattr(props, "shared_memory_per_multiprocessor", SM_SHARED_BYTES))
+
+
+def resident_programs(registers: int, num_warps: int, shared_bytes: int, limits: SmLimits) -> int:
+    """Programs of a kernel (registers per thread, warps, shared bytes per program) one SM holds at
+    once: the least of the register (whole warps per scheduler partition), thread, shared-memory and
+    program limits (at least 1)."""
     unit = REGISTER_ALLOCATION_UNIT
     per_warp = -(-registers * 32 // unit) * unit
-    by_registers = sm_registers // (per_warp * num_warps)
-    by_threads = sm_threads // (32 * num_warps)
-    by_shared = sm_shared // (shared_bytes + DRIVER_SHARED_PER_PROGRAM)
+    by_registers = SM_PARTITIONS * (limits.registers // SM_PARTITIONS // per_warp) // num_warps
+    by_threads = limits.threads // (32 * num_warps)
+    by_shared = limits.shared_bytes // (shared_bytes + DRIVER_SHARED_PER_PROGRAM)
     return max(1, min(by_registers, by_threads, by_shared, SM_MAX_PROGRAMS))
 
 
@@ -312,7 +329,7 @@ def _split_programs_per_sm(args: list, consts: dict, device: torch.device) -> in
         compiled = int2_split_kernel.warmup(*args, grid=(1, 1, 1), NSPLIT=1, **consts)
         compiled._init_handles()  # loads the binary: n_regs comes from the driver
         _SPLIT_RESIDENCY[key] = resident_programs(compiled.n_regs, compiled.metadata.num_warps,
-                                                  compiled.metadata.shared, index)
+                                                  compiled.metadata.shared, sm_limits(index))
     return _SPLIT_RESIDENCY[key]
 
 
