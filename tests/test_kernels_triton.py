@@ -156,7 +156,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
-               tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None):
+               tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=False):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -164,7 +164,8 @@ def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, split
     scale = 1.0 / math.sqrt(dim)
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
     config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m,
-                                        window_block_t=window_block_t, merge_block_d=merge_block_d)
+                                        window_block_t=window_block_t, merge_block_d=merge_block_d,
+                                        windows_first=windows_first)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -248,6 +249,12 @@ def test_triton_decode_window_tile_sizes(window_block_t) -> None:
     """Window programs of 16 and 64 positions (the default is 32), some blocks without a BF16 copy."""
     run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 2, seed=31 + window_block_t,
                window_block_t=window_block_t)
+
+
+def test_triton_decode_window_programs_first() -> None:
+    """Window programs dispatched before the splits: the same partial slots, the same answer (ragged
+    batch, a request shorter than the windows, blocks without a BF16 copy)."""
+    run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 3, seed=37, windows_first=True)
 
 
 @pytest.mark.parametrize("dim,merge_block_d", [(64, 16), (128, 32), (128, 128)])

@@ -5,7 +5,8 @@ request b's pure INT2 range [min(sink, L), max(min(sink, L), L - recent)) (posit
 query of a decode reads from INT2); program (b, h, NSPLIT + w) takes window tile w (WIN_BT
 positions of the sink, then of the recent window). The split index is the slowest grid axis, so
 every split program is dispatched before any window program (the splits are sized to fill whole
-waves, the short window programs fill in behind them). Each writes a partial (normalised output +
+waves, the short window programs fill in behind them); WINDOWS_FIRST dispatches the window programs
+first instead (the partial index pid stays split k / NSPLIT + w either way). Each writes a partial (normalised output +
 log2-sum-exp); triton_attention.merge_kernel combines them. NSPLIT is a runtime argument: one
 compiled kernel serves every split count.
 
@@ -238,7 +239,7 @@ def int2_split_kernel(
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, WIN_BT: tl.constexpr, WIN_SAME_BLOCK: tl.constexpr,
     NSPLIT, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
-    PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -251,7 +252,12 @@ def int2_split_kernel(
     Q: tl.constexpr = D // 4
     b = tl.program_id(0)
     h = tl.program_id(1)
-    pid = tl.program_id(2)
+    if WINDOWS_FIRST:  # grid slots 0..windows-1 take the window tiles, the rest the splits
+        windows = tl.num_programs(2) - NSPLIT
+        slot = tl.program_id(2)
+        pid = tl.where(slot < windows, NSPLIT + slot, slot - windows)
+    else:
+        pid = tl.program_id(2)
     length = tl.load(seq_ptr + b)
     sink_end = tl.minimum(sink, length)
     int2_end = tl.maximum(sink_end, length - recent)

@@ -48,7 +48,7 @@ def write_warps(head_dim: int) -> int:
 
 
 #: WriteConfig defaults (top clip, refit loop, fp32 rotation), H200 2026-11-29 20:19 UTC, served 8 / 2 refit,
-#: ms at 32 / 4096 new tokens (docs/perf/write_h200_v10.json): Qwen3-8B geometry bisect + unrolled
+#: ms at 32 / 4096 new tokens (docs/perf/write_h200_w2.json): Qwen3-8B geometry bisect + unrolled
 #: 0.0330 / 0.3636, top + loop 0.0168 / 0.1760; SmolLM2 0.0143 / 0.0559 -> 0.0114 / 0.0406. tf32x3
 #: rotation: 0.0216 / 0.2488 (Qwen3-8B, top + loop), slower on SmolLM2 in every variant.
 #: WriteConfig choices.
@@ -112,7 +112,7 @@ DECODE_BLOCK_T: int = 64
 #: it at the split loop's own 167.
 WINDOW_BLOCK_T: int = 32
 #: Channels per merge program (min(head_dim, MERGE_BLOCK_D)). H200 tune 2026-11-29 20:20 UTC
-#: (docs/perf/tune_h200_v10.json): 32 beat one program per head in 17 of 18 cases, most at batch 1
+#: (docs/perf/tune_h200_w2_merge_window.json): 32 beat one program per head in 17 of 18 cases, most at batch 1
 #: and long contexts (Qwen3-8B 32K B=1 0.0230 -> 0.0205 ms), where the per-head [partials, D] tile spilled.
 MERGE_BLOCK_D: int = 32
 #: L2 prefetch distance (tiles) of the INT2 split programs on a GPU. H200, Qwen3-8B geometry, 32K,
@@ -150,7 +150,8 @@ class AttentionConfig:
     PREFETCH_TILES with the PTX unpack, 0 otherwise;
     window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
     None = min(block_t, WINDOW_BLOCK_T)); merge_block_d: channels per merge program (a power of two
-    >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)).
+    >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)); windows_first: dispatch the
+    window-tile programs of the INT2 split launch before its split programs (default: after).
     """
 
     block_t: Optional[int] = None
@@ -167,6 +168,7 @@ class AttentionConfig:
     prefetch: Optional[int] = None
     window_block_t: Optional[int] = None
     merge_block_d: Optional[int] = None
+    windows_first: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -422,6 +424,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                 "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU", "num_stages")},
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
+        WINDOWS_FIRST=config.windows_first,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
