@@ -156,7 +156,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
-               tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=False):
+               tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -251,10 +251,11 @@ def test_triton_decode_window_tile_sizes(window_block_t) -> None:
                window_block_t=window_block_t)
 
 
-def test_triton_decode_window_programs_first() -> None:
-    """Window programs dispatched before the splits: the same partial slots, the same answer (ragged
-    batch, a request shorter than the windows, blocks without a BF16 copy)."""
-    run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 3, seed=37, windows_first=True)
+@pytest.mark.parametrize("windows_first", [True, False])
+def test_triton_decode_window_programs_before_or_after_the_splits(windows_first) -> None:
+    """Window programs dispatched before or after the splits: the same partial slots, the same answer
+    (ragged batch, a request shorter than the windows, blocks without a BF16 copy)."""
+    run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 3, seed=37, windows_first=windows_first)
 
 
 @pytest.mark.parametrize("dim,merge_block_d", [(64, 16), (128, 32), (128, 128)])

@@ -151,7 +151,9 @@ class AttentionConfig:
     window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
     None = min(block_t, WINDOW_BLOCK_T)); merge_block_d: channels per merge program (a power of two
     >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)); windows_first: dispatch the
-    window-tile programs of the INT2 split launch before its split programs (default: after).
+    window-tile programs of the INT2 split launch before its split programs. None = first when they
+    number at most one per SM (batch 1: they then start beside the splits instead of trailing them as
+    a last short wave; docs/notes/kernels.md V10), after the splits otherwise.
     """
 
     block_t: Optional[int] = None
@@ -168,7 +170,7 @@ class AttentionConfig:
     prefetch: Optional[int] = None
     window_block_t: Optional[int] = None
     merge_block_d: Optional[int] = None
-    windows_first: bool = False
+    windows_first: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -183,6 +185,13 @@ def _interpreting() -> bool:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; 132 (an H100/H200) for CPU tensors, so that splits are sized alike."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _check_triton_layout(layout: PageLayout) -> None:
@@ -277,7 +286,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
                   programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT) -> int:
     """Split-K count: at most programs_per_sm split programs per SM in all (rounded down, so that they
     fill whole waves rather than spill a partial one), each with >= min_tiles_per_split tiles."""
-    sms = 132 if device.type != "cuda" else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = _device_sms(device)
     wanted = programs_per_sm * sms // (batch * num_kv_heads)
     most = max(1, triton.cdiv(max_seq_len, block_t) // min_tiles_per_split)
     return max(1, min(wanted, most, MAX_SPLITS))
@@ -384,6 +393,14 @@ class _DecodePlan:
     split_args: Callable[[torch.Tensor, torch.Tensor], list]  # (part, lse) -> its runtime arguments
 
 
+def _windows_first(config: AttentionConfig, window_programs: int, device: torch.device) -> bool:
+    """config.windows_first, or (None) whether the window programs number at most one per SM."""
+    if config.windows_first is not None:
+        return config.windows_first
+    sms = _device_sms(device)
+    return window_programs <= sms
+
+
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
@@ -424,7 +441,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                 "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU", "num_stages")},
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
-        WINDOWS_FIRST=config.windows_first,
+        WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device),
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
