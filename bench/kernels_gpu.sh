@@ -25,7 +25,7 @@ for s in $STEPS; do
              --write-tokens 8 32 256 4096 --write-refit 8/2 --write-clip bisect top --write-rotation ieee tf32x3 \
              --write-unroll 1 0 --reps 10 --json "$OUT/write.json" ;;
     tune) step tune python -m vllm_oscar.cli bench tune --geometry $GEOMETRIES --contexts 4096 32768 --batches 1 8 32 \
-            --block-t 64 --num-warps 1 --num-stages 1 --unpack 1 --merge-block-d auto 32 --window-block-t auto 16 64 \
+            --block-t 64 --num-warps 1 --num-stages 1 --unpack 1 --programs-per-sm 0 24 --windows-first auto 0 1 \
             --reps 10 --json "$OUT/tune.json" ;;
     table) step table python -m vllm_oscar.cli bench decode --geometry $GEOMETRIES --config-from "$OUT/tune.json" \
              --contexts 4096 16384 32768 65536 131072 --batches 1 8 32 64 --write-tokens 32 4096 --write-refit 8/2 \
