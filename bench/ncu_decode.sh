@@ -3,10 +3,13 @@
 # issue slots go (warp stall reasons), occupancy, memory throughput, and per-SASS-line samples.
 # Needs ncu (the device's Firecracker machines have it; clocks are left alone: --clock-control none).
 # Outputs under $OUT: <case>.ncu-rep, <case>_details.txt (sections), <case>_raw.csv (all metrics),
-# <case>_sass.csv (source page: SASS with per-line stall samples, where this ncu prints it).
+# <case>_sass.csv (source page: SASS with per-line stall samples, where this ncu prints it), packed
+# into $OUT/ncu_text.tgz at the end (the device tool returns only a few files per call); the
+# .ncu-rep reports stay beside it only with KEEP_REP=1.
 #
 #     OUT=/tmp/ncu bash bench/ncu_decode.sh                       # the default cases
 #     CASES="qwen3-8b:32768:32" OUT=/tmp/ncu bash bench/ncu_decode.sh
+#     CASES="qwen3-8b:32768:32" EXTRA="--full-tiles" TAG=full OUT=/tmp/ncu bash bench/ncu_decode.sh
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:?set OUT to a folder for the results}"
@@ -27,4 +30,7 @@ for c in $CASES; do
   "$NCU" -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass --kernel-name regex:int2_split_kernel \
     > "$OUT/${name}_sass.csv" 2>&1 || echo "[ncu_decode] $name: no source page from this ncu"
 done
-echo "[ncu_decode] done at ${SECONDS} s"
+(cd "$OUT" && tar czf ncu_text.tgz ./*_details.txt ./*_raw.csv ./*_sass.csv ./*_run.log 2>/dev/null \
+  && rm -f ./*_details.txt ./*_raw.csv ./*_sass.csv ./*_run.log)
+[ "${KEEP_REP:-0}" = 1 ] || rm -f "$OUT"/*.ncu-rep
+echo "[ncu_decode] done at ${SECONDS} s: $OUT/ncu_text.tgz"

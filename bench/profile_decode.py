@@ -37,6 +37,7 @@ def main() -> int:
     parser.add_argument("--int8-keys", type=int, choices=(0, 1), default=None)
     parser.add_argument("--prefetch", type=int, default=None)
     parser.add_argument("--max-registers", type=int, default=None)
+    parser.add_argument("--full-tiles", action="store_true", help="AttentionConfig.full_tiles")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (this script feeds a GPU profiler)")
@@ -45,7 +46,7 @@ def main() -> int:
     gen = torch.Generator(device=device).manual_seed(args.context * 131 + args.batch)
     case = make_oscar_case(args.batch, args.context, hq, hkv, dim, args.block_size, 1, device, gen)
     config = triton_ops.AttentionConfig(
-        block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
+        block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers, full_tiles=args.full_tiles,
         int8_keys=None if args.int8_keys is None else bool(args.int8_keys))
     out = torch.empty_like(case.query)
 

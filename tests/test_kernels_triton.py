@@ -156,7 +156,8 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
-               tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None):
+               tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None,
+               full_tiles=False):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -165,7 +166,7 @@ def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, split
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
     config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m,
                                         window_block_t=window_block_t, merge_block_d=merge_block_d,
-                                        windows_first=windows_first)
+                                        windows_first=windows_first, full_tiles=full_tiles)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -285,6 +286,33 @@ def test_triton_decode_window_boundaries_at_every_offset() -> None:
     position falls at every offset of a block; half the requests lose a window block."""
     run_decode(list(range(1, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 0, 16, 2, seed=3)
     run_decode(list(range(2, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 1, 16, 2, seed=4)
+
+
+#: full_tiles cases: (lens, Hq, Hkv, D, bs, sink, recent, dropped window blocks, block_t, splits, window_block_t)
+FULL_TILE_CASES = {
+    # unaligned sink and recent; ragged; requests shorter than the windows and than one tile
+    "ragged-unaligned": ([150, 41, 7, 1, 96], 8, 2, 64, 16, 20, 70, 1, 32, 3, 16),
+    # INT2 range shorter than a tile at every offset (sink 5, recent 7, tile 16)
+    "every-offset": (list(range(1, 60, 3)), 2, 1, 64, 16, 5, 7, 1, 16, 2, 16),
+    # whole-block tiles (block 64 = tile 64), aligned sink, dropped window blocks
+    "block64": ([300, 129, 64], 4, 1, 128, 64, 64, 64, 1, 64, 2, 32),
+    # window tiles larger than the INT2 tile; no sink
+    "no-sink": ([200, 33], 4, 2, 64, 16, 0, 40, 0, 16, 4, 64),
+}
+
+
+@pytest.mark.parametrize("case", list(FULL_TILE_CASES.values()), ids=list(FULL_TILE_CASES))
+def test_triton_decode_full_tiles_hands_the_int2_edges_to_the_window_programs(case) -> None:
+    """full_tiles: the splits walk whole tiles unmasked; the partial INT2 tiles at both edges of the
+    range are read (as INT2, not from any BF16 copy of their block) by the window programs."""
+    lens, hq, hkv, dim, bs, sink, recent, drop, block_t, splits, window_t = case
+    run_decode(lens, hq, hkv, dim, dim, bs, sink, recent, drop, block_t, splits, seed=sum(lens) + block_t,
+               window_block_t=window_t, full_tiles=True)
+
+
+def test_triton_decode_full_tiles_need_the_split_kernel() -> None:
+    with pytest.raises(ValueError, match="full_tiles applies to the INT2 split kernel only"):
+        run_decode([40], 2, 1, 64, 64, 16, 4, 8, 0, 16, 1, seed=3, tokens_on_m=False, full_tiles=True)
 
 
 def test_triton_decode_general_kernel_for_int2_splits() -> None:

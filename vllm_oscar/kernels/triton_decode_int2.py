@@ -6,9 +6,12 @@ query of a decode reads from INT2); program (b, h, NSPLIT + w) takes window tile
 positions of the sink, then of the recent window). The split index is the slowest grid axis, so
 every split program is dispatched before any window program (the splits are sized to fill whole
 waves, the short window programs fill in behind them); WINDOWS_FIRST dispatches the window programs
-first instead (the partial index pid stays split k / NSPLIT + w either way). Each writes a partial (normalised output +
-log2-sum-exp); triton_attention.merge_kernel combines them. NSPLIT is a runtime argument: one
-compiled kernel serves every split count.
+first instead (the partial index pid stays split k / NSPLIT + w either way). FULL_TILES: the splits walk
+only the whole BLOCK_T tiles inside the INT2 range, with no masks (fewer registers and instructions);
+the sink programs then cover [0, head_end) and the recent programs [tail_start, L), which add the
+partial INT2 tiles at the two edges, read as INT2 by position (never from a BF16 copy of their block).
+Each program writes a partial (normalised output + log2-sum-exp); triton_attention.merge_kernel
+combines them. NSPLIT is a runtime argument: one compiled kernel serves every split count.
 
 Orientation (why this kernel exists): the general kernel computes logits as
 [query rows, tokens] with the GQA group padded to 16 rows, so every element-wise step of
@@ -94,25 +97,41 @@ def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.co
 def _load_tile(head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, sink_end, int2_end,
                K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
                V_SCALE: tl.constexpr, V_ZERO: tl.constexpr, SCALE_T: tl.constexpr, BS: tl.constexpr,
-               Q: tl.constexpr, SAME_BLOCK: tl.constexpr):
+               Q: tl.constexpr, SAME_BLOCK: tl.constexpr, MASKED: tl.constexpr = True):
     """One tile of positions [t0, t0 + BLOCK_T) of one (request, KV head): K codes [BT, Q] uint8, K scale and
     offset [BT] (SCALE_T), V codes as int16 byte pairs [BT, Q/2], V scale and offset [BT], and the mask ok [BT]
-    of positions inside the pure-INT2 range."""
+    of positions inside the pure-INT2 range [sink_end, int2_end). MASKED=False: the caller knows the whole
+    tile is inside it (no masks, ok all true)."""
     s = t0 + offs_t
-    ok = (s >= sink_end) & (s < int2_end)
+    if MASKED:
+        ok = (s >= sink_end) & (s < int2_end)
+    else:
+        ok = tl.full([offs_t.shape[0]], 1, tl.int1)
     if SAME_BLOCK:
         base = head_base + tl.load(bt_row + t0 // BS).to(tl.int64) * stride_cb
         slot = t0 % BS + offs_t
-    else:
+    elif MASKED:
         base = head_base + tl.load(bt_row + s // BS, mask=ok, other=0).to(tl.int64) * stride_cb
         slot = s % BS
+    else:
+        base = head_base + tl.load(bt_row + s // BS).to(tl.int64) * stride_cb
+        slot = s % BS
     rows = base + slot * Q  # with a scalar base, the K/V code rows are one contiguous run
-    kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
-    ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-    kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-    vc = tl.load((rows + V_CODES).to(tl.pointer_type(tl.int16))[:, None] + pairs[None, :], mask=ok[:, None], other=0)
-    vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
-    vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+    if MASKED:
+        kc = tl.load(rows[:, None] + K_CODES + cols[None, :], mask=ok[:, None], other=0)
+        ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+        kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+        vc = tl.load((rows + V_CODES).to(tl.pointer_type(tl.int16))[:, None] + pairs[None, :], mask=ok[:, None],
+                     other=0)
+        vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+        vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot, mask=ok, other=0.0)
+    else:
+        kc = tl.load(rows[:, None] + K_CODES + cols[None, :])
+        ks = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T)) + slot)
+        kz = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T)) + slot)
+        vc = tl.load((rows + V_CODES).to(tl.pointer_type(tl.int16))[:, None] + pairs[None, :])
+        vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot)
+        vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot)
     return kc, ks, kz, vc, vs, vz, ok
 
 
@@ -137,8 +156,9 @@ def _prefetch_tile(head_base, bt_row, stride_cb, t0, int2_end, live, BS: tl.cons
 @triton.jit
 def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
                       BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
-                      INT8_K: tl.constexpr):
-    """[BT, GP] fp32 logits (log2 units) of one loaded INT2 tile; -inf where not ok."""
+                      INT8_K: tl.constexpr, MASKED: tl.constexpr = True):
+    """[BT, GP] fp32 logits (log2 units) of one loaded INT2 tile; -inf where not ok (MASKED=False: ok is
+    all true, no mask applied)."""
     ks = ks.to(tl.float32) * qk_scale
     kz = kz.to(tl.float32) * qk_scale
     if INT8_K:
@@ -153,7 +173,9 @@ def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
         raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
         raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
         logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
-    return tl.where(ok[:, None], logits, float("-inf"))
+    if MASKED:
+        logits = tl.where(ok[:, None], logits, float("-inf"))
+    return logits
 
 
 @triton.jit
@@ -174,10 +196,12 @@ def _int2_tile_values(p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, 
 @triton.jit
 def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
                m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-               BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr):
+               BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr,
+               MASKED: tl.constexpr):
     """One INT2 tile's logits, lazy online-softmax update and V accumulation (the loaded tile as
     _load_tile returns it; state as int2_split_kernel keeps it). Returns the updated state."""
-    logits = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale, BLOCK_T, GP, MODE, EMU, INT8_K)
+    logits = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale, BLOCK_T, GP, MODE, EMU, INT8_K,
+                               MASKED)
     tile_max = tl.max(logits, axis=0)
     if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
         m_new = tl.maximum(m_i, tile_max)
@@ -240,15 +264,17 @@ def int2_split_kernel(
     NSPLIT, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
+    FULL_TILES: tl.constexpr = False,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
 
     Programs 0..NSPLIT-1 split the pure INT2 range; program NSPLIT + w takes window tile w (WIN_BT
     positions; smaller than BLOCK_T so that the BF16 tiles do not raise the kernel's register count):
-    tiles 0..NSINK-1 of the sink [0, sink_end), then tiles of the recent window [int2_end, length). A window
-    position reads its BF16 copy (window_k/window_v at window_block_table) and, where its block has
-    no copy (table entry < 0), its INT2 codes."""
+    tiles 0..NSINK-1 of the sink [0, sink_end), then tiles of the recent window [int2_end, length) (with
+    FULL_TILES: [0, head_end) and [tail_start, length), see the module docstring). A window position reads
+    its BF16 copy (window_k/window_v at window_block_table) and, where its block has no copy (table entry
+    < 0), its INT2 codes; an INT2 edge position (FULL_TILES) reads its INT2 codes."""
     Q: tl.constexpr = D // 4
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -261,8 +287,16 @@ def int2_split_kernel(
     length = tl.load(seq_ptr + b)
     sink_end = tl.minimum(sink, length)
     int2_end = tl.maximum(sink_end, length - recent)
-    first = (sink_end // BLOCK_T) * BLOCK_T
-    n_tiles = tl.where(int2_end > sink_end, tl.cdiv(int2_end - first, BLOCK_T), 0)
+    if FULL_TILES:  # the splits walk whole tiles only; the INT2 edges go to the window programs
+        first = tl.cdiv(sink_end, BLOCK_T) * BLOCK_T
+        n_tiles = tl.maximum((int2_end // BLOCK_T) * BLOCK_T - first, 0) // BLOCK_T
+        head_end = tl.maximum(sink_end, tl.minimum(first, int2_end))  # window programs: [0, head_end)
+        tail_start = tl.minimum(int2_end, tl.maximum(first + n_tiles * BLOCK_T, head_end))  # and [tail_start, L)
+    else:
+        first = (sink_end // BLOCK_T) * BLOCK_T
+        n_tiles = tl.where(int2_end > sink_end, tl.cdiv(int2_end - first, BLOCK_T), 0)
+        head_end = sink_end
+        tail_start = int2_end
     per_split = tl.cdiv(n_tiles, NSPLIT)
     lo = tl.minimum(pid * per_split, n_tiles)
     hi = tl.minimum(lo + per_split, n_tiles)
@@ -322,24 +356,24 @@ def int2_split_kernel(
                                i + PREFETCH < hi, BS, BLOCK_T, REGION)
             kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile(
                 head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
-                K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK)
+                K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK, not FULL_TILES)
             m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
                 m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                BLOCK_T, GP, MODE, EMU, INT8_K)
+                BLOCK_T, GP, MODE, EMU, INT8_K, not FULL_TILES)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
-        part_lo = tl.where(in_sink, 0, int2_end)
-        part_hi = tl.where(in_sink, sink_end, length)
+        part_lo = tl.where(in_sink, 0, tail_start)
+        part_hi = tl.where(in_sink, head_end, length)
         t0 = (part_lo // WIN_BT + tl.where(in_sink, tile, tile - NSINK)) * WIN_BT
         if t0 < part_hi:
             offs_w = tl.arange(0, WIN_BT)
             s = t0 + offs_w
             ok = (s >= part_lo) & (s < part_hi)
             wblk = tl.load(wbt_ptr + b.to(tl.int64) * stride_bt + s // BS, mask=ok, other=-1)
-            copy = ok & (wblk >= 0)
-            no_copy = ok & (wblk < 0)
+            copy = ok & (wblk >= 0) & ((s < sink_end) | (s >= int2_end))  # window positions with a BF16 copy
+            no_copy = ok & ~copy  # INT2: window positions without a copy, and (FULL_TILES) the edge tiles
             rows = tl.where(copy, wblk, 0).to(tl.int64) * stride_w0 + (s % BS) * stride_w1 + h * stride_w2
             raw = mma(tl.load(wk_ptr + rows[:, None] + cols[None, :], mask=copy[:, None], other=0.0),
                       _window_query_plane(q_row, cols, jok, 0, Q, WIN_T, EMU), tl.zeros([WIN_BT, GP], tl.float32), EMU)

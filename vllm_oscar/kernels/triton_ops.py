@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Callable, Optional
 
 import torch
@@ -27,6 +28,8 @@ from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
 from vllm_oscar.kernels.triton_write import oscar_write_kernel
 from vllm_oscar.quant import clip_threshold_index
+
+logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Smallest head_dim the Triton kernels take (tl.dot needs the D/4-channel planes >= 16).
 MIN_TRITON_HEAD_DIM: int = 64
@@ -153,7 +156,10 @@ class AttentionConfig:
     >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)); windows_first: dispatch the
     window-tile programs of the INT2 split launch before its split programs. None = first when they
     number at most one per SM (batch 1: they then start beside the splits instead of trailing them as
-    a last short wave; docs/notes/kernels.md V10), after the splits otherwise.
+    a last short wave; docs/notes/kernels.md V10), after the splits otherwise; full_tiles: the INT2
+    split programs walk whole tiles only, with no masks (offline 158 -> 128 registers at Qwen3-8B
+    geometry), and the partial INT2 tiles at the two edges of the range go to the window programs
+    (docs/notes/kernels.md V12; not yet timed, so off).
     """
 
     block_t: Optional[int] = None
@@ -171,6 +177,7 @@ class AttentionConfig:
     window_block_t: Optional[int] = None
     merge_block_d: Optional[int] = None
     windows_first: Optional[bool] = None
+    full_tiles: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -327,20 +334,28 @@ def resident_programs(registers: int, num_warps: int, shared_bytes: int, limits:
 _SPLIT_RESIDENCY: dict[tuple, int] = {}
 
 
-def _split_programs_per_sm(args: list, consts: dict, device: torch.device) -> int:
-    """Programs of int2_split_kernel (these arguments and constexprs) one SM holds at once; compiles
-    the kernel on first use (no launch, so safe inside a CUDA-graph capture). PROGRAMS_PER_SM under
-    the interpreter."""
+def _split_programs_per_sm(make_args: Callable[[], list], consts: dict, dtypes: tuple,
+                           device: torch.device) -> int:
+    """Programs of int2_split_kernel (these constexprs and tensor dtypes) one SM holds at once.
+
+    On first use per key, compiles the kernel with make_args() (no launch, so safe inside a
+    CUDA-graph capture) and reads its registers. PROGRAMS_PER_SM under the interpreter or where
+    this Triton does not expose the compiled kernel's registers (logged once per key)."""
     if _interpreting() or device.type != "cuda":
         return PROGRAMS_PER_SM
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, tuple(sorted((k, repr(v)) for k, v in consts.items())),
-           tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    key = (index, tuple(sorted((k, repr(v)) for k, v in consts.items())), dtypes)
     if key not in _SPLIT_RESIDENCY:
-        compiled = int2_split_kernel.warmup(*args, grid=(1, 1, 1), NSPLIT=1, **consts)
-        compiled._init_handles()  # loads the binary: n_regs comes from the driver
-        _SPLIT_RESIDENCY[key] = resident_programs(compiled.n_regs, compiled.metadata.num_warps,
-                                                  compiled.metadata.shared, sm_limits(index))
+        compiled = int2_split_kernel.warmup(*make_args(), grid=(1, 1, 1), NSPLIT=1, **consts)
+        try:
+            compiled._init_handles()  # loads the binary: n_regs comes from the driver
+            per_sm = resident_programs(compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared,
+                                       sm_limits(index))
+        except AttributeError as error:  # a Triton without these internals
+            per_sm = PROGRAMS_PER_SM
+            logger.warning("oscar decode: cannot read the split kernel's registers (%s); sizing the split count "
+                           "for %d programs per SM, which may cost speed (not accuracy).", error, per_sm)
+        _SPLIT_RESIDENCY[key] = per_sm
     return _SPLIT_RESIDENCY[key]
 
 
@@ -410,8 +425,12 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     block_t = resolved_block_t(config)
     split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
     window_t = _window_block_t(config, block_t) if split_int2 else block_t
-    nsink = triton.cdiv(sink, window_t)
-    windows = nsink + triton.cdiv(recent, window_t) + 1
+    if split_int2 and config.full_tiles:  # windows extended by the edge tiles of the INT2 range
+        nsink = triton.cdiv(triton.cdiv(sink, block_t) * block_t, window_t)
+        windows = nsink + triton.cdiv(recent + block_t - 1, window_t) + 1
+    else:
+        nsink = triton.cdiv(sink, window_t)
+        windows = nsink + triton.cdiv(recent, window_t) + 1
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
     int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
@@ -422,6 +441,10 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
             f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
             f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
+    if config.full_tiles and not split_int2:
+        raise ValueError("full_tiles applies to the INT2 split kernel only (tokens_on_m=True, one group per row); "
+                         f"got group_size {layout.group_size}, head_dim {layout.head_dim}, "
+                         f"tokens_on_m={config.tokens_on_m}. Leave full_tiles off.")
     if prefetch and meta["MODE"] != UNPACK_PTX:
         raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
@@ -441,7 +464,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                 "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU", "num_stages")},
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
-        WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device),
+        WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=config.full_tiles,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
@@ -450,8 +473,12 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if per_sm is None:
             per_sm = PROGRAMS_PER_SM
             if split_int2:
-                probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
-                per_sm = _split_programs_per_sm(split_args(probe, probe[..., 0]), split_consts, device)
+                def probe_args() -> list:  # partial outputs of one slot: the compile needs only their dtype
+                    probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
+                    return split_args(probe, probe[..., 0])
+
+                dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
+                per_sm = _split_programs_per_sm(probe_args, split_consts, dtypes, device)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split)
     return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, split_args)
 
