@@ -206,16 +206,19 @@ def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
     ([200], 8, 1, 256, 64, 32, 2),          # GQA 8, D 256, whole-block tiles
     ([150, 40], 3, 3, 128, 32, 64, 1),      # MHA, one split
 ])
-def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv, dim, bs, block_t, splits) -> None:
+@pytest.mark.parametrize("full_tiles", [False, True])
+def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv, dim, bs, block_t, splits,
+                                                                   full_tiles) -> None:
     """int8_keys: pure INT2 history (no windows) against float64 attention over the same
-    dequantized keys/values with the query rounded to int8 per head row."""
+    dequantized keys/values with the query rounded to int8 per head row (full_tiles: the partial
+    last tile read by a window program, also with int8 keys)."""
     gen = torch.Generator().manual_seed(sum(lens) + dim)
     layout = PageLayout(dim, dim, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, 0, 0, gen)
     query = (3.0 * torch.randn(len(lens), hq, dim, generator=gen)).to(torch.bfloat16)
     query[:, :, 5] *= 8.0  # a planted outlier channel sets the int8 step
     scale = 1.0 / math.sqrt(dim)
-    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, int8_keys=True)
+    config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, int8_keys=True, full_tiles=full_tiles)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, 0, 0, scale, config=config)
     expected = ref_decode(state, int8_rounded_query(query), 0, 0, scale)
