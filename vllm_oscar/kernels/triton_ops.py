@@ -90,6 +90,8 @@ DEFAULT_WRITE = WriteConfig()
 
 def _clip_top(config: WriteConfig, head_dim: int, clip_index: int) -> bool:
     return config.clip_search == "top" and head_dim - clip_index <= CLIP_TOP_MAX_ROUNDS
+
+
 #: Decode split-K sizing where no compiled kernel tells how many programs an SM holds (the
 #: interpreter, CPU tensors) and the BF16 Triton baseline's target: programs per SM.
 PROGRAMS_PER_SM: int = 16
