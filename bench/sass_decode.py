@@ -89,15 +89,20 @@ def read_compiled(kernel, dump: str | None) -> tuple[str, str, str]:
     return sass, usage.group(1), usage.group(2)
 
 
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, opcode without modifiers) of every SASS instruction, predicated or not."""
+    return [(int(m.group(1), 16), m.group(2).split(".")[0]) for m in
+            re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass)]
+
+
 def loop_histograms(sass: str, top: int) -> list[str]:
     """One line per loop (backward branch): instruction count and the top opcodes."""
-    instructions = [(int(m.group(1), 16), m.group(2).split(".")[0]) for m in
-                    re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass)]
+    listing = instructions(sass)
     lines = []
     for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?BRA[^;]*?0x([0-9a-f]+)", sass):
         source, target = int(m.group(1), 16), int(m.group(2), 16)
         if target < source:
-            body = collections.Counter(op for address, op in instructions if target <= address <= source)
+            body = collections.Counter(op for address, op in listing if target <= address <= source)
             common = " ".join(f"{op}={n}" for op, n in body.most_common(top))
             lines.append(f"loop {target:#x}-{source:#x}: {sum(body.values())} instructions; {common}")
     return lines

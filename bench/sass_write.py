@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -24,7 +23,7 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sass_decode import loop_histograms, read_compiled  # noqa: E402
+from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E402
 from vllm_oscar.config import SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, ROTATION_PRECISIONS,  # noqa: E402
@@ -77,8 +76,7 @@ def main() -> int:
     kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
                            args.clip_search == "top", args.rotation, bool(args.unroll))
     sass, registers, stack = read_compiled(kernel, args.dump)
-    ops = collections.Counter(m.group(1).split(".")[0] for m in
-                              re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass))
+    ops = collections.Counter(op for _, op in instructions(sass))
     common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))
     print(f"{args.warps} warps, sm_90, registers {registers}, stack {stack} B, shared "
           f"{kernel.metadata.shared} B; whole kernel {sum(ops.values())} instructions: {common}")
