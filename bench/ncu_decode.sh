@@ -9,7 +9,7 @@
 #
 #     OUT=/tmp/ncu bash bench/ncu_decode.sh                       # the default cases
 #     CASES="qwen3-8b:32768:32" OUT=/tmp/ncu bash bench/ncu_decode.sh
-#     CASES="qwen3-8b:32768:32" EXTRA="--full-tiles" TAG=full OUT=/tmp/ncu bash bench/ncu_decode.sh
+#     CASES="qwen3-8b:32768:32" EXTRA="--full-tiles 0" TAG=masked OUT=/tmp/ncu bash bench/ncu_decode.sh
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:?set OUT to a folder for the results}"

@@ -7,6 +7,8 @@ mean wall time per call so that a profiled run can be matched to the benchmark t
 bench/ncu_decode.sh:
 
     python bench/profile_decode.py --geometry qwen3-8b --context 32768 --batch 32
+    python bench/profile_decode.py ... --dump-compiled /tmp/split   # + registers, PTX and cubin of each
+                                                                      # compiled int2_split_kernel
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ def main() -> int:
     parser.add_argument("--int8-keys", type=int, choices=(0, 1), default=None)
     parser.add_argument("--prefetch", type=int, default=None)
     parser.add_argument("--max-registers", type=int, default=None)
-    parser.add_argument("--full-tiles", action="store_true", help="AttentionConfig.full_tiles")
+    parser.add_argument("--full-tiles", type=int, choices=(0, 1), default=None,
+                        help="AttentionConfig.full_tiles (default: on wherever the split kernel runs)")
+    parser.add_argument("--dump-compiled", metavar="DIR",
+                        help="write registers, spills, specialisation, PTX and cubin of every compiled "
+                             "int2_split_kernel here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (this script feeds a GPU profiler)")
@@ -46,7 +52,8 @@ def main() -> int:
     gen = torch.Generator(device=device).manual_seed(args.context * 131 + args.batch)
     case = make_oscar_case(args.batch, args.context, hq, hkv, dim, args.block_size, 1, device, gen)
     config = triton_ops.AttentionConfig(
-        block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers, full_tiles=args.full_tiles,
+        block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
+        full_tiles=None if args.full_tiles is None else bool(args.full_tiles),
         int8_keys=None if args.int8_keys is None else bool(args.int8_keys))
     out = torch.empty_like(case.query)
 
@@ -65,7 +72,30 @@ def main() -> int:
     print(f"{args.geometry} context {args.context} batch {args.batch}: {args.calls} calls, "
           f"{(time.perf_counter() - start) / args.calls * 1e3:.3f} ms per call (wall, unprofiled: the benchmark "
           f"times graph replays)")
+    if args.dump_compiled:
+        dump_compiled(args.dump_compiled)
     return 0
+
+
+def dump_compiled(folder: str) -> None:
+    """One line per compiled int2_split_kernel (registers, spills, shared bytes, constexprs) and its
+    PTX / cubin, as the launch compiled them (the offline tool bench/sass_decode.py may specialise
+    differently)."""
+    from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
+
+    os.makedirs(folder, exist_ok=True)
+    for entry in int2_split_kernel.device_caches.values():
+        for n, compiled in enumerate(entry[0].values()):
+            compiled._init_handles()
+            name = os.path.join(folder, f"split_{n}")
+            for ext in ("ptx", "ttgir", "cubin"):
+                mode = "wb" if ext == "cubin" else "w"
+                with open(f"{name}.{ext}", mode) as handle:
+                    handle.write(compiled.asm[ext])
+            src = getattr(compiled, "src", None)
+            print(f"{name}: registers {compiled.n_regs}, spills {compiled.n_spills}, shared "
+                  f"{compiled.metadata.shared} B, constants {getattr(src, 'constants', '?')}, "
+                  f"attrs {getattr(src, 'attrs', '?')}")
 
 
 if __name__ == "__main__":

@@ -32,29 +32,36 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from vllm_oscar.config import DEFAULT_SINK_TOKENS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_ops import _plane_offsets  # noqa: E402
 
-#: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types.
+#: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types, as the launcher
+#: specialises them for the served caches (read from the H200's compile with
+#: `bench/profile_decode.py --dump-compiled`): every stride fits in i32 (stride_cb as i64 instead
+#: moves ptxas from 168 to 128 registers with full_tiles: docs/notes/kernels.md V12).
 SIGNATURE = {
-    "q_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "cache_ptr": "*u8", "stride_cb": "i64",
+    "q_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "cache_ptr": "*u8", "stride_cb": "i32",
     "stride_ch": "i32", "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32",
     "stride_w2": "i32", "bt_ptr": "*i32", "wbt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32", "part_ptr": "*fp32",
     "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32", "stride_lb": "i32",
     "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32",
 }
-#: Scalars that are not marked divisible by 16 (the kernel's unspecialised ones among them).
-PLAIN_SCALARS = ("sink", "recent", "qk_scale", *SPLIT_RUNTIME_ARGS)
+#: Scalars that are not marked divisible by 16 (the kernel's unspecialised ones among them; the
+#: default sink 64 and recent 256 are, so the launcher marks them).
+PLAIN_SCALARS = ("qk_scale", *SPLIT_RUNTIME_ARGS)
 
 
 def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int,
                    int8_keys: bool = False, prefetch: int = 0, maxnreg: int = 0, win_bt: int = 32,
-                   full_tiles: bool = False):
+                   full_tiles: bool = True):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack); maxnreg 0 = compiler's choice."""
     layout = PageLayout(head_dim, head_dim, block_size)
+    sink_span = triton.cdiv(DEFAULT_SINK_TOKENS, block_t) * block_t if full_tiles else DEFAULT_SINK_TOKENS
     constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
-                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0, NSINK=1, MODE=1, WIN_T=tl.bfloat16, EMU=False,
+                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0,
+                     NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
@@ -120,12 +127,13 @@ def main() -> int:
     parser.add_argument("--prefetch", type=int, default=0, help="L2 prefetch distance in tiles (PREFETCH; 0 = off)")
     parser.add_argument("--win-bt", type=int, default=32, help="window tile (WIN_BT)")
     parser.add_argument("--maxnreg", type=int, default=0, help="register cap (0 = compiler's choice)")
-    parser.add_argument("--full-tiles", action="store_true", help="splits walk whole tiles, unmasked (FULL_TILES)")
+    parser.add_argument("--full-tiles", type=int, choices=(0, 1), default=1,
+                        help="1 = splits walk whole tiles, unmasked (FULL_TILES, the default); 0 = masked tiles")
     parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
     parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
     args = parser.parse_args()
     kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
-                            args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, args.full_tiles)
+                            args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles))
     sass, registers, stack = read_compiled(kernel, args.dump)
     print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {registers}, "
           f"stack {stack} B")

@@ -284,11 +284,13 @@ def test_triton_decode_prefetch_needs_the_ptx_path() -> None:
         decode_small_head(triton_ops.AttentionConfig(prefetch=1))
 
 
-def test_triton_decode_window_boundaries_at_every_offset() -> None:
+@pytest.mark.parametrize("full_tiles", [None, False])
+def test_triton_decode_window_boundaries_at_every_offset(full_tiles) -> None:
     """Every sequence length 1..41 with sink 5 / recent 7 in blocks of 16: each boundary
-    position falls at every offset of a block; half the requests lose a window block."""
-    run_decode(list(range(1, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 0, 16, 2, seed=3)
-    run_decode(list(range(2, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 1, 16, 2, seed=4)
+    position falls at every offset of a block; half the requests lose a window block. With the
+    default whole-tile splits and with masked tiles (full_tiles=False)."""
+    run_decode(list(range(1, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 0, 16, 2, seed=3, full_tiles=full_tiles)
+    run_decode(list(range(2, 42, 2)), 2, 1, 64, 64, 16, 5, 7, 1, 16, 2, seed=4, full_tiles=full_tiles)
 
 
 #: full_tiles cases: (lens, Hq, Hkv, D, bs, sink, recent, dropped window blocks, block_t, splits, window_block_t)

@@ -460,13 +460,12 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-#: Launch configs the decode benchmark's autotune tries (AttentionConfig arguments): the default, one
-#: step away from it on each knob that the H200 tunes found close, and the whole-tile splits (not yet
-#: timed on a GPU, see docs/notes/kernels.md V12) alone and with a 128-register cap.
+#: Launch configs the decode benchmark's autotune tries (AttentionConfig arguments): the default and
+#: one step away from it on each knob that the H200 tunes found close (docs/notes/kernels.md).
 AUTOTUNE_CANDIDATES: tuple[dict, ...] = (
     dict(), dict(block_t=32), dict(programs_per_sm=24), dict(min_tiles_per_split=1), dict(min_tiles_per_split=4),
     dict(prefetch=0), dict(prefetch=2), dict(int8_keys=False), dict(window_block_t=16), dict(window_block_t=64),
-    dict(merge_block_d=16), dict(max_registers=128), dict(full_tiles=True), dict(full_tiles=True, max_registers=128),
+    dict(merge_block_d=16), dict(max_registers=128), dict(full_tiles=False),
 )
 
 

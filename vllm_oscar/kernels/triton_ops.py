@@ -159,9 +159,10 @@ class AttentionConfig:
     window-tile programs of the INT2 split launch before its split programs. None = first when they
     number at most one per SM (batch 1: they then start beside the splits instead of trailing them as
     a last short wave; docs/notes/kernels.md V10), after the splits otherwise; full_tiles: the INT2
-    split programs walk whole tiles only, with no masks (offline 158 -> 128 registers at Qwen3-8B
-    geometry), and the partial INT2 tiles at the two edges of the range go to the window programs
-    (docs/notes/kernels.md V12; not yet timed, so off).
+    split programs walk whole tiles only, with no masks (fewer instructions per tile), and the partial
+    INT2 tiles at the two edges of the range go to the window programs (docs/notes/kernels.md V12:
+    5-7% faster at Qwen3-8B geometry >= 32K on the H200). None = on wherever the INT2 split kernel
+    runs (True with the general kernel is an error).
     """
 
     block_t: Optional[int] = None
@@ -179,7 +180,7 @@ class AttentionConfig:
     window_block_t: Optional[int] = None
     merge_block_d: Optional[int] = None
     windows_first: Optional[bool] = None
-    full_tiles: bool = False
+    full_tiles: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -427,7 +428,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     block_t = resolved_block_t(config)
     split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
     window_t = _window_block_t(config, block_t) if split_int2 else block_t
-    if split_int2 and config.full_tiles:  # windows extended by the edge tiles of the INT2 range
+    full_tiles = split_int2 if config.full_tiles is None else config.full_tiles
+    if split_int2 and full_tiles:  # windows extended by the edge tiles of the INT2 range
         nsink = triton.cdiv(triton.cdiv(sink, block_t) * block_t, window_t)
         windows = nsink + triton.cdiv(recent + block_t - 1, window_t) + 1
     else:
@@ -443,7 +445,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
             f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
             f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
-    if config.full_tiles and not split_int2:
+    if full_tiles and not split_int2:
         raise ValueError("full_tiles applies to the INT2 split kernel only (tokens_on_m=True, one group per row); "
                          f"got group_size {layout.group_size}, head_dim {layout.head_dim}, "
                          f"tokens_on_m={config.tokens_on_m}. Leave full_tiles off.")
@@ -466,7 +468,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                 "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU", "num_stages")},
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
-        WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=config.full_tiles,
+        WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
