@@ -77,6 +77,20 @@ def test_decode_splits_fill_whole_waves() -> None:
     assert decode_splits(32, 8, 1 << 20, 64, cpu, programs_per_sm=24) == 12  # two full waves
 
 
+def test_decode_splits_make_room_for_the_windows_beside_short_splits() -> None:
+    """Short splits (< SHORT_SPLIT_TILES tiles) give way to the window programs of the launch, so that
+    both fit one wave (12 per SM x 132 SMs = 1584 slots), down to half the one-wave count."""
+    cpu = torch.device("cpu")
+    # 4K, B=8 x 8 heads: 24 splits of 64 tiles are short; 64 x (24 + 13) > 1584; room for 11, half is 12.
+    assert decode_splits(8, 8, 4096, 64, cpu, 12, 2) == 24
+    assert decode_splits(8, 8, 4096, 64, cpu, 12, 2, window_programs=13) == 12
+    # 32K, B=1 x 8 heads: 198 splits of 512 tiles are short; room for (1584 - 8 * 13) // 8 = 185.
+    assert decode_splits(1, 8, 32768, 64, cpu, 12, 2, window_programs=13) == 185
+    # Long splits (32K, B=8: 24 splits of 512 tiles) keep the one-wave count; so do launches that fit.
+    assert decode_splits(8, 8, 32768, 64, cpu, 12, 2, window_programs=13) == 24
+    assert decode_splits(1, 8, 16384, 64, cpu, 12, 2, window_programs=13) == 128
+
+
 def test_resident_programs_take_the_tightest_sm_limit() -> None:
     """Registers are allocated per warp in units of 256, whole warps per scheduler partition (a
     quarter of the file); threads, shared memory and the program cap bound it too (Hopper's SM)."""

@@ -109,6 +109,10 @@ DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
 MIN_TILES_PER_SPLIT: int = 2
 MAX_SPLITS: int = 256
+#: A split walking fewer tiles than this is "short": its window programs, trailing as a second wave,
+#: then cost as much as the split itself, so decode_splits makes room for them in the first wave
+#: (H200, docs/notes/kernels.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
+SHORT_SPLIT_TILES: int = 4
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
@@ -293,13 +297,23 @@ def _unpack_mode(config: AttentionConfig) -> int:
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device,
-                  programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT) -> int:
+                  programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT,
+                  window_programs: int = 0) -> int:
     """Split-K count: at most programs_per_sm split programs per SM in all (rounded down, so that they
-    fill whole waves rather than spill a partial one), each with >= min_tiles_per_split tiles."""
+    fill whole waves rather than spill a partial one), each with >= min_tiles_per_split tiles.
+
+    window_programs: programs per (request, KV head) of the same launch besides the splits. Where the
+    splits are short (fewer than SHORT_SPLIT_TILES tiles each) and splits plus windows overflow one
+    wave, the splits shrink to leave the windows room in it, to no fewer than half."""
     sms = _device_sms(device)
-    wanted = programs_per_sm * sms // (batch * num_kv_heads)
-    most = max(1, triton.cdiv(max_seq_len, block_t) // min_tiles_per_split)
-    return max(1, min(wanted, most, MAX_SPLITS))
+    pairs = batch * num_kv_heads
+    wanted = programs_per_sm * sms // pairs
+    tiles = triton.cdiv(max_seq_len, block_t)
+    splits = max(1, min(wanted, max(1, tiles // min_tiles_per_split), MAX_SPLITS))
+    wave = programs_per_sm * sms
+    if splits * SHORT_SPLIT_TILES > tiles and pairs * (splits + window_programs) > wave:
+        splits = max(1, (wave - pairs * window_programs) // pairs, splits // 2)
+    return splits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,7 +497,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
                 per_sm = _split_programs_per_sm(probe_args, split_consts, dtypes, device)
-        nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split)
+        nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
+                               windows if split_int2 else 0)
     return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, split_args)
 
 
