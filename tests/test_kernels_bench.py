@@ -10,6 +10,7 @@ import torch
 
 from vllm_oscar.cli import main
 from vllm_oscar.commands.bench import fastest_configs
+from vllm_oscar.kernels import triton_ops
 from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, AttentionConfig, SmLimits, decode_splits,
                                           resident_programs)
 from vllm_oscar.kernels.benchmark import bf16_bytes, format_breakdown, summarize_kernels, window_blocks
@@ -89,6 +90,15 @@ def test_decode_splits_make_room_for_the_windows_beside_short_splits() -> None:
     # Long splits (32K, B=8: 24 splits of 512 tiles) keep the one-wave count; so do launches that fit.
     assert decode_splits(8, 8, 32768, 64, cpu, 12, 2, window_programs=13) == 24
     assert decode_splits(1, 8, 16384, 64, cpu, 12, 2, window_programs=13) == 128
+
+
+def test_write_warps_take_fewer_warps_for_prefill_sized_small_heads() -> None:
+    """head_dim <= 64: 8 warps at decode sizes, 2 from WRITE_PREFILL_TOKENS new tokens (H200 write
+    tunes); larger heads keep 4 at every size."""
+    assert triton_ops.write_warps(64, 32) == 8
+    assert triton_ops.write_warps(64, triton_ops.WRITE_PREFILL_TOKENS - 1) == 8
+    assert triton_ops.write_warps(64, triton_ops.WRITE_PREFILL_TOKENS) == 2
+    assert triton_ops.write_warps(128, 32) == triton_ops.write_warps(128, 1 << 16) == 4
 
 
 def test_resident_programs_take_the_tightest_sm_limit() -> None:

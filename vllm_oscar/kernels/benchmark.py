@@ -394,7 +394,7 @@ def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.
                                                     config=config)], reps)
     moved = tokens * hkv * (2 * dim * 2 + layout.token_bytes) + tokens // 4 * hkv * 4 * dim
     return {"geometry": geometry, "tokens": tokens, "refit_iterations": list(refit_pair(refit_iterations)),
-            "num_warps": config.num_warps or triton_ops.write_warps(dim), "clip_search": config.clip_search,
+            "num_warps": config.num_warps or triton_ops.write_warps(dim, tokens), "clip_search": config.clip_search,
             "rotation_precision": config.rotation_precision, "unroll_refit": config.unroll_refit, "ms": ms, "tokens_per_s": tokens / ms * 1e3,
             "GBps": moved / ms / 1e6}
 

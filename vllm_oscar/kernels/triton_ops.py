@@ -38,16 +38,23 @@ WRITE_BLOCK_N: int = 16
 #: WriteConfig(clip_search="top") removes the row maximum at most this many times per row (the
 #: rounds are unrolled); a side whose clip keeps fewer values bisects (same threshold either way).
 CLIP_TOP_MAX_ROUNDS: int = 16
-#: Warps per write program: 4, or 8 for head_dim <= 64. H200, served 8/2 refit, K and V in separate
-#: programs, ms at 32 / 4096 new tokens (docs/perf/write_kv_split.json): Qwen3-8B geometry 4 warps
-#: 0.0311 / 0.3684, 8 warps 0.0321 / 0.4412; SmolLM2 4 warps 0.0178 / 0.0705, 8 warps 0.0147 / 0.0545.
+#: Warps per write program: 4; for head_dim <= 64, 8 below WRITE_PREFILL_TOKENS new tokens and 2 from
+#: there. H200, served 8/2 refit, top clip, refit loop, ms (docs/perf/write_warps_w2.json,
+#: write_warps_prefill.json): Qwen3-8B geometry, 2 / 4 / 8 warps, 32 tokens 0.0372 / 0.0208 / 0.0245,
+#: 4096 tokens 0.2552 / 0.1760 / 0.3468, 16384 0.9761 / 0.6512 / 1.3474 (4 best at every size);
+#: SmolLM2, 32 tokens 0.0138 / 0.0175 / 0.0124, 64-256 equal, 1024 0.0186 / 0.0169 / 0.0171,
+#: 4096 0.0342 / 0.0391 / 0.0419, 16384 0.1032 / 0.1283 / 0.1336.
 WRITE_NUM_WARPS: int = 4
 WRITE_NUM_WARPS_SMALL_HEAD: int = 8
+WRITE_NUM_WARPS_SMALL_HEAD_PREFILL: int = 2
+WRITE_PREFILL_TOKENS: int = 4096
 
 
-def write_warps(head_dim: int) -> int:
-    """Default warps per write program for this head size."""
-    return WRITE_NUM_WARPS_SMALL_HEAD if head_dim <= 64 else WRITE_NUM_WARPS
+def write_warps(head_dim: int, tokens: int = 1) -> int:
+    """Default warps per write program for this head size and number of new tokens."""
+    if head_dim > 64:
+        return WRITE_NUM_WARPS
+    return WRITE_NUM_WARPS_SMALL_HEAD_PREFILL if tokens >= WRITE_PREFILL_TOKENS else WRITE_NUM_WARPS_SMALL_HEAD
 
 
 #: WriteConfig defaults (top clip, refit loop, fp32 rotation), H200 2026-11-29 20:18 UTC, served 8 / 2 refit,
@@ -63,7 +70,7 @@ ROTATION_PRECISIONS: tuple[str, ...] = ("ieee", "tf32x3")
 class WriteConfig:
     """Launch knobs of oscar_write (the benchmark sweeps them; the defaults are the measured ones).
 
-    num_warps: warps per program, None = write_warps(head_dim). clip_search: "top" (remove the row
+    num_warps: warps per program, None = write_warps(head_dim, new tokens). clip_search: "top" (remove the row
     maximum D - index times, two reductions per round; used on a side when that is <=
     CLIP_TOP_MAX_ROUNDS rounds, else bisect) or "bisect" (32 count steps per row): the same exact
     threshold (byte-identical on the H200), a speed choice. rotation_precision: the rotation dot's
@@ -284,7 +291,7 @@ def oscar_write(
         ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
-        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=config.num_warps or write_warps(d),
+        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=config.num_warps or write_warps(d, n),
     )
 
 
