@@ -1,9 +1,10 @@
-"""`vllm-oscar bench decode|tune`: the OSCAR decode benchmark on a CUDA GPU.
+"""`vllm-oscar bench decode|tune|prefill`: the OSCAR kernel benchmarks on a CUDA GPU.
 
 decode: OSCAR decode vs BF16 SDPA (cuDNN/flash/efficient, enable_gqa) and a paged BF16
 Triton decode, over geometries x contexts x batches; prints a table, writes JSON (and a
-PNG plot with --png). tune: OSCAR decode only, over launch-config variants.
-Logic: vllm_oscar.kernels.benchmark.
+PNG plot with --png). tune: OSCAR decode only, over launch-config variants. prefill: OSCAR's
+chunked prefill over a cached INT2 prefix vs BF16 SDPA (bottom-right causal) over geometries x
+prefixes x chunks x batches. Logic: vllm_oscar.kernels.benchmark and .prefill_benchmark.
 """
 
 from __future__ import annotations
@@ -19,15 +20,23 @@ import torch
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
+    from vllm_oscar.kernels.prefill_benchmark import PREFILL_BATCHES, PREFILL_CHUNKS, PREFILL_PREFIXES
     from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT,
                                                ROTATION_PRECISIONS)
 
-    parser.add_argument("mode", choices=("decode", "tune"), help="decode: full comparison; tune: config sweep")
+    parser.add_argument("mode", choices=("decode", "tune", "prefill"),
+                        help="decode: full comparison; tune: config sweep; prefill: chunked prefill comparison")
     parser.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
     parser.add_argument("--png", metavar="OUT", help="write the time-vs-context plot here (decode)")
     parser.add_argument("--geometry", nargs="+", choices=sorted(GEOMETRIES), default=sorted(GEOMETRIES))
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--prefixes", type=int, nargs="+", default=list(PREFILL_PREFIXES),
+                        help="prefill: cached prefix lengths")
+    parser.add_argument("--chunks", type=int, nargs="+", default=list(PREFILL_CHUNKS),
+                        help="prefill: new tokens per request")
+    parser.add_argument("--prefill-batches", type=int, nargs="+", default=list(PREFILL_BATCHES),
+                        help="prefill: requests per step")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM default 16)")
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
@@ -120,6 +129,19 @@ def fastest_configs(tune_json: str, geometries: list[str]) -> dict:
     return chosen
 
 
+def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """`bench prefill`: every geometry x prefix x chunk x batch, printed as it goes, then the table."""
+    from vllm_oscar.kernels.prefill_benchmark import format_prefill_table, run_prefill_case
+
+    rows = []
+    for geometry, prefix, chunk, batch in itertools.product(args.geometry, args.prefixes, args.chunks,
+                                                            args.prefill_batches):
+        rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device))
+        print(format_prefill_table(rows[-1:]).splitlines()[-1], flush=True)
+    print(format_prefill_table(rows))
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("vllm-oscar bench needs a CUDA GPU (the Triton kernels); none is visible.", file=sys.stderr)
@@ -134,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
           f"read {bandwidth['read_GBps']:.0f} GB/s, copy {bandwidth['copy_GBps']:.0f} GB/s", flush=True)
     report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv}
     cases = list(itertools.product(args.geometry, args.contexts, args.batches))
-    if args.mode == "tune":
+    if args.mode == "prefill":
+        report["prefill"] = run_prefill(args, device)
+    elif args.mode == "tune":
         rows = []
         configs = [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}), unpack=up, tokens_on_m=not args.rows_on_m,
                                    programs_per_sm=pps or None, min_tiles_per_split=tiles, int8_keys=_auto(int8, bool),

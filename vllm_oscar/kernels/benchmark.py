@@ -78,23 +78,25 @@ def window_blocks(length: int, block_size: int, sink: int, recent: int) -> list[
 
 def make_oscar_case(batch: int, length: int, hq: int, hkv: int, dim: int, block_size: int, layers: int,
                     device: torch.device, generator: torch.Generator,
-                    sink: int = DEFAULT_SINK_TOKENS, recent: int = DEFAULT_RECENT_TOKENS) -> OscarCase:
-    """A uniform batch with shuffled physical blocks and windows for sink + recent."""
+                    sink: int = DEFAULT_SINK_TOKENS, recent: int = DEFAULT_RECENT_TOKENS,
+                    window_length: Optional[int] = None) -> OscarCase:
+    """A uniform batch with shuffled physical blocks and windows for sink + recent of the first
+    window_length positions (default: all ``length``; a prefill case passes its cached prefix)."""
     layout = PageLayout(dim, dim, block_size, torch.float16)
     per_request = -(-length // block_size)
     total = batch * per_request
     physical = torch.randperm(total, device=device, generator=generator).to(torch.int32)
     block_table = physical.view(batch, per_request)
-    logical = window_blocks(length, block_size, sink, recent)
+    logical = window_blocks(length if window_length is None else window_length, block_size, sink, recent)
     window_table = torch.full((batch, per_request), -1, dtype=torch.int32, device=device)
     ids = torch.arange(batch * len(logical), dtype=torch.int32, device=device).view(batch, len(logical))
-    window_table[:, torch.tensor(logical, device=device)] = ids
+    window_table[:, torch.tensor(logical, dtype=torch.long, device=device)] = ids
     caches, wks, wvs = [], [], []
     for _ in range(layers):
         cache = layout.allocate(total, hkv, device=device)
         fill_random_cache(cache, layout, generator)
         caches.append(cache)
-        shape = (batch * len(logical), block_size, hkv, dim)
+        shape = (max(1, batch * len(logical)), block_size, hkv, dim)  # one unused block when no window
         wks.append(torch.randn(shape, device=device, generator=generator, dtype=torch.bfloat16))
         wvs.append(torch.randn(shape, device=device, generator=generator, dtype=torch.bfloat16))
     seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
