@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
     from vllm_oscar.kernels.prefill_benchmark import PREFILL_BATCHES, PREFILL_CHUNKS, PREFILL_PREFIXES
-    from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT,
+    from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT, PREFILL_ROWS,
                                                ROTATION_PRECISIONS)
 
     parser.add_argument("mode", choices=("decode", "tune", "prefill"),
@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill: new tokens per request")
     parser.add_argument("--prefill-batches", type=int, nargs="+", default=list(PREFILL_BATCHES),
                         help="prefill: requests per step")
+    parser.add_argument("--prefill-tune", action="store_true",
+                        help="prefill: time OSCAR only, over --block-t x --num-warps x --num-stages x --prefill-rows "
+                             "(default: the default prefill config against BF16 SDPA)")
+    parser.add_argument("--prefill-rows", type=int, nargs="+", default=[PREFILL_ROWS],
+                        help="prefill tune: MMA rows per prefill program (query tokens x padded GQA group)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM default 16)")
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
@@ -130,14 +135,24 @@ def fastest_configs(tune_json: str, geometries: list[str]) -> dict:
 
 
 def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """`bench prefill`: every geometry x prefix x chunk x batch, printed as it goes, then the table."""
+    """`bench prefill`: every geometry x prefix x chunk x batch (x launch config with --prefill-tune),
+    printed as it goes, then the table."""
     from vllm_oscar.kernels.prefill_benchmark import format_prefill_table, run_prefill_case
+    from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL, AttentionConfig
 
+    configs = [DEFAULT_PREFILL]
+    if args.prefill_tune:
+        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows)
+                   for bt, nw, ns, rows in itertools.product(args.block_t, args.num_warps, args.num_stages,
+                                                             args.prefill_rows)]
     rows = []
-    for geometry, prefix, chunk, batch in itertools.product(args.geometry, args.prefixes, args.chunks,
-                                                            args.prefill_batches):
-        rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device))
-        print(format_prefill_table(rows[-1:]).splitlines()[-1], flush=True)
+    for geometry, prefix, chunk, batch, config in itertools.product(args.geometry, args.prefixes, args.chunks,
+                                                                    args.prefill_batches, configs):
+        rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device, config,
+                                     with_baseline=not args.prefill_tune))
+        c = rows[-1]["config"]
+        print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
+              f"s={c['num_stages']} rows={c['prefill_rows']}", flush=True)
     print(format_prefill_table(rows))
     return rows
 

@@ -74,8 +74,9 @@ def prefill_call(oscar_prefill: Callable[..., torch.Tensor], case: PrefillCase, 
 
 
 def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_size: int, reps: int,
-                     device: torch.device) -> dict:
-    """Time OSCAR's chunked prefill and the BF16 SDPA prefill for one case; a JSON-able dict."""
+                     device: torch.device, config=None, with_baseline: bool = True) -> dict:
+    """Time OSCAR's chunked prefill (launch config: triton_ops.DEFAULT_PREFILL unless given) and,
+    with_baseline, the BF16 SDPA prefill for one case; a JSON-able dict."""
     from torch.nn.attention.bias import causal_lower_right
 
     from vllm_oscar.kernels import triton_ops
@@ -87,10 +88,14 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
                     "block_size": block_size, "hq": hq, "hkv": hkv, "head_dim": dim, "flops": flops}
     gen = torch.Generator(device=device).manual_seed(total * 131 + batch)
     case = make_prefill_case(batch, prefix, chunk, hq, hkv, dim, block_size, device, gen)
+    config = config or triton_ops.DEFAULT_PREFILL
+    result["config"] = dataclasses.asdict(config)
     result["oscar"] = _timed(prefill_call(triton_ops.oscar_prefill, case, torch.empty_like(case.query),
-                                        max_query_len=chunk), reps, flops)
+                                        max_query_len=chunk, config=config), reps, flops)
     del case
     torch.cuda.empty_cache()
+    if not with_baseline:
+        return result
 
     q4 = torch.randn(batch, hq, chunk, dim, device=device, dtype=torch.bfloat16, generator=gen)
     k4 = torch.randn(batch, hkv, total, dim, device=device, dtype=torch.bfloat16, generator=gen)

@@ -135,6 +135,8 @@ MERGE_BLOCK_D: int = 32
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
 #: (docs/notes/kernels.md V8).
 PREFETCH_TILES: int = 1
+#: MMA rows per prefill program (query tokens x padded GQA group), AttentionConfig.prefill_rows.
+PREFILL_ROWS: int = 64
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -173,7 +175,8 @@ class AttentionConfig:
     split programs walk whole tiles only, with no masks (fewer instructions per tile), and the partial
     INT2 tiles at the two edges of the range go to the window programs (docs/notes/kernels.md V12:
     5-7% faster at Qwen3-8B geometry >= 32K on the H200). None = on wherever the INT2 split kernel
-    runs (True with the general kernel is an error).
+    runs (True with the general kernel is an error); prefill_rows: MMA rows per prefill program
+    (query tokens x the GQA group padded to a power of two; a power of two >= 16).
     """
 
     block_t: Optional[int] = None
@@ -192,6 +195,7 @@ class AttentionConfig:
     merge_block_d: Optional[int] = None
     windows_first: Optional[bool] = None
     full_tiles: Optional[bool] = None
+    prefill_rows: int = PREFILL_ROWS
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -627,7 +631,8 @@ def oscar_prefill(
     max_query_len = t if max_query_len is None else max_query_len
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
-    block_m = max(1, 64 // meta["GP"])
+    rows = _tile_size("prefill_rows", config.prefill_rows, PREFILL_ROWS)
+    block_m = max(1, rows // meta["GP"])
     grid = (triton.cdiv(max_query_len, block_m), batch, hkv)
     attention_kernel[grid](
         query_rot, query_rot.stride(0), query_rot.stride(1),
