@@ -329,7 +329,10 @@ def test_triton_decode_float32_query() -> None:
     run_decode([60, 21], 4, 2, 64, 64, 16, 4, 12, 0, 16, 2, seed=9, qdtype=torch.float32)
 
 
-def test_triton_prefill_matches_reference() -> None:
+@pytest.mark.parametrize("prefill_rows", [16, 64, 128])
+def test_triton_prefill_matches_reference(prefill_rows) -> None:
+    """Ragged chunks over cached prefixes (and none), against the float64 reference; with 16, the
+    default 64 and 128 MMA rows per program (4, 16 and 32 query tokens of the padded group of 4)."""
     gen = torch.Generator().manual_seed(21)
     hq, hkv, dim, bs, sink, recent = 6, 2, 64, 16, 6, 9
     chunks, lens = [5, 1, 20, 0, 18], [40, 1, 20, 12, 50]  # cached prefix 35, 0, 0, 12, 32
@@ -346,10 +349,21 @@ def test_triton_prefill_matches_reference() -> None:
     got = triton_ops.oscar_prefill(query, key, value, state.cache, state.window_k, state.window_v, layout,
                                    state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
                                    state.seq_lens, sink, recent, 0.2, out=out, max_query_len=max(chunks),
-                                   config=triton_ops.AttentionConfig(block_t=16))
+                                   config=triton_ops.AttentionConfig(block_t=16, prefill_rows=prefill_rows))
     expected = ref_prefill(state, query.double(), key.double(), value.double(), qsl, sink, recent, 0.2)
     for row in range(total):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
+
+
+def test_triton_prefill_rejects_a_bad_row_count() -> None:
+    gen = torch.Generator().manual_seed(5)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([20], 1, layout, 4, 8, gen)
+    rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="prefill_rows=48 must be a power of two >= 16"):
+        triton_ops.oscar_prefill(rows, rows[:, :1], rows[:, :1], state.cache, state.window_k, state.window_v, layout,
+                                 state.block_table, state.window_block_table, torch.tensor([0, 4], dtype=torch.int32),
+                                 state.seq_lens, 4, 8, 0.125, config=triton_ops.AttentionConfig(prefill_rows=48))
 
 
 def test_triton_prefill_chunk_from_cache_matches_decoding_token_by_token() -> None:
