@@ -222,12 +222,14 @@ def check_prefill(report: list) -> None:
     k = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
     v = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
     scale = 1 / math.sqrt(dim)
-    for mode in (UNPACK_PTX, UNPACK_PORTABLE):
+    for mode, rows, splits in ((UNPACK_PTX, 64, 1), (UNPACK_PORTABLE, 64, 1), (UNPACK_PTX, 128, 1), (UNPACK_PTX, 64, 4)):
         out = torch.full_like(q, float("nan"))
+        config = triton_ops.AttentionConfig(block_t=32, num_warps=4, num_stages=1, unpack=mode, prefill_rows=rows,
+                                            prefill_splits=splits)
         triton_ops.oscar_prefill(q, k, v, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                  state.window_block_table, torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
                                  state.seq_lens, sink, recent, scale, out=out, max_query_len=max(chunks),
-                                 config=triton_ops.AttentionConfig(block_t=32, num_warps=4, num_stages=1, unpack=mode))
+                                 config=config)
         errors = []
         for b, n in enumerate(lens):
             lo, hi = qsl[b], qsl[b + 1]
@@ -239,9 +241,10 @@ def check_prefill(report: list) -> None:
                                   k[lo:hi], v[lo:hi])
             errors.append(rel(out[lo:hi], exp))
         ok = max(errors) < TOLERANCE
-        report.append({"check": "prefill", "unpack": mode, "rel_errors": errors, "ok": ok})
-        print(f"prefill chunks {chunks} unpack={mode}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}",
-              flush=True)
+        report.append({"check": "prefill", "unpack": mode, "prefill_rows": rows, "prefill_splits": splits,
+                       "rel_errors": errors, "ok": ok})
+        print(f"prefill chunks {chunks} unpack={mode} rows={rows} splits={splits}: max rel err {max(errors):.2e} "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
     # chunk_from_cache: the chunk is read from the caches by the rule (as decoding would).
     out = torch.full_like(q, float("nan"))
     triton_ops.oscar_prefill(q, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,

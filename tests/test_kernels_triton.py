@@ -329,10 +329,12 @@ def test_triton_decode_float32_query() -> None:
     run_decode([60, 21], 4, 2, 64, 64, 16, 4, 12, 0, 16, 2, seed=9, qdtype=torch.float32)
 
 
-@pytest.mark.parametrize("prefill_rows", [16, 64, 128])
-def test_triton_prefill_matches_reference(prefill_rows) -> None:
+@pytest.mark.parametrize("prefill_rows,prefill_splits", [(16, 1), (64, 1), (128, 1), (64, 3), (16, 2)])
+def test_triton_prefill_matches_reference(prefill_rows, prefill_splits) -> None:
     """Ragged chunks over cached prefixes (and none), against the float64 reference; with 16, the
-    default 64 and 128 MMA rows per program (4, 16 and 32 query tokens of the padded group of 4)."""
+    default 64 and 128 MMA rows per program (4, 16 and 32 query tokens of the padded group of 4), and
+    the prefix split over 2-3 programs per query tile (merged). Rows past the last request's chunk
+    belong to no request and must stay as they were (NaN here)."""
     gen = torch.Generator().manual_seed(21)
     hq, hkv, dim, bs, sink, recent = 6, 2, 64, 16, 6, 9
     chunks, lens = [5, 1, 20, 0, 18], [40, 1, 20, 12, 50]  # cached prefix 35, 0, 0, 12, 32
@@ -342,31 +344,39 @@ def test_triton_prefill_matches_reference(prefill_rows) -> None:
     for c in chunks:
         qsl.append(qsl[-1] + c)
     total = qsl[-1]
-    query = torch.randn(total, hq, dim, generator=gen).to(torch.bfloat16)
-    key = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16)
-    value = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16)
+    padding = 3
+    query = torch.randn(total + padding, hq, dim, generator=gen).to(torch.bfloat16)
+    key = torch.randn(total + padding, hkv, dim, generator=gen).to(torch.bfloat16)
+    value = torch.randn(total + padding, hkv, dim, generator=gen).to(torch.bfloat16)
     out = torch.full(query.shape, float("nan"), dtype=torch.bfloat16)
+    config = triton_ops.AttentionConfig(block_t=16, prefill_rows=prefill_rows, prefill_splits=prefill_splits)
     got = triton_ops.oscar_prefill(query, key, value, state.cache, state.window_k, state.window_v, layout,
                                    state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
                                    state.seq_lens, sink, recent, 0.2, out=out, max_query_len=max(chunks),
-                                   config=triton_ops.AttentionConfig(block_t=16, prefill_rows=prefill_rows))
-    expected = ref_prefill(state, query.double(), key.double(), value.double(), qsl, sink, recent, 0.2)
+                                   config=config)
+    expected = ref_prefill(state, query[:total].double(), key[:total].double(), value[:total].double(), qsl, sink,
+                           recent, 0.2)
     for row in range(total):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
+    assert torch.isnan(got[total:]).all()
 
 
-def test_triton_prefill_rejects_a_bad_row_count() -> None:
+def test_triton_prefill_rejects_bad_rows_or_splits() -> None:
     gen = torch.Generator().manual_seed(5)
     layout = PageLayout(64, 64, 16, torch.float16)
     state = random_paged_state([20], 1, layout, 4, 8, gen)
     rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="prefill_rows=48 must be a power of two >= 16"):
-        triton_ops.oscar_prefill(rows, rows[:, :1], rows[:, :1], state.cache, state.window_k, state.window_v, layout,
-                                 state.block_table, state.window_block_table, torch.tensor([0, 4], dtype=torch.int32),
-                                 state.seq_lens, 4, 8, 0.125, config=triton_ops.AttentionConfig(prefill_rows=48))
+    for config, message in ((triton_ops.AttentionConfig(prefill_rows=48), "prefill_rows=48 must be a power of two"),
+                            (triton_ops.AttentionConfig(prefill_splits=0), "prefill_splits=0 must be >= 1")):
+        with pytest.raises(ValueError, match=message):
+            triton_ops.oscar_prefill(rows, rows[:, :1], rows[:, :1], state.cache, state.window_k, state.window_v,
+                                     layout, state.block_table, state.window_block_table,
+                                     torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8, 0.125,
+                                     config=config)
 
 
-def test_triton_prefill_chunk_from_cache_matches_decoding_token_by_token() -> None:
+@pytest.mark.parametrize("prefill_splits", [1, 2])
+def test_triton_prefill_chunk_from_cache_matches_decoding_token_by_token(prefill_splits) -> None:
     gen = torch.Generator().manual_seed(23)
     hq, hkv, dim, bs, sink, recent = 4, 2, 64, 16, 5, 20
     chunks, lens = [40, 1, 17], [75, 1, 17]
@@ -377,7 +387,8 @@ def test_triton_prefill_chunk_from_cache_matches_decoding_token_by_token() -> No
     got = triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
                                    state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
                                    state.seq_lens, sink, recent, 0.2, max_query_len=max(chunks),
-                                   config=triton_ops.AttentionConfig(block_t=16), chunk_from_cache=True)
+                                   config=triton_ops.AttentionConfig(block_t=16, prefill_splits=prefill_splits),
+                                   chunk_from_cache=True)
     expected = ref_prefill_from_cache(state, query.double(), qsl, sink, recent, 0.2)
     for row in range(qsl[-1]):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"

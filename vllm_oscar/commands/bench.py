@@ -39,9 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill: requests per step")
     parser.add_argument("--prefill-tune", action="store_true",
                         help="prefill: time OSCAR only, over --block-t x --num-warps x --num-stages x --prefill-rows "
-                             "(default: the default prefill config against BF16 SDPA)")
+                             "x --prefill-splits (default: the default prefill config against BF16 SDPA)")
     parser.add_argument("--prefill-rows", type=int, nargs="+", default=[PREFILL_ROWS],
                         help="prefill tune: MMA rows per prefill program (query tokens x padded GQA group)")
+    parser.add_argument("--prefill-splits", type=int, nargs="+", default=[1],
+                        help="prefill tune: programs per query tile sharing the INT2 prefix (split-K)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM default 16)")
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
@@ -142,9 +144,9 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
 
     configs = [DEFAULT_PREFILL]
     if args.prefill_tune:
-        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows)
-                   for bt, nw, ns, rows in itertools.product(args.block_t, args.num_warps, args.num_stages,
-                                                             args.prefill_rows)]
+        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows, prefill_splits=splits)
+                   for bt, nw, ns, rows, splits in itertools.product(args.block_t, args.num_warps, args.num_stages,
+                                                                     args.prefill_rows, args.prefill_splits)]
     rows = []
     for geometry, prefix, chunk, batch, config in itertools.product(args.geometry, args.prefixes, args.chunks,
                                                                     args.prefill_batches, configs):
@@ -152,7 +154,7 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
                                      with_baseline=not args.prefill_tune))
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
-              f"s={c['num_stages']} rows={c['prefill_rows']}", flush=True)
+              f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']}", flush=True)
     print(format_prefill_table(rows))
     return rows
 

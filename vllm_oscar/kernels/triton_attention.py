@@ -28,7 +28,10 @@ tile of latency, not sink + recent positions in series. Each writes a partial (o
 sum, and its log2-sum-exp); ``merge_kernel`` combines them exactly. NSPLIT comes from a
 host-side upper bound of the lengths, so the launch never reads device data (CUDA-graph
 safe). Decode runs here only when the INT2 history has several groups per row or tokens_on_m is
-off; otherwise triton_decode_int2 runs the splits and the windows in one launch. Prefill grid: (cdiv(max_query_len, BLOCK_M), B, Hkv), output written directly.
+off; otherwise triton_decode_int2 runs the splits and the windows in one launch. Prefill grid:
+(cdiv(max_query_len, BLOCK_M) * PSPLIT, B, Hkv): with PSPLIT = 1 the output is written directly;
+with PSPLIT > 1 program (tile * PSPLIT + k) takes split k of the tile's pure INT2 range (the last
+split also the window tiles and the chunk's own rows) and writes a partial for merge_kernel.
 
 Softmax runs in base 2 (logits * softmax_scale * log2 e). Accumulators are fp32.
 """
@@ -190,10 +193,11 @@ def attention_kernel(
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, DECODE: tl.constexpr, MODE: tl.constexpr,
     WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr,
-    NSINK: tl.constexpr, CHUNK_FROM_CACHE: tl.constexpr,
+    NSINK: tl.constexpr, CHUNK_FROM_CACHE: tl.constexpr, PSPLIT: tl.constexpr = 1,
 ):
     """See module docstring. Decode writes partials (out: [B, Hq, NSPLIT+2, D] fp32, lse:
-    [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype). Decode runs here only
+    [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype), or with PSPLIT > 1
+    partials (out: [T, Hq, PSPLIT, D] fp32, lse: [T, Hq, PSPLIT]). Decode runs here only
     when the INT2 history cannot take triton_decode_int2 (several groups per row, or tokens_on_m off)."""
     Q: tl.constexpr = D // 4
     NG: tl.constexpr = D // G
@@ -201,6 +205,10 @@ def attention_kernel(
     pid = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
+    split = 0
+    if not DECODE:  # prefill: query tile pid // PSPLIT, split pid % PSPLIT of its pure-INT2 range
+        split = pid % PSPLIT
+        pid = pid // PSPLIT
 
     length = tl.load(seq_ptr + b)
     if DECODE:
@@ -283,6 +291,12 @@ def attention_kernel(
         run_int2 = pid < NSPLIT
         run_sink = (pid >= NSPLIT) & (pid < NSPLIT + NSINK)
         run_recent = pid >= NSPLIT + NSINK
+    elif PSPLIT > 1:  # the last split also takes the windows and the chunk's own rows
+        per_split = tl.cdiv(n_int2_tiles, PSPLIT)
+        tile_lo = tl.minimum(split * per_split, n_int2_tiles)
+        tile_hi = tl.minimum(tile_lo + per_split, n_int2_tiles)
+        run_sink = split == PSPLIT - 1
+        run_recent = split == PSPLIT - 1
 
     if run_int2:
         for i in range(tile_lo, tile_hi):
@@ -379,7 +393,7 @@ def attention_kernel(
                 acc0, acc1, acc2, acc3 = _exact_values(tl.where(use_w, p, 0.0), acc0, acc1, acc2, acc3,
                                                        wv_ptr + wrow, has_copy, Q, MODE, WIN_T, EMU)
 
-    if (not DECODE) and (not CHUNK_FROM_CACHE):
+    if (not DECODE) and (not CHUNK_FROM_CACHE) and (split == PSPLIT - 1):
         # The chunk's own rows, causally: key j sits at position prefix + j.
         new_hi = tl.minimum(n_new, tile_tok + BLOCK_M)
         for j0 in range(0, new_hi, BLOCK_T):
@@ -410,6 +424,11 @@ def attention_kernel(
         o_row = out_ptr + b.to(tl.int64) * stride_ot + head * stride_oh + pid * stride_os
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         tl.store(lse_ptr + b * stride_lt + head * stride_lh + pid, lse, mask=row_ok)
+    elif PSPLIT > 1:
+        t_row = (q_start + tok).to(tl.int64)
+        o_row = out_ptr + t_row * stride_ot + head * stride_oh + split * stride_os
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+        tl.store(lse_ptr + t_row * stride_lt + head * stride_lh + split, lse, mask=row_ok)
     else:
         o_row = out_ptr + (q_start + tok).to(tl.int64) * stride_ot + head * stride_oh
     o_ty = out_ptr.dtype.element_ty
@@ -423,7 +442,8 @@ def attention_kernel(
 def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                  out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
                  EMU: tl.constexpr, BLOCK_D: tl.constexpr = None):
-    """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials.
+    """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials (rows whose
+    partials are all empty, lse -inf, are not written).
 
     Grid (B, Hq, D / BLOCK_D): program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D)
     (BLOCK_D None = D: one program per head; a [NSP, D] fp32 tile spills past ~128 partials)."""
@@ -441,5 +461,6 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
     parts = tl.load(part_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + idx[:, None] * stride_ps + cols[None, :],
                     mask=(idx < NS)[:, None], other=0.0)
     total = tl.sum(weight, axis=0)
-    out = tl.sum(parts * weight[:, None], axis=0) / total
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, round_to(out, out_ptr.dtype.element_ty, EMU))
+    out = tl.sum(parts * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, round_to(out, out_ptr.dtype.element_ty, EMU),
+             mask=total + 0.0 * cols > 0.0)  # a row with no partial (a prefill row of no request) stays

@@ -176,7 +176,10 @@ class AttentionConfig:
     INT2 tiles at the two edges of the range go to the window programs (docs/notes/kernels.md V12:
     5-7% faster at Qwen3-8B geometry >= 32K on the H200). None = on wherever the INT2 split kernel
     runs (True with the general kernel is an error); prefill_rows: MMA rows per prefill program
-    (query tokens x the GQA group padded to a power of two; a power of two >= 16).
+    (query tokens x the GQA group padded to a power of two; a power of two >= 16); prefill_splits:
+    programs per prefill query tile, each taking a share of the pure INT2 prefix (split-K, merged
+    as in decode; 1 = one program walks the whole prefix; more lets a small batch fill the GPU:
+    built and tested, not yet timed, docs/PERFORMANCE.md "Chunked prefill").
     """
 
     block_t: Optional[int] = None
@@ -196,6 +199,7 @@ class AttentionConfig:
     windows_first: Optional[bool] = None
     full_tiles: Optional[bool] = None
     prefill_rows: int = PREFILL_ROWS
+    prefill_splits: int = 1
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -632,8 +636,17 @@ def oscar_prefill(
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
     rows = _tile_size("prefill_rows", config.prefill_rows, PREFILL_ROWS)
+    if config.prefill_splits < 1:
+        raise ValueError(f"prefill_splits={config.prefill_splits} must be >= 1 (1 = no split of the prefix).")
     block_m = max(1, rows // meta["GP"])
-    grid = (triton.cdiv(max_query_len, block_m), batch, hkv)
+    psplit = config.prefill_splits
+    grid = (triton.cdiv(max_query_len, block_m) * psplit, batch, hkv)
+    if psplit > 1:  # partials per (row, head, split), merged below; rows of no request keep lse -inf
+        part = torch.empty(t, hq, psplit, d, dtype=torch.float32, device=query_rot.device)
+        lse = torch.full((t, hq, psplit), float("-inf"), dtype=torch.float32, device=query_rot.device)
+        target = (part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1))
+    else:
+        target = (out, out.stride(0), out.stride(1), 0, out, 0, 0)
     attention_kernel[grid](
         query_rot, query_rot.stride(0), query_rot.stride(1),
         new_k, new_v, new_k.stride(0), new_k.stride(1),
@@ -641,12 +654,18 @@ def oscar_prefill(
         window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
         block_table, window_block_table, block_table.stride(0),
         seq_lens, query_start_loc,
-        out, out.stride(0), out.stride(1), 0,
-        out, 0, 0,
+        *target,
         sink, recent, softmax_scale * LOG2E,
         BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, NSINK=0,
-        NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, **meta,
+        NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, PSPLIT=psplit, **meta,
     )
+    if psplit > 1:
+        merge_d = _merge_block_d(config, d)
+        merge_kernel[(t, hq, d // merge_d)](
+            part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
+            out, out.stride(0), out.stride(1), NS=psplit, NSP=triton.next_power_of_2(psplit), D=d, EMU=meta["EMU"],
+            BLOCK_D=None if merge_d == d else merge_d,
+        )
     return out
 
 
