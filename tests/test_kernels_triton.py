@@ -157,7 +157,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
                tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None,
-               full_tiles=False):
+               full_tiles=None):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
