@@ -116,6 +116,12 @@ def bf16_bytes(batch: int, length: int, hkv: int, hq: int, dim: int) -> int:
     return batch * hkv * length * 4 * dim + 2 * batch * hq * dim * 2
 
 
+def error_summary(error: Exception) -> str:
+    """One line for a result row: the exception type and the first line of its message (<= 200 chars)."""
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
+
+
 def captured_graph(fns: list[Callable[[], object]]) -> "torch.cuda.CUDAGraph":
     """All fns captured in one CUDA graph after a warm-up (compile, autotune, allocate outside
     the capture), replayed 3 times."""
@@ -268,7 +274,7 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
             kernels = kernel_breakdown([oscar_fn(i) for i in range(oscar_layers)], reps)
             result["oscar"]["breakdown"] = {**kernels, "idle_ms": ms - kernels["busy_ms"]}
         except Exception as error:  # noqa: BLE001 - reported in the results, the timing above stands
-            result["oscar"]["breakdown"] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+            result["oscar"]["breakdown"] = {"error": error_summary(error)}
     del case, outs
     torch.cuda.empty_cache()
     if not with_baselines:
@@ -286,7 +292,7 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
             t = time_graph(sdpa_fns(q4, ks, vs, backend), reps)
             sdpa[name] = {"ms": t, "GBps": b_bytes / t / 1e6}
         except Exception as error:  # a backend that rejects the shape is reported, not hidden
-            sdpa[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+            sdpa[name] = {"error": error_summary(error)}
     result["sdpa"] = sdpa
     timed = {k: v["ms"] for k, v in sdpa.items() if "ms" in v}
     if timed:
@@ -310,7 +316,7 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
         t = time_graph([paged_fn(i) for i in range(bf16_layers)], reps)
         result["bf16_triton"] = {"ms": t, "GBps": b_bytes / t / 1e6}
     except Exception as error:
-        result["bf16_triton"] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+        result["bf16_triton"] = {"error": error_summary(error)}
     del paged, pouts
     torch.cuda.empty_cache()
 
@@ -363,7 +369,7 @@ def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int
                             "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
                             "splits": _splits(config, case, length)}
         except Exception as error:  # noqa: BLE001 - a variant that fails is reported
-            row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            row["error"] = error_summary(error)
         rows.append(row)
     del case, outs
     torch.cuda.empty_cache()
@@ -484,7 +490,7 @@ def autotune(geometry: str, block_size: int, device: torch.device, bandwidth: di
                          with_baselines=False)
             trials.append({"config": dataclasses.asdict(config), "ms": r["oscar"]["ms"]})
         except Exception as error:  # a config that does not apply (e.g. int8 keys at head_dim 64) is recorded
-            trials.append({"config": dataclasses.asdict(config), "error": f"{type(error).__name__}: {error}"[:200]})
+            trials.append({"config": dataclasses.asdict(config), "error": error_summary(error)})
     timed = [t for t in trials if "ms" in t]
     if not timed:
         raise RuntimeError(f"no autotune candidate ran for {geometry}: {trials}")

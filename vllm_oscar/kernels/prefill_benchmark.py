@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS
-from vllm_oscar.kernels.benchmark import GEOMETRIES, OscarCase, make_oscar_case, time_graph
+from vllm_oscar.kernels.benchmark import GEOMETRIES, OscarCase, error_summary, make_oscar_case, time_graph
 
 PREFILL_PREFIXES: tuple[int, ...] = (0, 4096, 32768)
 PREFILL_CHUNKS: tuple[int, ...] = (512, 2048)
@@ -28,10 +28,6 @@ PREFILL_BATCHES: tuple[int, ...] = (1, 4)
 def attention_flops(batch: int, heads: int, head_dim: int, prefix: int, chunk: int) -> float:
     """Multiply-adds x 2 of causal chunked attention: QK^T and PV over C x P + C (C + 1) / 2 pairs."""
     return 4.0 * batch * heads * head_dim * (chunk * prefix + chunk * (chunk + 1) / 2)
-
-
-def _error(error: Exception) -> dict:
-    return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
 
 
 @dataclasses.dataclass
@@ -118,7 +114,7 @@ def _timed(fn: Callable[[], object], reps: int, flops: float) -> dict:
     try:
         ms = time_graph([fn], reps)
     except Exception as error:  # noqa: BLE001 - a path that cannot run is a result of the benchmark
-        return _error(error)
+        return {"error": error_summary(error)}
     return {"ms": ms, "TFLOPs": flops / ms / 1e9}
 
 

@@ -420,15 +420,16 @@ def attention_kernel(
     o1 = (acc1 / plane_factor(1, MODE) + zw1[:, None]) * inv_l[:, None]
     o2 = (acc2 / plane_factor(2, MODE) + zw2[:, None]) * inv_l[:, None]
     o3 = (acc3 / plane_factor(3, MODE) + zw3[:, None]) * inv_l[:, None]
-    if DECODE:
-        o_row = out_ptr + b.to(tl.int64) * stride_ot + head * stride_oh + pid * stride_os
+    if DECODE or PSPLIT > 1:  # a partial (normalised output, log2-sum-exp) in slot pid / split of its row
+        if DECODE:
+            p_row = b.to(tl.int64)
+            slot = pid
+        else:
+            p_row = (q_start + tok).to(tl.int64)
+            slot = split
+        o_row = out_ptr + p_row * stride_ot + head * stride_oh + slot * stride_os
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + b * stride_lt + head * stride_lh + pid, lse, mask=row_ok)
-    elif PSPLIT > 1:
-        t_row = (q_start + tok).to(tl.int64)
-        o_row = out_ptr + t_row * stride_ot + head * stride_oh + split * stride_os
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + t_row * stride_lt + head * stride_lh + split, lse, mask=row_ok)
+        tl.store(lse_ptr + p_row * stride_lt + head * stride_lh + slot, lse, mask=row_ok)
     else:
         o_row = out_ptr + (q_start + tok).to(tl.int64) * stride_ot + head * stride_oh
     o_ty = out_ptr.dtype.element_ty

@@ -440,6 +440,19 @@ class _DecodePlan:
     split_args: Callable[[torch.Tensor, torch.Tensor], list]  # (part, lse) -> its runtime arguments
 
 
+def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: AttentionConfig,
+                    emulated: bool) -> None:
+    """out[r, h] = the exact log-sum-exp merge of part[r, h, :] ([R, Hq, S, D] fp32, lse [R, Hq, S]);
+    rows whose partials are all empty are left as they are (merge_kernel)."""
+    rows, hq, slots, d = part.shape
+    merge_d = _merge_block_d(config, d)
+    merge_kernel[(rows, hq, d // merge_d)](
+        part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
+        out, out.stride(0), out.stride(1), NS=slots, NSP=triton.next_power_of_2(slots), D=d, EMU=emulated,
+        BLOCK_D=None if merge_d == d else merge_d,
+    )
+
+
 def _windows_first(config: AttentionConfig, window_programs: int, device: torch.device) -> bool:
     """config.windows_first, or (None) whether the window programs number at most one per SM."""
     if config.windows_first is not None:
@@ -583,12 +596,7 @@ def oscar_decode(
             BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"],
             NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
         )
-    merge_d = _merge_block_d(config, d)
-    merge_kernel[(batch, hq, d // merge_d)](
-        part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-        out, out.stride(0), out.stride(1), NS=total, NSP=triton.next_power_of_2(total), D=d, EMU=meta["EMU"],
-        BLOCK_D=None if merge_d == d else merge_d,
-    )
+    _merge_partials(part, lse, out, config, meta["EMU"])
     return out
 
 
@@ -660,12 +668,7 @@ def oscar_prefill(
         NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, PSPLIT=psplit, **meta,
     )
     if psplit > 1:
-        merge_d = _merge_block_d(config, d)
-        merge_kernel[(t, hq, d // merge_d)](
-            part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-            out, out.stride(0), out.stride(1), NS=psplit, NSP=triton.next_power_of_2(psplit), D=d, EMU=meta["EMU"],
-            BLOCK_D=None if merge_d == d else merge_d,
-        )
+        _merge_partials(part, lse, out, config, meta["EMU"])
     return out
 
 
