@@ -222,10 +222,13 @@ def check_prefill(report: list) -> None:
     k = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
     v = torch.randn(total, hkv, dim, generator=gen).to(torch.bfloat16).to(DEVICE)
     scale = 1 / math.sqrt(dim)
-    for mode, rows, splits in ((UNPACK_PTX, 64, 1), (UNPACK_PORTABLE, 64, 1), (UNPACK_PTX, 128, 1), (UNPACK_PTX, 64, 4)):
+    variants = ((UNPACK_PTX, 64, 1, None), (UNPACK_PORTABLE, 64, 1, None), (UNPACK_PTX, 128, 1, None),
+                (UNPACK_PTX, 64, 4, None), (UNPACK_PTX, 64, None, None), (UNPACK_PTX, 64, 1, False),
+                (UNPACK_PTX, 64, 4, False))
+    for mode, rows, splits, apart in variants:
         out = torch.full_like(q, float("nan"))
         config = triton_ops.AttentionConfig(block_t=32, num_warps=4, num_stages=1, unpack=mode, prefill_rows=rows,
-                                            prefill_splits=splits)
+                                            prefill_splits=splits, prefill_int2_apart=apart)
         triton_ops.oscar_prefill(q, k, v, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                  state.window_block_table, torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
                                  state.seq_lens, sink, recent, scale, out=out, max_query_len=max(chunks),
@@ -242,8 +245,9 @@ def check_prefill(report: list) -> None:
             errors.append(rel(out[lo:hi], exp))
         ok = max(errors) < TOLERANCE
         report.append({"check": "prefill", "unpack": mode, "prefill_rows": rows, "prefill_splits": splits,
-                       "rel_errors": errors, "ok": ok})
-        print(f"prefill chunks {chunks} unpack={mode} rows={rows} splits={splits}: max rel err {max(errors):.2e} "
+                       "prefill_int2_apart": apart, "rel_errors": errors, "ok": ok})
+        print(f"prefill chunks {chunks} unpack={mode} rows={rows} splits={splits} apart={apart}: "
+              f"max rel err {max(errors):.2e} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
     # chunk_from_cache: the chunk is read from the caches by the rule (as decoding would).
     out = torch.full_like(q, float("nan"))

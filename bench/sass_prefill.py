@@ -43,18 +43,19 @@ PLAIN_SCALARS = ("qk_scale", "stride_os")
 
 
 def compile_prefill(head_dim: int, group: int, rows: int, block_t: int, block_size: int, warps: int,
-                    splits: int):
-    """The CompiledKernel of one prefill launch config for sm_90."""
+                    splits: int, part: int = 0, chunk_from_cache: bool = False):
+    """The CompiledKernel of one prefill launch config for sm_90 (part: attention_kernel's PART: 0 the
+    whole prefill, 1 its pure INT2 prefix, 2 the rest)."""
     layout = PageLayout(head_dim, head_dim, block_size)
     gp = triton.next_power_of_2(group)
     block_m = max(1, rows // gp)
     signature = dict(SIGNATURE)
-    if splits > 1:
+    if splits > 1 or part:
         signature["out_ptr"] = "*fp32"  # the partials
     constants = dict(GROUP=group, GP=gp, BLOCK_M=block_m, M=max(16, block_m * gp), D=head_dim, G=head_dim,
                      BS=block_size, SCALE_T=tl.float16, BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0,
                      NSPLIT=1, DECODE=False, MODE=1, WIN_T=tl.bfloat16, NEW_T=tl.bfloat16, EMU=False, NSINK=0,
-                     CHUNK_FROM_CACHE=False, PSPLIT=splits, **_plane_offsets(layout))
+                     CHUNK_FROM_CACHE=chunk_from_cache, PSPLIT=splits, PART=part, SLOT0=0, **_plane_offsets(layout))
     names = attention_kernel.arg_names
     source = ASTSource(
         fn=attention_kernel, signature={**signature, **{name: "constexpr" for name in constants}},
@@ -73,12 +74,18 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--warps", type=int, nargs="+", default=[4])
     parser.add_argument("--splits", type=int, nargs="+", default=[1], help="prefill_splits")
+    parser.add_argument("--part", type=int, nargs="+", default=[0], choices=(0, 1, 2),
+                        help="attention_kernel PART: 0 one launch, 1 the pure INT2 launch, 2 the rest")
+    parser.add_argument("--chunk-from-cache", action="store_true", help="the served read of the chunk")
     parser.add_argument("--top", type=int, default=8, help="opcodes listed per loop")
     args = parser.parse_args()
-    for rows, block_t, warps, splits in itertools.product(args.rows, args.block_t, args.warps, args.splits):
-        kernel = compile_prefill(args.head_dim, args.group, rows, block_t, args.block_size, warps, splits)
+    for rows, block_t, warps, splits, part in itertools.product(args.rows, args.block_t, args.warps, args.splits,
+                                                                args.part):
+        kernel = compile_prefill(args.head_dim, args.group, rows, block_t, args.block_size, warps, splits, part,
+                                 args.chunk_from_cache)
         sass, registers, stack = read_compiled(kernel, None)
-        print(f"rows {rows} block_t {block_t} warps {warps} splits {splits}: registers {registers}, stack {stack} B, "
+        print(f"rows {rows} block_t {block_t} warps {warps} splits {splits} part {part}: registers {registers}, "
+              f"stack {stack} B, "
               f"shared {kernel.metadata.shared} B, {len(instructions(sass))} instructions")
         for line in loop_histograms(sass, args.top):
             print(f"  {line}")

@@ -329,12 +329,15 @@ def test_triton_decode_float32_query() -> None:
     run_decode([60, 21], 4, 2, 64, 64, 16, 4, 12, 0, 16, 2, seed=9, qdtype=torch.float32)
 
 
-@pytest.mark.parametrize("prefill_rows,prefill_splits", [(16, 1), (64, 1), (128, 1), (64, 3), (16, 2)])
-def test_triton_prefill_matches_reference(prefill_rows, prefill_splits) -> None:
+@pytest.mark.parametrize("prefill_rows,prefill_splits,apart", [(16, 1, None), (64, 1, None), (128, 1, None), (64, 3, None),
+                                                              (16, 2, False), (64, None, None), (64, 1, False)])
+def test_triton_prefill_matches_reference(prefill_rows, prefill_splits, apart) -> None:
     """Ragged chunks over cached prefixes (and none), against the float64 reference; with 16, the
     default 64 and 128 MMA rows per program (4, 16 and 32 query tokens of the padded group of 4), and
-    the prefix split over 2-3 programs per query tile (merged). Rows past the last request's chunk
-    belong to no request and must stay as they were (NaN here)."""
+    the prefix split over 2-3 programs per query tile (merged), or the automatic count (None: 4 here,
+    a launch far smaller than 132 SMs); the pure INT2 prefix in its own launch (the default here: no
+    max_seq_len given) or in the one launch (apart False: split or not). Rows past the last request's
+    chunk belong to no request and must stay as they were (NaN here)."""
     gen = torch.Generator().manual_seed(21)
     hq, hkv, dim, bs, sink, recent = 6, 2, 64, 16, 6, 9
     chunks, lens = [5, 1, 20, 0, 18], [40, 1, 20, 12, 50]  # cached prefix 35, 0, 0, 12, 32
@@ -349,7 +352,8 @@ def test_triton_prefill_matches_reference(prefill_rows, prefill_splits) -> None:
     key = torch.randn(total + padding, hkv, dim, generator=gen).to(torch.bfloat16)
     value = torch.randn(total + padding, hkv, dim, generator=gen).to(torch.bfloat16)
     out = torch.full(query.shape, float("nan"), dtype=torch.bfloat16)
-    config = triton_ops.AttentionConfig(block_t=16, prefill_rows=prefill_rows, prefill_splits=prefill_splits)
+    config = triton_ops.AttentionConfig(block_t=16, prefill_rows=prefill_rows, prefill_splits=prefill_splits,
+                                        prefill_int2_apart=apart)
     got = triton_ops.oscar_prefill(query, key, value, state.cache, state.window_k, state.window_v, layout,
                                    state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
                                    state.seq_lens, sink, recent, 0.2, out=out, max_query_len=max(chunks),
@@ -373,6 +377,28 @@ def test_triton_prefill_rejects_bad_rows_or_splits() -> None:
                                      layout, state.block_table, state.window_block_table,
                                      torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8, 0.125,
                                      config=config)
+
+
+def test_prefill_split_count_splits_only_launches_smaller_than_the_gpu() -> None:
+    cpu = torch.device("cpu")  # sized as a 132-SM GPU
+    auto = triton_ops.AttentionConfig()
+    assert triton_ops.prefill_split_count(auto, 96, cpu) == triton_ops.PREFILL_AUTO_SPLITS
+    assert triton_ops.prefill_split_count(auto, 132, cpu) == 1
+    assert triton_ops.prefill_split_count(triton_ops.AttentionConfig(prefill_splits=3), 1000, cpu) == 3
+
+
+def test_triton_prefill_refuses_gpu_tiles_that_triton_miscompiles(monkeypatch) -> None:
+    """On a GPU (not interpreting), prefill tiles above PREFILL_MAX_BLOCK_T are refused before any launch."""
+    gen = torch.Generator().manual_seed(6)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([20], 1, layout, 4, 8, gen)
+    rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
+    monkeypatch.setattr(triton_ops, "_interpreting", lambda: False)
+    with pytest.raises(ValueError, match="prefill block_t=64 is not supported on a GPU"):
+        triton_ops.oscar_prefill(rows, rows[:, :1], rows[:, :1], state.cache, state.window_k, state.window_v,
+                                 layout, state.block_table, state.window_block_table,
+                                 torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8, 0.125,
+                                 config=triton_ops.AttentionConfig(block_t=64, unpack=triton_ops.UNPACK_PORTABLE))
 
 
 @pytest.mark.parametrize("prefill_splits", [1, 2])

@@ -399,7 +399,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
             oscar_prefill(q_rot[bd:], None, None, cache, self.window_k, self.window_v, self.layout,
                           m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc,
                           m.seq_lens[bd:], sink, recent, self.scale, out=out_rot[bd:],
-                          max_query_len=m.max_query_len, chunk_from_cache=True)
+                          max_query_len=m.max_query_len, chunk_from_cache=True, max_seq_len=m.max_seq_len)
         result = rotate_rows(out_rot, rotations.v_rotation, inverse=True, out_dtype=output.dtype)
         output.view(-1, self.num_heads, self.head_size)[:n] = result
         return output

@@ -42,8 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "x --prefill-splits (default: the default prefill config against BF16 SDPA)")
     parser.add_argument("--prefill-rows", type=int, nargs="+", default=[PREFILL_ROWS],
                         help="prefill tune: MMA rows per prefill program (query tokens x padded GQA group)")
-    parser.add_argument("--prefill-splits", type=int, nargs="+", default=[1],
-                        help="prefill tune: programs per query tile sharing the INT2 prefix (split-K)")
+    parser.add_argument("--prefill-splits", nargs="+", default=["auto"],
+                        help="prefill tune: programs per query tile sharing the INT2 prefix (split-K; auto = "
+                             "the product's rule)")
+    parser.add_argument("--prefill-int2-apart", nargs="+", default=["auto"], choices=("auto", "0", "1"),
+                        help="prefill tune: the pure INT2 prefix in its own launch (AttentionConfig.prefill_int2_apart)")
+    parser.add_argument("--prefill-new-rows", action="store_true",
+                        help="prefill: read the chunk from its new BF16 rows, not back from the caches (the "
+                             "served path reads the caches)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM default 16)")
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
@@ -144,17 +150,20 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
 
     configs = [DEFAULT_PREFILL]
     if args.prefill_tune:
-        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows, prefill_splits=splits)
-                   for bt, nw, ns, rows, splits in itertools.product(args.block_t, args.num_warps, args.num_stages,
-                                                                     args.prefill_rows, args.prefill_splits)]
+        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows,
+                                   prefill_splits=_auto(splits, int), prefill_int2_apart=_auto(apart, bool))
+                   for bt, nw, ns, rows, splits, apart in itertools.product(
+                       args.block_t, args.num_warps, args.num_stages, args.prefill_rows, args.prefill_splits,
+                       args.prefill_int2_apart)]
     rows = []
     for geometry, prefix, chunk, batch, config in itertools.product(args.geometry, args.prefixes, args.chunks,
                                                                     args.prefill_batches, configs):
         rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device, config,
-                                     with_baseline=not args.prefill_tune))
+                                     with_baseline=not args.prefill_tune, chunk_from_cache=not args.prefill_new_rows))
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
-              f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']}", flush=True)
+              f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']} "
+              f"apart={c['prefill_int2_apart']}", flush=True)
     print(format_prefill_table(rows))
     return rows
 

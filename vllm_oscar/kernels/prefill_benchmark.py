@@ -1,8 +1,10 @@
 """Chunked-prefill benchmark: OSCAR prefill over a cached INT2 prefix vs BF16 SDPA (CUDA only).
 
 For each (geometry, cached prefix P, chunk C, batch B): ``oscar_prefill`` with C new tokens per
-request attending to each other in BF16 and causally to a P-token prefix held as INT2 pages plus
-its BF16 sink / recent windows (the served read rule), against torch SDPA on contiguous BF16 K/V of
+request attending causally to a P-token prefix held as INT2 pages plus its BF16 sink / recent
+windows, and to each other: served (``chunk_from_cache``, what the vLLM backend runs) the chunk's
+rows are read back from the pages and windows they were just written to, by the decode read rule;
+otherwise from the new BF16 rows. Against torch SDPA on contiguous BF16 K/V of
 P + C positions with the bottom-right causal mask (``causal_lower_right``, enable_gqa: what a BF16
 cache would run for the same chunk). Both are captured in a CUDA graph and replayed; the cases are
 compute-bound, so one layer per graph. Reported: ms, TFLOP/s of the attention proper
@@ -35,7 +37,8 @@ class PrefillCase:
     """One chunked-prefill step: batch x chunk new rows over a cached prefix (served layout).
 
     query [B*C, Hq, D], key / value [B*C, Hkv, D] bf16 (rotated); starts [B+1] int32 row offsets;
-    cache: the INT2 pages and BF16 windows of the prefix (seq_lens = prefix + chunk)."""
+    cache: the INT2 pages and BF16 windows (seq_lens = prefix + chunk); chunk_from_cache: the served
+    read (the windows then cover all prefix + chunk positions, as the backend's writes leave them)."""
 
     cache: OscarCase
     query: torch.Tensor
@@ -43,19 +46,21 @@ class PrefillCase:
     value: torch.Tensor
     starts: torch.Tensor
     chunk: int
+    chunk_from_cache: bool
 
 
 def make_prefill_case(batch: int, prefix: int, chunk: int, hq: int, hkv: int, dim: int, block_size: int,
-                      device: torch.device, generator: torch.Generator) -> PrefillCase:
+                      device: torch.device, generator: torch.Generator, chunk_from_cache: bool = True) -> PrefillCase:
     """Random pages covering prefix + chunk positions (the chunk's own slots are written before the
-    attention of a served step) with the windows of the cached prefix, and random new rows."""
+    attention of a served step) with the windows of all of them (chunk_from_cache) or of the cached
+    prefix only, and random new rows."""
     cache = make_oscar_case(batch, prefix + chunk, hq, hkv, dim, block_size, 1, device, generator,
-                            window_length=prefix)
+                            window_length=None if chunk_from_cache else prefix)
     query = torch.randn(batch * chunk, hq, dim, device=device, dtype=torch.bfloat16, generator=generator)
     key = torch.randn(batch * chunk, hkv, dim, device=device, dtype=torch.bfloat16, generator=generator)
     value = torch.randn(batch * chunk, hkv, dim, device=device, dtype=torch.bfloat16, generator=generator)
     starts = torch.arange(0, (batch + 1) * chunk, chunk, dtype=torch.int32, device=device)
-    return PrefillCase(cache, query, key, value, starts, chunk)
+    return PrefillCase(cache, query, key, value, starts, chunk, chunk_from_cache)
 
 
 def prefill_call(oscar_prefill: Callable[..., torch.Tensor], case: PrefillCase, out: torch.Tensor,
@@ -64,15 +69,19 @@ def prefill_call(oscar_prefill: Callable[..., torch.Tensor], case: PrefillCase, 
     writing ``out``; options go to it as keywords."""
     c = case.cache
     scale = 1.0 / math.sqrt(case.query.shape[-1])
-    return lambda: oscar_prefill(case.query, case.key, case.value, c.caches[0], c.window_k[0], c.window_v[0],
+    key, value = (None, None) if case.chunk_from_cache else (case.key, case.value)
+    return lambda: oscar_prefill(case.query, key, value, c.caches[0], c.window_k[0], c.window_v[0],
                                  c.layout, c.block_table, c.window_block_table, case.starts, c.seq_lens,
-                                 DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale, out=out, **options)
+                                 DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale, out=out,
+                                 chunk_from_cache=case.chunk_from_cache, **options)
 
 
 def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_size: int, reps: int,
-                     device: torch.device, config=None, with_baseline: bool = True) -> dict:
-    """Time OSCAR's chunked prefill (launch config: triton_ops.DEFAULT_PREFILL unless given) and,
-    with_baseline, the BF16 SDPA prefill for one case; a JSON-able dict."""
+                     device: torch.device, config=None, with_baseline: bool = True,
+                     chunk_from_cache: bool = True) -> dict:
+    """Time OSCAR's chunked prefill (launch config: triton_ops.DEFAULT_PREFILL unless given; served
+    read unless chunk_from_cache is False) and, with_baseline, the BF16 SDPA prefill for one case; a
+    JSON-able dict."""
     from torch.nn.attention.bias import causal_lower_right
 
     from vllm_oscar.kernels import triton_ops
@@ -81,13 +90,14 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     total = prefix + chunk
     flops = attention_flops(batch, hq, dim, prefix, chunk)
     result: dict = {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
-                    "block_size": block_size, "hq": hq, "hkv": hkv, "head_dim": dim, "flops": flops}
+                    "block_size": block_size, "hq": hq, "hkv": hkv, "head_dim": dim, "flops": flops,
+                    "chunk_from_cache": chunk_from_cache}
     gen = torch.Generator(device=device).manual_seed(total * 131 + batch)
-    case = make_prefill_case(batch, prefix, chunk, hq, hkv, dim, block_size, device, gen)
+    case = make_prefill_case(batch, prefix, chunk, hq, hkv, dim, block_size, device, gen, chunk_from_cache)
     config = config or triton_ops.DEFAULT_PREFILL
     result["config"] = dataclasses.asdict(config)
     result["oscar"] = _timed(prefill_call(triton_ops.oscar_prefill, case, torch.empty_like(case.query),
-                                        max_query_len=chunk, config=config), reps, flops)
+                                        max_query_len=chunk, max_seq_len=total, config=config), reps, flops)
     del case
     torch.cuda.empty_cache()
     if not with_baseline:

@@ -32,6 +32,10 @@ off; otherwise triton_decode_int2 runs the splits and the windows in one launch.
 (cdiv(max_query_len, BLOCK_M) * PSPLIT, B, Hkv): with PSPLIT = 1 the output is written directly;
 with PSPLIT > 1 program (tile * PSPLIT + k) takes split k of the tile's pure INT2 range (the last
 split also the window tiles and the chunk's own rows) and writes a partial for merge_kernel.
+PART splits a prefill over two launches with their own compiles: PART = 1 programs walk only (split
+k of) the pure INT2 range, without the window and chunk loops in the binary (158 instead of 224
+registers at D 128, rows 64, 4 warps: 3 programs per SM instead of 2); PART = 2 programs take
+everything else. Both write partials, at slot SLOT0 + k of their row, for one merge.
 
 Softmax runs in base 2 (logits * softmax_scale * log2 e). Accumulators are fp32.
 """
@@ -193,7 +197,8 @@ def attention_kernel(
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, NSPLIT: tl.constexpr, DECODE: tl.constexpr, MODE: tl.constexpr,
     WIN_T: tl.constexpr, NEW_T: tl.constexpr, EMU: tl.constexpr,
-    NSINK: tl.constexpr, CHUNK_FROM_CACHE: tl.constexpr, PSPLIT: tl.constexpr = 1,
+    NSINK: tl.constexpr, CHUNK_FROM_CACHE: tl.constexpr, PSPLIT: tl.constexpr = 1, PART: tl.constexpr = 0,
+    SLOT0: tl.constexpr = 0,
 ):
     """See module docstring. Decode writes partials (out: [B, Hq, NSPLIT+2, D] fp32, lse:
     [B, Hq, NSPLIT+2]); prefill writes out[token, head, :] directly (out dtype), or with PSPLIT > 1
@@ -297,6 +302,11 @@ def attention_kernel(
         tile_hi = tl.minimum(tile_lo + per_split, n_int2_tiles)
         run_sink = split == PSPLIT - 1
         run_recent = split == PSPLIT - 1
+    if PART == 1:  # prefill, pure INT2 prefix only (compiled without the window and chunk loops)
+        run_sink = False
+        run_recent = False
+    if PART == 2:  # prefill, everything but the pure INT2 prefix
+        run_int2 = False
 
     if run_int2:
         for i in range(tile_lo, tile_hi):
@@ -393,7 +403,7 @@ def attention_kernel(
                 acc0, acc1, acc2, acc3 = _exact_values(tl.where(use_w, p, 0.0), acc0, acc1, acc2, acc3,
                                                        wv_ptr + wrow, has_copy, Q, MODE, WIN_T, EMU)
 
-    if (not DECODE) and (not CHUNK_FROM_CACHE) and (split == PSPLIT - 1):
+    if (not DECODE) and (not CHUNK_FROM_CACHE) and (PART != 1) and (split == PSPLIT - 1):
         # The chunk's own rows, causally: key j sits at position prefix + j.
         new_hi = tl.minimum(n_new, tile_tok + BLOCK_M)
         for j0 in range(0, new_hi, BLOCK_T):
@@ -420,13 +430,13 @@ def attention_kernel(
     o1 = (acc1 / plane_factor(1, MODE) + zw1[:, None]) * inv_l[:, None]
     o2 = (acc2 / plane_factor(2, MODE) + zw2[:, None]) * inv_l[:, None]
     o3 = (acc3 / plane_factor(3, MODE) + zw3[:, None]) * inv_l[:, None]
-    if DECODE or PSPLIT > 1:  # a partial (normalised output, log2-sum-exp) in slot pid / split of its row
+    if DECODE or PSPLIT > 1 or PART != 0:  # a partial (normalised output, log2-sum-exp) in its row's slot
         if DECODE:
             p_row = b.to(tl.int64)
             slot = pid
         else:
             p_row = (q_start + tok).to(tl.int64)
-            slot = split
+            slot = SLOT0 + split
         o_row = out_ptr + p_row * stride_ot + head * stride_oh + slot * stride_os
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         tl.store(lse_ptr + p_row * stride_lt + head * stride_lh + slot, lse, mask=row_ok)

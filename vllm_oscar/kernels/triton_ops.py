@@ -137,6 +137,16 @@ MERGE_BLOCK_D: int = 32
 PREFETCH_TILES: int = 1
 #: MMA rows per prefill program (query tokens x padded GQA group), AttentionConfig.prefill_rows.
 PREFILL_ROWS: int = 64
+#: Largest prefill tile on a GPU. With Triton 3.6 on the H200, prefill tiles of 64 positions compile to
+#: warpgroup MMAs that read past their shared-memory operand (compute-sanitizer: "Invalid __shared__
+#: read of size 512 bytes" in attention_kernel's tl.dot; illegal-address crashes at SmolLM2 and
+#: Qwen3-8B geometry; docs/notes/kernels.md P2), so oscar_prefill refuses them there.
+PREFILL_MAX_BLOCK_T: int = 32
+#: Automatic prefill split-K (AttentionConfig.prefill_splits None): programs per query tile when the
+#: unsplit launch has fewer programs than the GPU has SMs, else 1. H200, docs/notes/kernels.md P2:
+#: SmolLM2 geometry, 512-token chunk, batch 1 (96 programs): 4 splits 1.56x (4K prefix) and 1.74x
+#: (32K) faster; with >= 256 programs 4 splits were 0.6-1.1x.
+PREFILL_AUTO_SPLITS: int = 4
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -178,8 +188,12 @@ class AttentionConfig:
     runs (True with the general kernel is an error); prefill_rows: MMA rows per prefill program
     (query tokens x the GQA group padded to a power of two; a power of two >= 16); prefill_splits:
     programs per prefill query tile, each taking a share of the pure INT2 prefix (split-K, merged
-    as in decode; 1 = one program walks the whole prefix; more lets a small batch fill the GPU:
-    built and tested, not yet timed, docs/PERFORMANCE.md "Chunked prefill").
+    as in decode; 1 = one program walks the whole prefix; more lets a small batch fill the GPU.
+    None = PREFILL_AUTO_SPLITS when the unsplit launch has fewer programs than the GPU has SMs, 1
+    otherwise; docs/notes/kernels.md P2); prefill_int2_apart: the pure INT2 prefix runs in its own
+    launch and compile (no window or chunk loops: fewer registers, more programs per SM), the windows
+    and the chunk in a second, merged; None = on unless oscar_prefill's max_seq_len shows that no
+    request has a pure INT2 range.
     """
 
     block_t: Optional[int] = None
@@ -199,7 +213,8 @@ class AttentionConfig:
     windows_first: Optional[bool] = None
     full_tiles: Optional[bool] = None
     prefill_rows: int = PREFILL_ROWS
-    prefill_splits: int = 1
+    prefill_splits: Optional[int] = None
+    prefill_int2_apart: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -600,6 +615,25 @@ def oscar_decode(
     return out
 
 
+def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], sink: int, recent: int) -> bool:
+    """config.prefill_int2_apart, or (None) whether some request may have a pure INT2 range: a query at
+    position t reads INT2 only at positions in [sink, t - recent], so none does when max_seq_len <= sink + recent."""
+    if config.prefill_int2_apart is not None:
+        return config.prefill_int2_apart
+    return max_seq_len is None or max_seq_len > sink + recent
+
+
+def prefill_split_count(config: AttentionConfig, programs: int, device: torch.device) -> int:
+    """Programs per prefill query tile: config.prefill_splits, or (None) PREFILL_AUTO_SPLITS when the
+    unsplit launch has ``programs`` < the device's SMs, 1 otherwise."""
+    if config.prefill_splits is None:
+        return PREFILL_AUTO_SPLITS if programs < _device_sms(device) else 1
+    if config.prefill_splits < 1:
+        raise ValueError(f"prefill_splits={config.prefill_splits} must be >= 1 (1 = no split of the prefix) "
+                         "or None (automatic).")
+    return config.prefill_splits
+
+
 def oscar_prefill(
     query_rot: torch.Tensor,
     key_rot: torch.Tensor,
@@ -619,10 +653,13 @@ def oscar_prefill(
     max_query_len: Optional[int] = None,
     config: AttentionConfig = DEFAULT_PREFILL,
     chunk_from_cache: bool = False,
+    max_seq_len: Optional[int] = None,
 ) -> torch.Tensor:
     """Varlen chunked prefill over a cached prefix; arguments as torch_ops.oscar_prefill.
 
-    max_query_len: Python int >= every chunk length (default: T, always safe).
+    max_query_len: Python int >= every chunk length (default: T, always safe). max_seq_len: Python int
+    >= every seq_len, or None (unknown); with the default config, a step whose max_seq_len leaves no
+    pure INT2 range (<= sink + recent) runs as one launch, any other as two (config.prefill_int2_apart).
     Rows of query_rot that belong to no request are left untouched in ``out``.
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
@@ -643,19 +680,23 @@ def oscar_prefill(
     max_query_len = t if max_query_len is None else max_query_len
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
+    if meta["BLOCK_T"] > PREFILL_MAX_BLOCK_T and not meta["EMU"]:
+        raise ValueError(f"prefill block_t={meta['BLOCK_T']} is not supported on a GPU: Triton 3.6 miscompiles "
+                         f"prefill tiles above {PREFILL_MAX_BLOCK_T} positions (shared-memory over-read); use "
+                         f"block_t <= {PREFILL_MAX_BLOCK_T} (the default prefill config uses 32).")
     rows = _tile_size("prefill_rows", config.prefill_rows, PREFILL_ROWS)
-    if config.prefill_splits < 1:
-        raise ValueError(f"prefill_splits={config.prefill_splits} must be >= 1 (1 = no split of the prefix).")
     block_m = max(1, rows // meta["GP"])
-    psplit = config.prefill_splits
-    grid = (triton.cdiv(max_query_len, block_m) * psplit, batch, hkv)
-    if psplit > 1:  # partials per (row, head, split), merged below; rows of no request keep lse -inf
-        part = torch.empty(t, hq, psplit, d, dtype=torch.float32, device=query_rot.device)
-        lse = torch.full((t, hq, psplit), float("-inf"), dtype=torch.float32, device=query_rot.device)
+    tiles = triton.cdiv(max_query_len, block_m)
+    psplit = prefill_split_count(config, tiles * batch * hkv, query_rot.device)
+    apart = _prefill_int2_apart(config, max_seq_len, sink, recent)
+    slots = psplit + 1 if apart else psplit
+    if slots > 1:  # partials per (row, head, slot), merged below; rows of no request keep lse -inf
+        part = torch.empty(t, hq, slots, d, dtype=torch.float32, device=query_rot.device)
+        lse = torch.full((t, hq, slots), float("-inf"), dtype=torch.float32, device=query_rot.device)
         target = (part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1))
     else:
         target = (out, out.stride(0), out.stride(1), 0, out, 0, 0)
-    attention_kernel[grid](
+    arguments = (
         query_rot, query_rot.stride(0), query_rot.stride(1),
         new_k, new_v, new_k.stride(0), new_k.stride(1),
         int2_cache, int2_cache.stride(0), int2_cache.stride(1),
@@ -664,13 +705,18 @@ def oscar_prefill(
         seq_lens, query_start_loc,
         *target,
         sink, recent, softmax_scale * LOG2E,
-        BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, NSINK=0,
-        NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, PSPLIT=psplit, **meta,
     )
-    if psplit > 1:
+    constants = dict(BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, NSINK=0,
+                     NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, **meta)
+    if apart:  # the pure INT2 prefix in its own compile (slots 0..psplit-1), the rest in slot psplit
+        attention_kernel[(tiles * psplit, batch, hkv)](*arguments, PSPLIT=psplit, PART=1, **constants)
+        attention_kernel[(tiles, batch, hkv)](*arguments, PSPLIT=1, PART=2, SLOT0=psplit, **constants)
+    else:
+        attention_kernel[(tiles * psplit, batch, hkv)](*arguments, PSPLIT=psplit, **constants)
+    if slots > 1:
         _merge_partials(part, lse, out, config, meta["EMU"])
     return out
 
 
 __all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_split_count", "decode_splits", "resolved_block_t",
-           "oscar_decode", "oscar_prefill", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
+           "oscar_decode", "oscar_prefill", "prefill_split_count", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
