@@ -329,14 +329,14 @@ def test_triton_decode_float32_query() -> None:
     run_decode([60, 21], 4, 2, 64, 64, 16, 4, 12, 0, 16, 2, seed=9, qdtype=torch.float32)
 
 
-@pytest.mark.parametrize("prefill_rows,prefill_splits,apart", [(16, 1, None), (64, 1, None), (128, 1, None), (64, 3, None),
-                                                              (16, 2, False), (64, None, None), (64, 1, False)])
+@pytest.mark.parametrize("prefill_rows,prefill_splits,apart", [(16, 1, True), (64, 1, True), (128, 1, True), (64, 3, True),
+                                                              (16, 2, None), (64, None, True), (64, 1, None)])
 def test_triton_prefill_matches_reference(prefill_rows, prefill_splits, apart) -> None:
     """Ragged chunks over cached prefixes (and none), against the float64 reference; with 16, the
     default 64 and 128 MMA rows per program (4, 16 and 32 query tokens of the padded group of 4), and
     the prefix split over 2-3 programs per query tile (merged), or the automatic count (None: 4 here,
-    a launch far smaller than 132 SMs); the pure INT2 prefix in its own launch (the default here: no
-    max_seq_len given) or in the one launch (apart False: split or not). Rows past the last request's
+    a launch far smaller than 132 SMs); the pure INT2 prefix in its own launch (apart True) or in the one
+    launch (the default here, with no max_seq_len given: split or not). Rows past the last request's
     chunk belong to no request and must stay as they were (NaN here)."""
     gen = torch.Generator().manual_seed(21)
     hq, hkv, dim, bs, sink, recent = 6, 2, 64, 16, 6, 9
@@ -385,6 +385,25 @@ def test_prefill_split_count_splits_only_launches_smaller_than_the_gpu() -> None
     assert triton_ops.prefill_split_count(auto, 96, cpu) == triton_ops.PREFILL_AUTO_SPLITS
     assert triton_ops.prefill_split_count(auto, 132, cpu) == 1
     assert triton_ops.prefill_split_count(triton_ops.AttentionConfig(prefill_splits=3), 1000, cpu) == 3
+
+
+def test_prefill_int2_apart_only_for_long_prefixes_that_overflow_a_wave() -> None:
+    """The automatic rule: a known max_seq_len whose implied prefix is >= PREFILL_APART_PREFIX_RATIO x
+    (sink + recent + chunk), and more programs than one wave of the one-launch kernel (3 per SM here)."""
+    cpu, auto = torch.device("cpu"), triton_ops.AttentionConfig()
+    ratio = triton_ops.PREFILL_APART_PREFIX_RATIO
+    long_prefix = 512 + ratio * (64 + 256 + 512)
+    wave = 3 * 132
+
+    def apart(config, max_seq_len, programs):
+        return triton_ops._prefill_int2_apart(config, max_seq_len, 512, 64, 256, programs, lambda: 3, cpu)
+
+    assert apart(auto, long_prefix, wave + 1)
+    assert not apart(auto, long_prefix, wave)  # fits one wave: nothing to gain
+    assert not apart(auto, long_prefix - 1, wave + 1)  # the windows and the chunk weigh too much
+    assert not apart(auto, None, wave + 1)  # unknown lengths: one launch
+    assert not apart(triton_ops.AttentionConfig(prefill_int2_apart=False), long_prefix, wave + 1)
+    assert apart(triton_ops.AttentionConfig(prefill_int2_apart=True), None, 1)
 
 
 def test_triton_prefill_refuses_gpu_tiles_that_triton_miscompiles(monkeypatch) -> None:

@@ -4,6 +4,8 @@ the torch reference on the benchmark's own inputs)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -31,17 +33,18 @@ def test_prefill_table_reports_errors_as_err() -> None:
     assert lines[3].split() == ["smollm2-135m", "0", "2048", "4", "err", "err", "0.1000", "9.0", "err"]
 
 
-@pytest.mark.parametrize("chunk_from_cache", [True, False])
-def test_the_timed_prefill_step_matches_the_torch_reference(chunk_from_cache) -> None:
+@pytest.mark.parametrize("chunk_from_cache,apart", [(True, None), (False, None), (True, True)])
+def test_the_timed_prefill_step_matches_the_torch_reference(chunk_from_cache, apart) -> None:
     """The benchmark's case (pages over prefix + chunk, one chunk per request; served: windows of all
     positions, the chunk read back from the caches; else windows of the cached prefix and the new rows)
-    run through the Triton prefill equals the torch reference: without a pure INT2 range (prefix 0, 40;
-    one launch) and with one (prefix 400: the INT2 prefix in its own launch, merged)."""
+    run through the Triton prefill equals the torch reference: without a pure INT2 range (prefix 0, 40)
+    and with one (prefix 400), in one launch (the rule, at these sizes) or with the INT2 prefix apart."""
+    config = dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_int2_apart=apart)
     for prefix in (0, 40, 400):
         gen = torch.Generator().manual_seed(11 + prefix)
         case = make_prefill_case(2, prefix, 16, 4, 2, 64, 16, torch.device("cpu"), gen, chunk_from_cache)
         got = prefill_call(triton_ops.oscar_prefill, case, torch.full_like(case.query, float("nan")),
-                           max_query_len=case.chunk, max_seq_len=prefix + case.chunk)()
+                           max_query_len=case.chunk, max_seq_len=prefix + case.chunk, config=config)()
         want = prefill_call(torch_ops.oscar_prefill, case, torch.empty_like(case.query))()
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)  # about 1 bf16 ulp

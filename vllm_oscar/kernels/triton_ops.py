@@ -142,6 +142,11 @@ PREFILL_ROWS: int = 64
 #: read of size 512 bytes" in attention_kernel's tl.dot; illegal-address crashes at SmolLM2 and
 #: Qwen3-8B geometry; docs/notes/kernels.md P2), so oscar_prefill refuses them there.
 PREFILL_MAX_BLOCK_T: int = 32
+#: Automatic prefill_int2_apart: the pure INT2 prefix gets its own launch when the prefix is at least this
+#: many times the windows plus the chunk (and the one-launch grid overflows a wave). H200, served read,
+#: docs/notes/kernels.md P2: Qwen3-8B 32K prefix 1.16-1.26x faster apart (ratios 13-39), 4K prefix
+#: 0.90-1.05x (ratios 0.9-4.3).
+PREFILL_APART_PREFIX_RATIO: int = 8
 #: Automatic prefill split-K (AttentionConfig.prefill_splits None): programs per query tile when the
 #: unsplit launch has fewer programs than the GPU has SMs, else 1. H200, docs/notes/kernels.md P2:
 #: SmolLM2 geometry, 512-token chunk, batch 1 (96 programs): 4 splits 1.56x (4K prefix) and 1.74x
@@ -192,8 +197,9 @@ class AttentionConfig:
     None = PREFILL_AUTO_SPLITS when the unsplit launch has fewer programs than the GPU has SMs, 1
     otherwise; docs/notes/kernels.md P2); prefill_int2_apart: the pure INT2 prefix runs in its own
     launch and compile (no window or chunk loops: fewer registers, more programs per SM), the windows
-    and the chunk in a second, merged; None = on unless oscar_prefill's max_seq_len shows that no
-    request has a pure INT2 range.
+    and the chunk in a second, merged; None = apart when oscar_prefill's max_seq_len implies a prefix of
+    at least PREFILL_APART_PREFIX_RATIO x (sink + recent + chunk) and the one-launch grid overflows one
+    wave (docs/notes/kernels.md P2).
     """
 
     block_t: Optional[int] = None
@@ -376,34 +382,34 @@ def resident_programs(registers: int, num_warps: int, shared_bytes: int, limits:
     return max(1, min(by_registers, by_threads, by_shared, SM_MAX_PROGRAMS))
 
 
-#: Programs per SM of each compiled int2_split_kernel specialisation, keyed by device, constexprs
-#: and argument dtypes (filled on first use by _split_programs_per_sm).
-_SPLIT_RESIDENCY: dict[tuple, int] = {}
+#: Programs per SM of each compiled kernel specialisation, keyed by kernel, device, constexprs and
+#: argument dtypes (filled on first use by _programs_per_sm).
+_RESIDENCY: dict[tuple, int] = {}
 
 
-def _split_programs_per_sm(make_args: Callable[[], list], consts: dict, dtypes: tuple,
-                           device: torch.device) -> int:
-    """Programs of int2_split_kernel (these constexprs and tensor dtypes) one SM holds at once.
+def _programs_per_sm(kernel, make_args: Callable[[], list], consts: dict, dtypes: tuple,
+                     device: torch.device) -> int:
+    """Programs of ``kernel`` (these constexprs and tensor dtypes) one SM holds at once.
 
-    On first use per key, compiles the kernel with make_args() (no launch, so safe inside a
-    CUDA-graph capture) and reads its registers. PROGRAMS_PER_SM under the interpreter or where
+    On first use per key, compiles the kernel with make_args() and consts (no launch, so safe inside
+    a CUDA-graph capture) and reads its registers. PROGRAMS_PER_SM under the interpreter or where
     this Triton does not expose the compiled kernel's registers (logged once per key)."""
     if _interpreting() or device.type != "cuda":
         return PROGRAMS_PER_SM
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, tuple(sorted((k, repr(v)) for k, v in consts.items())), dtypes)
-    if key not in _SPLIT_RESIDENCY:
-        compiled = int2_split_kernel.warmup(*make_args(), grid=(1, 1, 1), NSPLIT=1, **consts)
+    key = (kernel.__name__, index, tuple(sorted((k, repr(v)) for k, v in consts.items())), dtypes)
+    if key not in _RESIDENCY:
+        compiled = kernel.warmup(*make_args(), grid=(1, 1, 1), **consts)
         try:
             compiled._init_handles()  # loads the binary: n_regs comes from the driver
             per_sm = resident_programs(compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared,
                                        sm_limits(index))
         except AttributeError as error:  # a Triton without these internals
             per_sm = PROGRAMS_PER_SM
-            logger.warning("oscar decode: cannot read the split kernel's registers (%s); sizing the split count "
-                           "for %d programs per SM, which may cost speed (not accuracy).", error, per_sm)
-        _SPLIT_RESIDENCY[key] = per_sm
-    return _SPLIT_RESIDENCY[key]
+            logger.warning("oscar: cannot read the registers of %s (%s); sizing its launch for %d programs per "
+                           "SM, which may cost speed (not accuracy).", kernel.__name__, error, per_sm)
+        _RESIDENCY[key] = per_sm
+    return _RESIDENCY[key]
 
 
 def _tile_size(name: str, value: Optional[int], default: int, divides: Optional[int] = None) -> int:
@@ -539,7 +545,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                     return split_args(probe, probe[..., 0])
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
-                per_sm = _split_programs_per_sm(probe_args, split_consts, dtypes, device)
+                per_sm = _programs_per_sm(int2_split_kernel, probe_args, {**split_consts, "NSPLIT": 1}, dtypes, device)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
     return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, split_args)
@@ -615,12 +621,17 @@ def oscar_decode(
     return out
 
 
-def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], sink: int, recent: int) -> bool:
-    """config.prefill_int2_apart, or (None) whether some request may have a pure INT2 range: a query at
-    position t reads INT2 only at positions in [sink, t - recent], so none does when max_seq_len <= sink + recent."""
+def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], max_query_len: int, sink: int,
+                        recent: int, programs: int, one_launch_per_sm: Callable[[], int], device: torch.device) -> bool:
+    """config.prefill_int2_apart, or (None) whether the pure INT2 prefix should run in its own launch:
+    when max_seq_len is known, the prefix it implies (max_seq_len - max_query_len) is at least
+    PREFILL_APART_PREFIX_RATIO x the windows plus the chunk, and the one-launch grid (``programs``)
+    overflows one wave of that launch's compiled kernel (one_launch_per_sm() programs per SM)."""
     if config.prefill_int2_apart is not None:
         return config.prefill_int2_apart
-    return max_seq_len is None or max_seq_len > sink + recent
+    if max_seq_len is None or max_seq_len - max_query_len < PREFILL_APART_PREFIX_RATIO * (sink + recent + max_query_len):
+        return False
+    return programs > one_launch_per_sm() * _device_sms(device)
 
 
 def prefill_split_count(config: AttentionConfig, programs: int, device: torch.device) -> int:
@@ -658,8 +669,8 @@ def oscar_prefill(
     """Varlen chunked prefill over a cached prefix; arguments as torch_ops.oscar_prefill.
 
     max_query_len: Python int >= every chunk length (default: T, always safe). max_seq_len: Python int
-    >= every seq_len, or None (unknown); with the default config, a step whose max_seq_len leaves no
-    pure INT2 range (<= sink + recent) runs as one launch, any other as two (config.prefill_int2_apart).
+    >= every seq_len, or None (unknown: one launch); it lets the default config run a long pure INT2
+    prefix in its own launch (config.prefill_int2_apart).
     Rows of query_rot that belong to no request are left untouched in ``out``.
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
@@ -687,27 +698,36 @@ def oscar_prefill(
     rows = _tile_size("prefill_rows", config.prefill_rows, PREFILL_ROWS)
     block_m = max(1, rows // meta["GP"])
     tiles = triton.cdiv(max_query_len, block_m)
-    psplit = prefill_split_count(config, tiles * batch * hkv, query_rot.device)
-    apart = _prefill_int2_apart(config, max_seq_len, sink, recent)
-    slots = psplit + 1 if apart else psplit
-    if slots > 1:  # partials per (row, head, slot), merged below; rows of no request keep lse -inf
-        part = torch.empty(t, hq, slots, d, dtype=torch.float32, device=query_rot.device)
-        lse = torch.full((t, hq, slots), float("-inf"), dtype=torch.float32, device=query_rot.device)
-        target = (part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1))
-    else:
-        target = (out, out.stride(0), out.stride(1), 0, out, 0, 0)
-    arguments = (
-        query_rot, query_rot.stride(0), query_rot.stride(1),
-        new_k, new_v, new_k.stride(0), new_k.stride(1),
-        int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-        window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
-        block_table, window_block_table, block_table.stride(0),
-        seq_lens, query_start_loc,
-        *target,
-        sink, recent, softmax_scale * LOG2E,
-    )
+    device = query_rot.device
+    programs = tiles * batch * hkv
+    psplit = prefill_split_count(config, programs, device)
     constants = dict(BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, NSINK=0,
                      NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, **meta)
+
+    def arguments_into(target: tuple) -> tuple:
+        """The runtime arguments of attention_kernel writing into ``target`` (out or partials, 7 values)."""
+        return (query_rot, query_rot.stride(0), query_rot.stride(1),
+                new_k, new_v, new_k.stride(0), new_k.stride(1),
+                int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+                window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+                block_table, window_block_table, block_table.stride(0),
+                seq_lens, query_start_loc, *target, sink, recent, softmax_scale * LOG2E)
+
+    def one_launch_per_sm() -> int:
+        probe = (out, out.stride(0), out.stride(1), 0, out, 0, 0)
+        dtypes = (query_rot.dtype, new_k.dtype, int2_cache.dtype, window_k.dtype, out.dtype)
+        return _programs_per_sm(attention_kernel, lambda: arguments_into(probe), {**constants, "PSPLIT": 1},
+                                dtypes, device)
+
+    apart = _prefill_int2_apart(config, max_seq_len, max_query_len, sink, recent, programs, one_launch_per_sm, device)
+    slots = psplit + 1 if apart else psplit
+    if slots > 1:  # partials per (row, head, slot), merged below; rows of no request keep lse -inf
+        part = torch.empty(t, hq, slots, d, dtype=torch.float32, device=device)
+        lse = torch.full((t, hq, slots), float("-inf"), dtype=torch.float32, device=device)
+        arguments = arguments_into((part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0),
+                                    lse.stride(1)))
+    else:
+        arguments = arguments_into((out, out.stride(0), out.stride(1), 0, out, 0, 0))
     if apart:  # the pure INT2 prefix in its own compile (slots 0..psplit-1), the rest in slot psplit
         attention_kernel[(tiles * psplit, batch, hkv)](*arguments, PSPLIT=psplit, PART=1, **constants)
         attention_kernel[(tiles, batch, hkv)](*arguments, PSPLIT=1, PART=2, SLOT0=psplit, **constants)
