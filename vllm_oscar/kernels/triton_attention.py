@@ -276,6 +276,7 @@ def attention_kernel(
     # Ranges. Positions s < prefix are cached. sink_end = min(sink, prefix).
     sink_end = tl.minimum(sink, prefix)
     t_min = tl.min(tl.where(row_ok, position, 2147483647), axis=0)
+    seen_end = tl.max(tl.where(row_ok, position, -1), axis=0) + 1  # no row sees a cached position >= this
     # pure INT2 for every row: s <= t_min - recent and s >= sink
     int2_end = tl.maximum(sink_end, tl.minimum(prefix, t_min - recent + 1))
     if DECODE:
@@ -348,15 +349,16 @@ def attention_kernel(
                 p, acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3,
                 v_codes, vs, vz, ok, NG, MODE, EMU)
 
-    # Mixed tiles: [0, sink_end) and [int2_end, prefix) (decode: int2_end..length).
+    # Mixed tiles: [0, sink_end) and [int2_end, prefix) (decode: int2_end..length), causally cut at
+    # seen_end (prefill reading its chunk from the cache: tiles above every row's diagonal are skipped).
     for part in tl.static_range(2):
         if part == 0:
             lo = 0
-            hi = sink_end
+            hi = tl.minimum(sink_end, seen_end)
             active = run_sink
         else:
             lo = int2_end
-            hi = prefix
+            hi = tl.minimum(prefix, seen_end)
             active = run_recent
         if active:
             first = (lo // BLOCK_T) * BLOCK_T
