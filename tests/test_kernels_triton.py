@@ -334,9 +334,9 @@ def test_triton_decode_float32_query() -> None:
 def test_triton_prefill_matches_reference(prefill_rows, prefill_splits, apart) -> None:
     """Ragged chunks over cached prefixes (and none), against the float64 reference; with 16, the
     default 64 and 128 MMA rows per program (4, 16 and 32 query tokens of the padded group of 4), and
-    the prefix split over 2-3 programs per query tile (merged), or the automatic count (None: 4 here,
-    a launch far smaller than 132 SMs); the pure INT2 prefix in its own launch (apart True) or in the one
-    launch (the default here, with no max_seq_len given: split or not). Rows past the last request's
+    the prefix split over 2-3 programs per query tile (merged), or the automatic count (None: 4 here, a
+    prefix longer than the windows in a launch far smaller than 132 SMs); the pure INT2 prefix in its
+    own launch (apart True) or in the one launch (the rule's choice here: split or not). Rows past the last request's
     chunk belong to no request and must stay as they were (NaN here)."""
     gen = torch.Generator().manual_seed(21)
     hq, hkv, dim, bs, sink, recent = 6, 2, 64, 16, 6, 9
@@ -357,7 +357,7 @@ def test_triton_prefill_matches_reference(prefill_rows, prefill_splits, apart) -
     got = triton_ops.oscar_prefill(query, key, value, state.cache, state.window_k, state.window_v, layout,
                                    state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
                                    state.seq_lens, sink, recent, 0.2, out=out, max_query_len=max(chunks),
-                                   config=config)
+                                   config=config, max_seq_len=max(lens))
     expected = ref_prefill(state, query[:total].double(), key[:total].double(), value[:total].double(), qsl, sink,
                            recent, 0.2)
     for row in range(total):
@@ -379,12 +379,13 @@ def test_triton_prefill_rejects_bad_rows_or_splits() -> None:
                                      config=config)
 
 
-def test_prefill_split_count_splits_only_launches_smaller_than_the_gpu() -> None:
+def test_prefill_split_count_splits_only_long_prefixes_in_launches_smaller_than_the_gpu() -> None:
     cpu = torch.device("cpu")  # sized as a 132-SM GPU
     auto = triton_ops.AttentionConfig()
-    assert triton_ops.prefill_split_count(auto, 96, cpu) == triton_ops.PREFILL_AUTO_SPLITS
-    assert triton_ops.prefill_split_count(auto, 132, cpu) == 1
-    assert triton_ops.prefill_split_count(triton_ops.AttentionConfig(prefill_splits=3), 1000, cpu) == 3
+    assert triton_ops.prefill_split_count(auto, 96, cpu, True) == triton_ops.PREFILL_AUTO_SPLITS
+    assert triton_ops.prefill_split_count(auto, 96, cpu, False) == 1
+    assert triton_ops.prefill_split_count(auto, 132, cpu, True) == 1
+    assert triton_ops.prefill_split_count(triton_ops.AttentionConfig(prefill_splits=3), 1000, cpu, False) == 3
 
 
 def test_prefill_int2_apart_only_for_long_prefixes_that_overflow_a_wave() -> None:

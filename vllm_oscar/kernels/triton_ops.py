@@ -148,9 +148,10 @@ PREFILL_MAX_BLOCK_T: int = 32
 #: 0.90-1.05x (ratios 0.9-4.3).
 PREFILL_APART_PREFIX_RATIO: int = 8
 #: Automatic prefill split-K (AttentionConfig.prefill_splits None): programs per query tile when the
-#: unsplit launch has fewer programs than the GPU has SMs, else 1. H200, docs/notes/kernels.md P2:
-#: SmolLM2 geometry, 512-token chunk, batch 1 (96 programs): 4 splits 1.56x (4K prefix) and 1.74x
-#: (32K) faster; with >= 256 programs 4 splits were 0.6-1.1x.
+#: cached prefix is longer than the windows and the unsplit launch has fewer programs than the GPU has
+#: SMs, else 1. H200, docs/notes/kernels.md P2: SmolLM2 geometry, 512-token chunk, batch 1 (96
+#: programs): 4 splits 1.56x (4K prefix) and 1.74x (32K) faster; with >= 256 programs 4 splits were
+#: 0.6-1.1x; with no cached prefix 0.63x (nothing to split).
 PREFILL_AUTO_SPLITS: int = 4
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
@@ -194,8 +195,9 @@ class AttentionConfig:
     (query tokens x the GQA group padded to a power of two; a power of two >= 16); prefill_splits:
     programs per prefill query tile, each taking a share of the pure INT2 prefix (split-K, merged
     as in decode; 1 = one program walks the whole prefix; more lets a small batch fill the GPU.
-    None = PREFILL_AUTO_SPLITS when the unsplit launch has fewer programs than the GPU has SMs, 1
-    otherwise; docs/notes/kernels.md P2); prefill_int2_apart: the pure INT2 prefix runs in its own
+    None = PREFILL_AUTO_SPLITS when oscar_prefill's max_seq_len implies a cached prefix longer than the
+    windows and the unsplit launch has fewer programs than the GPU has SMs, 1 otherwise;
+    docs/notes/kernels.md P2); prefill_int2_apart: the pure INT2 prefix runs in its own
     launch and compile (no window or chunk loops: fewer registers, more programs per SM), the windows
     and the chunk in a second, merged; None = apart when oscar_prefill's max_seq_len implies a prefix of
     at least PREFILL_APART_PREFIX_RATIO x (sink + recent + chunk) and the one-launch grid overflows one
@@ -634,11 +636,12 @@ def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], max
     return programs > one_launch_per_sm() * _device_sms(device)
 
 
-def prefill_split_count(config: AttentionConfig, programs: int, device: torch.device) -> int:
+def prefill_split_count(config: AttentionConfig, programs: int, device: torch.device, long_prefix: bool) -> int:
     """Programs per prefill query tile: config.prefill_splits, or (None) PREFILL_AUTO_SPLITS when the
-    unsplit launch has ``programs`` < the device's SMs, 1 otherwise."""
+    cached prefix holds a pure INT2 range (long_prefix) and the unsplit launch has ``programs`` < the
+    device's SMs, 1 otherwise."""
     if config.prefill_splits is None:
-        return PREFILL_AUTO_SPLITS if programs < _device_sms(device) else 1
+        return PREFILL_AUTO_SPLITS if long_prefix and programs < _device_sms(device) else 1
     if config.prefill_splits < 1:
         raise ValueError(f"prefill_splits={config.prefill_splits} must be >= 1 (1 = no split of the prefix) "
                          "or None (automatic).")
@@ -700,7 +703,10 @@ def oscar_prefill(
     tiles = triton.cdiv(max_query_len, block_m)
     device = query_rot.device
     programs = tiles * batch * hkv
-    psplit = prefill_split_count(config, programs, device)
+    # a query at position t reads INT2 only at [sink, t - recent]: a cached prefix longer than the
+    # windows is what the splits and the INT2 launch work on (unknown lengths: assume none)
+    long_prefix = max_seq_len is not None and max_seq_len - max_query_len > sink + recent
+    psplit = prefill_split_count(config, programs, device, long_prefix)
     constants = dict(BLOCK_M=block_m, M=max(16, block_m * meta["GP"]), NSPLIT=1, DECODE=False, NSINK=0,
                      NEW_T=TL_DTYPES[new_k.dtype], CHUNK_FROM_CACHE=chunk_from_cache, **meta)
 
