@@ -150,21 +150,26 @@ def _ptx_pair_bytes(h, ASM: tl.constexpr):
 @triton.jit
 def unpack_pair_plane(h, P: tl.constexpr, MODE: tl.constexpr):
     """int16 [T, C] byte pairs -> two bf16 [T, C]: BIAS + F_P * (code of plane P) of the low
-    (even channel) and the high (odd channel) byte of each pair."""
-    if MODE == 1:
+    (even channel) and the high (odd channel) byte of each pair.
+
+    PTX: a 32-bit register holds two pairs; the even bytes (0 and 2) sit where a bf16x2's two low
+    bytes are, so one lop3 (mask the plane, or in the exponent 0x43 of both halves) makes the even
+    operand, and the odd bytes take the same after one shift by 8 (shared by the four planes).
+    Plane 3 is shifted down by 2 first (its bit 7 would land in the exponent)."""
+    if MODE == 1:  # lop3 0xEA: (a & b) | c
         if P == 0:
-            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x03030303; "
-                                      "prmt.b32 $0, t, e, 0x5240; prmt.b32 $1, t, e, 0x5341; }")
+            return _ptx_pair_bytes(h, "{ .reg .b32 o, x; mov.b32 x, 0x43004300; shr.b32 o, $2, 8; "
+                                      "lop3.b32 $0, $2, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; }")
         elif P == 1:
-            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x0C0C0C0C; "
-                                      "prmt.b32 $0, t, e, 0x5240; prmt.b32 $1, t, e, 0x5341; }")
+            return _ptx_pair_bytes(h, "{ .reg .b32 o, x; mov.b32 x, 0x43004300; shr.b32 o, $2, 8; "
+                                      "lop3.b32 $0, $2, 0x000C000C, x, 0xEA; lop3.b32 $1, o, 0x000C000C, x, 0xEA; }")
         elif P == 2:
-            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; and.b32 t, $2, 0x30303030; "
-                                      "prmt.b32 $0, t, e, 0x5240; prmt.b32 $1, t, e, 0x5341; }")
+            return _ptx_pair_bytes(h, "{ .reg .b32 o, x; mov.b32 x, 0x43004300; shr.b32 o, $2, 8; "
+                                      "lop3.b32 $0, $2, 0x00300030, x, 0xEA; lop3.b32 $1, o, 0x00300030, x, 0xEA; }")
         else:
-            return _ptx_pair_bytes(h, "{ .reg .b32 t, e; mov.b32 e, 0x43434343; shr.b32 t, $2, 2; "
-                                      "and.b32 t, t, 0x30303030; prmt.b32 $0, t, e, 0x5240; "
-                                      "prmt.b32 $1, t, e, 0x5341; }")
+            return _ptx_pair_bytes(h, "{ .reg .b32 e, o, x; mov.b32 x, 0x43004300; shr.b32 e, $2, 2; "
+                                      "shr.b32 o, $2, 10; lop3.b32 $0, e, 0x00300030, x, 0xEA; "
+                                      "lop3.b32 $1, o, 0x00300030, x, 0xEA; }")
     else:
         lo = ((h >> (2 * P)) & 3) | 0x4300
         hi = ((h >> (8 + 2 * P)) & 3) | 0x4300
