@@ -440,6 +440,28 @@ def test_triton_prefill_chunk_from_cache_matches_decoding_token_by_token(prefill
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
 
 
+@pytest.mark.parametrize("recent", [15, 7])
+def test_triton_prefill_window_tiles_read_bf16_only_inside_every_rows_window(recent) -> None:
+    """A window tile is read from its BF16 copies alone only when every position lies inside the window
+    of every row of the query tile. Query tiles of 8 tokens (16 rows of a group of 2) and 16-position
+    tiles: the tile [16, 32) starts exactly at t_max - recent of the query tile ending at 31 (recent 15)
+    or 23 (recent 7), where the last row must still read position 16 as INT2."""
+    gen = torch.Generator().manual_seed(29 + recent)
+    hq, hkv, dim, bs, sink = 2, 1, 64, 16, 5
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    state = random_paged_state([40], hkv, layout, sink, recent, gen, drop_window_blocks=0)
+    qsl = [0, 40]
+    query = torch.randn(40, hq, dim, generator=gen).to(torch.bfloat16)
+    got = triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
+                                   state.block_table, state.window_block_table, torch.tensor(qsl, dtype=torch.int32),
+                                   state.seq_lens, sink, recent, 0.2, max_query_len=40,
+                                   config=triton_ops.AttentionConfig(block_t=16, prefill_rows=16),
+                                   chunk_from_cache=True)
+    expected = ref_prefill_from_cache(state, query.double(), qsl, sink, recent, 0.2)
+    for row in range(40):
+        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
+
+
 def test_triton_path_rejects_what_it_cannot_run() -> None:
     layout = PageLayout(32, 32, 16)
     cache = layout.allocate(2, 1)
