@@ -375,10 +375,6 @@ def attention_kernel(
                 has_copy = ok & (wblk >= 0)
                 window = (s[None, :] < sink) | (s[None, :] > position[:, None] - recent)
                 use_w = has_copy[None, :] & window  # [M, BT]
-                # every position of the tile has a copy inside every row's window (the rows' last
-                # position seen_end - 1 is the strictest): BF16 only, no INT2 load or choice
-                every_w = ok & ~(has_copy & ((s < sink) | (s >= seen_end - recent)))
-                all_w = tl.max(every_w.to(tl.int32), axis=0) == 0
                 base = head_base + blk * stride_cb
                 slot = s % BS
                 k_codes = base[:, None] + K_CODES + slot[:, None] * Q + cols[None, :]
@@ -388,11 +384,10 @@ def attention_kernel(
                 vs = (base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot * PARAM
                 vz = (base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot * PARAM
                 wrow = (tl.where(has_copy, wblk, 0).to(tl.int64) * stride_w0 + slot * stride_w1 + h * stride_w2)
-                logits = _exact_logits(q_win, wk_ptr + wrow, has_copy, EMU)
-                if not all_w:
-                    logit_i = _int2_logits(q0, q1, q2, q3, qo0, qo1, qo2, qo3,
-                                           k_codes, ks, kz, ok, NG, MODE, EMU)
-                    logits = tl.where(use_w, logits, logit_i)
+                logit_i = _int2_logits(q0, q1, q2, q3, qo0, qo1, qo2, qo3,
+                                       k_codes, ks, kz, ok, NG, MODE, EMU)
+                logit_w = _exact_logits(q_win, wk_ptr + wrow, has_copy, EMU)
+                logits = tl.where(use_w, logit_w, logit_i)
                 visible = ok[None, :] & (s[None, :] <= position[:, None])  # causal (chunk from cache)
                 logits = tl.where(visible, logits * qk_scale, float("-inf"))
                 p, alpha, m_i, l_i = _softmax_step(logits, m_i, l_i)
@@ -404,15 +399,11 @@ def attention_kernel(
                 zw1 *= alpha
                 zw2 *= alpha
                 zw3 *= alpha
-                if all_w:
-                    acc0, acc1, acc2, acc3 = _exact_values(p, acc0, acc1, acc2, acc3, wv_ptr + wrow, has_copy, Q, MODE,
-                                                           WIN_T, EMU)
-                else:
-                    acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3 = _int2_values(
-                        tl.where(use_w, 0.0, p), acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3,
-                        v_codes, vs, vz, ok, NG, MODE, EMU)
-                    acc0, acc1, acc2, acc3 = _exact_values(tl.where(use_w, p, 0.0), acc0, acc1, acc2, acc3,
-                                                           wv_ptr + wrow, has_copy, Q, MODE, WIN_T, EMU)
+                acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3 = _int2_values(
+                    tl.where(use_w, 0.0, p), acc0, acc1, acc2, acc3, zw0, zw1, zw2, zw3,
+                    v_codes, vs, vz, ok, NG, MODE, EMU)
+                acc0, acc1, acc2, acc3 = _exact_values(tl.where(use_w, p, 0.0), acc0, acc1, acc2, acc3,
+                                                       wv_ptr + wrow, has_copy, Q, MODE, WIN_T, EMU)
 
     if (not DECODE) and (not CHUNK_FROM_CACHE) and (PART != 1) and (split == PSPLIT - 1):
         # The chunk's own rows, causally: key j sits at position prefix + j.
