@@ -141,15 +141,17 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
                    dict(unpack=UNPACK_PTX, prefetch=1), dict(unpack=UNPACK_PTX, block_t=32, prefetch=2),
                    dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                    dict(unpack=UNPACK_PTX, windows_first=True, programs_per_sm=24),
-                   dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, block_t=32, full_tiles=False))
+                   dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, block_t=32, full_tiles=False),
+                   dict(unpack=UNPACK_PTX, merge_pdl=True))
 #: --quick: the default launch config on the cases whose INT2 part runs in the split kernel (G = D),
 #: the L2 prefetch variant, the window-tile / merge-block knobs, window programs first with two waves,
-#: masked tiles instead of the default whole-tile splits (full_tiles=False).
+#: masked tiles instead of the default whole-tile splits (full_tiles=False), the merge launched with
+#: programmatic dependent launch (merge_pdl).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
                   dict(unpack=UNPACK_PTX, windows_first=True, programs_per_sm=24),
-                  dict(unpack=UNPACK_PTX, full_tiles=False))
+                  dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, merge_pdl=True))
 
 
 
@@ -269,7 +271,13 @@ def check_prefill(report: list) -> None:
 
 
 def check_graph(report: list) -> None:
-    """Capture decode once; replay with new lengths/tables/queries; compare with eager calls."""
+    """Capture decode once; replay with new lengths/tables/queries; compare with eager calls (of the
+    default config); with the default config and with the merge launched programmatically dependent."""
+    for merge_pdl in (False, True):
+        _check_graph(report, triton_ops.AttentionConfig(merge_pdl=merge_pdl))
+
+
+def _check_graph(report: list, config) -> None:
     sink, recent, hq, hkv, dim, bs = 64, 256, 32, 8, 128, 16
     max_len = 40000
     gen = torch.Generator().manual_seed(9)
@@ -285,7 +293,7 @@ def check_graph(report: list) -> None:
 
     def step():
         triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                wtable, seq, sink, recent, scale, out=out, max_seq_len=max_len)
+                                wtable, seq, sink, recent, scale, out=out, max_seq_len=max_len, config=config)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -308,8 +316,9 @@ def check_graph(report: list) -> None:
                                         state.block_table, wtable, seq, sink, recent, scale, max_seq_len=max_len)
         worst = max(worst, float((replayed.float() - eager.float()).abs().max()))
     ok = worst == 0.0
-    report.append({"check": "graph", "max_abs_diff_replay_vs_eager": worst, "ok": ok})
-    print(f"graph: 6 replays with changing lengths/tables/queries, max |replay - eager| = {worst:.1e} "
+    report.append({"check": "graph", "merge_pdl": config.merge_pdl, "max_abs_diff_replay_vs_eager": worst, "ok": ok})
+    print(f"graph (merge_pdl={config.merge_pdl}): 6 replays with changing lengths/tables/queries, "
+          f"max |replay - eager| = {worst:.1e} "
           f"{'ok' if ok else 'FAIL'}", flush=True)
 
 

@@ -98,6 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full-tiles", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="tune: 1 = the INT2 splits walk whole tiles, unmasked, 0 = masked tiles "
                              "(AttentionConfig.full_tiles; auto = the default: on wherever the split kernel runs)")
+    parser.add_argument("--merge-pdl", nargs="+", default=["0"], choices=("0", "1"),
+                        help="tune: launch the merge with programmatic dependent launch (AttentionConfig.merge_pdl)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -190,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
                                    programs_per_sm=pps or None, min_tiles_per_split=tiles, int8_keys=_auto(int8, bool),
                                    max_registers=reg or None, prefetch=_auto(pf, int), window_block_t=_auto(wbt, int),
                                    merge_block_d=_auto(mbd, int), windows_first=_auto(wf, bool),
-                                   full_tiles=_auto(ft, bool))
-                   for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft in itertools.product(
+                                   full_tiles=_auto(ft, bool), merge_pdl=bool(int(pdl)))
+                   for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl in itertools.product(
                        args.block_t, args.num_warps, args.num_stages, args.unpack, args.programs_per_sm,
                        args.min_tiles, args.int8_keys, args.max_registers, args.prefetch, args.window_block_t,
-                       args.merge_block_d, args.windows_first, args.full_tiles)]
+                       args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl)]
         for geometry, context, batch in cases:
             for r in benchmark.tune_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
                                          configs):
@@ -205,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
-                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']}: {line}", flush=True)
+                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']}: {line}",
+                      flush=True)
                 rows.append(r)
         report["tune"] = rows
     else:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, scaled_codes
 
@@ -454,12 +455,16 @@ def attention_kernel(
 @triton.jit
 def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                  out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
-                 EMU: tl.constexpr, BLOCK_D: tl.constexpr = None):
+                 EMU: tl.constexpr, BLOCK_D: tl.constexpr = None, WAIT_PRIOR: tl.constexpr = False):
     """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials (rows whose
     partials are all empty, lse -inf, are not written).
 
     Grid (B, Hq, D / BLOCK_D): program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D)
-    (BLOCK_D None = D: one program per head; a [NSP, D] fp32 tile spills past ~128 partials)."""
+    (BLOCK_D None = D: one program per head; a [NSP, D] fp32 tile spills past ~128 partials).
+    WAIT_PRIOR (a launch with programmatic dependent launch): wait for the kernel that wrote the
+    partials to finish (griddepcontrol.wait) before reading anything."""
+    if WAIT_PRIOR:
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     idx = tl.arange(0, NSP)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from vllm_oscar.kernels.triton_common import (BIAS, int8_mma, mma, plane_codes_int8, plane_factor, round_to,
                                               unpack_pair_plane, unpack_plane)
@@ -264,7 +265,7 @@ def int2_split_kernel(
     NSPLIT, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
-    FULL_TILES: tl.constexpr = False,
+    FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -274,8 +275,11 @@ def int2_split_kernel(
     tiles 0..NSINK-1 of the sink [0, sink_end), then tiles of the recent window [int2_end, length) (with
     FULL_TILES: [0, head_end) and [tail_start, length), see the module docstring). A window position reads
     its BF16 copy (window_k/window_v at window_block_table) and, where its block has no copy (table entry
-    < 0), its INT2 codes; an INT2 edge position (FULL_TILES) reads its INT2 codes."""
+    < 0), its INT2 codes; an INT2 edge position (FULL_TILES) reads its INT2 codes. TRIGGER_DEPENDENTS:
+    every program lets a programmatically dependent launch (the merge) start as it begins."""
     Q: tl.constexpr = D // 4
+    if TRIGGER_DEPENDENTS:  # the merge, launched with programmatic dependent launch, may start now (it
+        gdc_launch_dependents()  # waits for this kernel's completion before reading any partial)
     b = tl.program_id(0)
     h = tl.program_id(1)
     if WINDOWS_FIRST:  # grid slots 0..windows-1 take the window tiles, the rest the splits

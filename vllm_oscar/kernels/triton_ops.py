@@ -201,7 +201,10 @@ class AttentionConfig:
     launch and compile (no window or chunk loops: fewer registers, more programs per SM), the windows
     and the chunk in a second, merged; None = apart when oscar_prefill's max_seq_len implies a prefix of
     at least PREFILL_APART_PREFIX_RATIO x (sink + recent + chunk) and the one-launch grid overflows one
-    wave (docs/notes/kernels.md P2).
+    wave (docs/notes/kernels.md P2); merge_pdl: the merge of the partials is launched with programmatic
+    dependent launch (Hopper and later): the decode split programs let it start as they begin and it
+    waits (griddepcontrol.wait) for their kernel to finish, so its launch overlaps their tail instead of
+    following it (built and checked offline, not yet timed: docs/notes/kernels.md V19).
     """
 
     block_t: Optional[int] = None
@@ -223,6 +226,7 @@ class AttentionConfig:
     prefill_rows: int = PREFILL_ROWS
     prefill_splits: Optional[int] = None
     prefill_int2_apart: Optional[bool] = None
+    merge_pdl: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -469,11 +473,17 @@ def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, co
     rows whose partials are all empty are left as they are (merge_kernel)."""
     rows, hq, slots, d = part.shape
     merge_d = _merge_block_d(config, d)
+    pdl = _merge_pdl(config, emulated)
     merge_kernel[(rows, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=slots, NSP=triton.next_power_of_2(slots), D=d, EMU=emulated,
-        BLOCK_D=None if merge_d == d else merge_d,
+        BLOCK_D=None if merge_d == d else merge_d, WAIT_PRIOR=pdl, **({"launch_pdl": True} if pdl else {}),
     )
+
+
+def _merge_pdl(config: AttentionConfig, emulated: bool) -> bool:
+    """config.merge_pdl on a GPU; under the interpreter there is no launch to overlap."""
+    return config.merge_pdl and not emulated
 
 
 def _windows_first(config: AttentionConfig, window_programs: int, device: torch.device) -> bool:
@@ -534,6 +544,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
+        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"]),
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
