@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Offline SASS of two ways to accumulate one 64-token tile of INT2 V (docs/notes/kernels.md V18).
 
-A, the shipped path: V codes as int16 byte pairs per token row, unpacked to bf16 even / odd planes
-(triton_common.unpack_pair_plane) and fed transposed to bf16 MMAs with w = bf16(p * scale).
+A, the shipped path (triton_decode_int2.accumulate_plane): V codes as int16 byte pairs per token row,
+unpacked to bf16 even / odd planes and fed transposed to bf16 MMAs with w = bf16(p * scale).
 B, the alternative weighed for a page-layout change: V codes transposed within each block (tokens
 contiguous per channel byte), one lop3 per four codes into int8 planes (plane 3 centred: 64 (c - 2)),
 an int8 MMA with the weights rounded to int8 per tile and column, the int32 result scaled back into
@@ -26,7 +26,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from sass_decode import loop_histograms, read_compiled  # noqa: E402
-from vllm_oscar.kernels.triton_common import int8_mma, unpack_pair_plane  # noqa: E402
+from vllm_oscar.kernels.triton_common import int8_mma  # noqa: E402
+from vllm_oscar.kernels.triton_decode_int2 import accumulate_plane, zero_accumulators  # noqa: E402
 
 #: triton_common.UNPACK_PTX as a kernel constant.
 PTX_MODE: tl.constexpr = tl.constexpr(1)
@@ -50,33 +51,20 @@ def _int8_plane(b, P: tl.constexpr):
 
 
 @triton.jit
-def _pair_planes(vc, w, acc_even, acc_odd, P: tl.constexpr):
-    even, odd = unpack_pair_plane(vc, P, PTX_MODE)
-    return tl.dot(tl.trans(even), w, acc_even), tl.dot(tl.trans(odd), w, acc_odd)
-
-
-@triton.jit
 def shipped_v_tiles(v_ptr, p_ptr, s_ptr, o_ptr, n, BT: tl.constexpr, GP: tl.constexpr, Q: tl.constexpr):
     """Path A over n tiles: v_ptr [n, BT, Q] bytes (token rows), p_ptr [n, BT, GP], s_ptr [n, BT]."""
     t = tl.arange(0, BT)
     pairs = tl.arange(0, Q // 2)
     g = tl.arange(0, GP)
-    a0e = tl.zeros([Q // 2, GP], tl.float32)
-    a0o = tl.zeros([Q // 2, GP], tl.float32)
-    a1e = tl.zeros([Q // 2, GP], tl.float32)
-    a1o = tl.zeros([Q // 2, GP], tl.float32)
-    a2e = tl.zeros([Q // 2, GP], tl.float32)
-    a2o = tl.zeros([Q // 2, GP], tl.float32)
-    a3e = tl.zeros([Q // 2, GP], tl.float32)
-    a3o = tl.zeros([Q // 2, GP], tl.float32)
+    a0e, a0o, a1e, a1o, a2e, a2o, a3e, a3o = zero_accumulators(Q // 2, GP)
     for i in range(n):
         vc = tl.load(v_ptr.to(tl.pointer_type(tl.int16)) + i * BT * Q // 2 + t[:, None] * (Q // 2) + pairs[None, :])
         p = tl.load(p_ptr + i * BT * GP + t[:, None] * GP + g[None, :])
         w = (p * tl.load(s_ptr + i * BT + t)[:, None]).to(tl.bfloat16)
-        a0e, a0o = _pair_planes(vc, w, a0e, a0o, 0)
-        a1e, a1o = _pair_planes(vc, w, a1e, a1o, 1)
-        a2e, a2o = _pair_planes(vc, w, a2e, a2o, 2)
-        a3e, a3o = _pair_planes(vc, w, a3e, a3o, 3)
+        a0e, a0o = accumulate_plane(vc, w, a0e, a0o, 0, PTX_MODE, False)
+        a1e, a1o = accumulate_plane(vc, w, a1e, a1o, 1, PTX_MODE, False)
+        a2e, a2o = accumulate_plane(vc, w, a2e, a2o, 2, PTX_MODE, False)
+        a3e, a3o = accumulate_plane(vc, w, a3e, a3o, 3, PTX_MODE, False)
     tl.store(o_ptr + pairs[:, None] * GP + g[None, :], a0e + a0o + a1e + a1o + a2e + a2o + a3e + a3o)
 
 

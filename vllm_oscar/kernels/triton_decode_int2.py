@@ -76,7 +76,14 @@ def _to_int8(x, inv_scale):
 
 
 @triton.jit
-def _accumulate_plane(vc, w, acc_even, acc_odd, P: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr):
+def zero_accumulators(HALF_Q: tl.constexpr, GP: tl.constexpr):
+    """The eight fp32 [HALF_Q, GP] V accumulators (acc^T of planes 0-3, even and odd channels), zero."""
+    zero = tl.zeros([HALF_Q, GP], tl.float32)
+    return zero, zero, zero, zero, zero, zero, zero, zero
+
+
+@triton.jit
+def accumulate_plane(vc, w, acc_even, acc_odd, P: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr):
     """V plane P of the int16 byte-pair tile vc [BT, D/8] into acc^T [D/8, GP] += X^T @ w [BT, GP],
     even and odd channels apart."""
     even, odd = unpack_pair_plane(vc, P, MODE)
@@ -187,10 +194,10 @@ def _int2_tile_values(p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, 
     w = round_to(p * vs.to(tl.float32)[:, None], tl.bfloat16, EMU)
     sw += tl.sum(w.to(tl.float32), axis=0)
     zw += tl.sum(p * vz.to(tl.float32)[:, None], axis=0)
-    acc0e, acc0o = _accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
-    acc1e, acc1o = _accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
-    acc2e, acc2o = _accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
-    acc3e, acc3o = _accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
+    acc0e, acc0o = accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
+    acc1e, acc1o = accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
+    acc2e, acc2o = accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
+    acc3e, acc3o = accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
     return sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
 
 
@@ -342,14 +349,7 @@ def int2_split_kernel(
     sw = tl.zeros([GP], tl.float32)
     zw = tl.zeros([GP], tl.float32)
     pairs = tl.arange(0, Q // 2)
-    acc0e = tl.zeros([Q // 2, GP], tl.float32)
-    acc0o = tl.zeros([Q // 2, GP], tl.float32)
-    acc1e = tl.zeros([Q // 2, GP], tl.float32)
-    acc1o = tl.zeros([Q // 2, GP], tl.float32)
-    acc2e = tl.zeros([Q // 2, GP], tl.float32)
-    acc2o = tl.zeros([Q // 2, GP], tl.float32)
-    acc3e = tl.zeros([Q // 2, GP], tl.float32)
-    acc3o = tl.zeros([Q // 2, GP], tl.float32)
+    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = zero_accumulators(Q // 2, GP)
     head_base = cache_ptr + h * stride_ch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
