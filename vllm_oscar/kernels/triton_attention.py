@@ -33,8 +33,8 @@ off; otherwise triton_decode_int2 runs the splits and the windows in one launch.
 with PSPLIT > 1 program (tile * PSPLIT + k) takes split k of the tile's pure INT2 range (the last
 split also the window tiles and the chunk's own rows) and writes a partial for merge_kernel.
 PART splits a prefill over two launches with their own compiles: PART = 1 programs walk only (split
-k of) the pure INT2 range, without the window and chunk loops in the binary (158 instead of 224
-registers at D 128, rows 64, 4 warps: 3 programs per SM instead of 2); PART = 2 programs take
+k of) the pure INT2 range, without the window and chunk loops in the binary (139 instead of 225
+registers at D 128, rows 64, 4 warps, offline: 3 programs per SM instead of 2); PART = 2 programs take
 everything else. Both write partials, at slot SLOT0 + k of their row, for one merge.
 
 Softmax runs in base 2 (logits * softmax_scale * log2 e). Accumulators are fp32.

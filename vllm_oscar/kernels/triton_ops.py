@@ -145,7 +145,7 @@ PREFILL_MAX_BLOCK_T: int = 32
 #: Automatic prefill_int2_apart: the pure INT2 prefix gets its own launch when the prefix is at least this
 #: many times the windows plus the chunk (and the one-launch grid overflows a wave). H200, served read,
 #: docs/notes/kernels.md P2: Qwen3-8B 32K prefix 1.16-1.26x faster apart (ratios 13-39), 4K prefix
-#: 0.90-1.05x (ratios 0.9-4.3).
+#: 0.76-1.05x (ratios 0.9-4.3).
 PREFILL_APART_PREFIX_RATIO: int = 8
 #: Automatic prefill split-K (AttentionConfig.prefill_splits None): programs per query tile when the
 #: cached prefix is longer than the windows and the unsplit launch has fewer programs than the GPU has
@@ -730,10 +730,11 @@ def oscar_prefill(
                 block_table, window_block_table, block_table.stride(0),
                 seq_lens, query_start_loc, *target, sink, recent, softmax_scale * LOG2E)
 
+    into_out = (out, out.stride(0), out.stride(1), 0, out, 0, 0)  # the output itself, no partials
+
     def one_launch_per_sm() -> int:
-        probe = (out, out.stride(0), out.stride(1), 0, out, 0, 0)
         dtypes = (query_rot.dtype, new_k.dtype, int2_cache.dtype, window_k.dtype, out.dtype)
-        return _programs_per_sm(attention_kernel, lambda: arguments_into(probe), {**constants, "PSPLIT": 1},
+        return _programs_per_sm(attention_kernel, lambda: arguments_into(into_out), {**constants, "PSPLIT": 1},
                                 dtypes, device)
 
     apart = _prefill_int2_apart(config, max_seq_len, max_query_len, sink, recent, programs, one_launch_per_sm, device)
@@ -744,7 +745,7 @@ def oscar_prefill(
         arguments = arguments_into((part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0),
                                     lse.stride(1)))
     else:
-        arguments = arguments_into((out, out.stride(0), out.stride(1), 0, out, 0, 0))
+        arguments = arguments_into(into_out)
     if apart:  # the pure INT2 prefix in its own compile (slots 0..psplit-1), the rest in slot psplit
         attention_kernel[(tiles * psplit, batch, hkv)](*arguments, PSPLIT=psplit, PART=1, **constants)
         attention_kernel[(tiles, batch, hkv)](*arguments, PSPLIT=1, PART=2, SLOT0=psplit, **constants)
