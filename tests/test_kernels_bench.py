@@ -126,3 +126,34 @@ def test_kernel_summary_separates_busy_time_from_gaps() -> None:
     assert list(summary["kernels"]) == ["split", "window", "merge"]  # largest first
     assert summary["busy_ms"] == pytest.approx((10 + 6 + 10 + 4 + 2) / 2 / 1e3)
     assert "idle between kernels 0.0040 ms" in format_breakdown({**summary, "idle_ms": 0.004})
+
+
+def _bench_args(argv: list[str]):
+    import argparse
+
+    from vllm_oscar.commands.bench import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_tune_without_launch_flags_times_exactly_the_shipped_decode_config() -> None:
+    from vllm_oscar.commands.bench import tune_configs
+
+    assert tune_configs(_bench_args(["tune"])) == [triton_ops.DEFAULT_DECODE]
+    # One flag with two values: the shipped config and that one knob flipped, nothing else swept.
+    pdl = tune_configs(_bench_args(["tune", "--merge-pdl", "0", "1"]))
+    assert pdl == [triton_ops.DEFAULT_DECODE, dataclasses.replace(triton_ops.DEFAULT_DECODE, merge_pdl=True)]
+    tiles = tune_configs(_bench_args(["tune", "--block-t", "32", "64", "--num-warps", "2"]))
+    assert [(c.block_t, c.split_warps, c.num_stages) for c in tiles] == [(32, 2, triton_ops.DEFAULT_DECODE.num_stages),
+                                                                        (64, 2, triton_ops.DEFAULT_DECODE.num_stages)]
+
+
+def test_prefill_tune_without_launch_flags_times_exactly_the_shipped_prefill_config() -> None:
+    from vllm_oscar.commands.bench import prefill_tune_configs
+
+    assert prefill_tune_configs(_bench_args(["prefill", "--prefill-tune"])) == [triton_ops.DEFAULT_PREFILL]
+    warps = prefill_tune_configs(_bench_args(["prefill", "--prefill-tune", "--num-warps", "4", "8"]))
+    assert [c.num_warps for c in warps] == [4, 8]
+    assert all(c.block_t == triton_ops.DEFAULT_PREFILL.block_t for c in warps)

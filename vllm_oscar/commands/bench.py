@@ -72,10 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: also profile OSCAR's kernels (per-kernel ms, idle time between them)")
     parser.add_argument("--config-from", metavar="TUNE_JSON",
                         help="decode: per geometry, use the fastest launch config of this `bench tune --json` file")
-    parser.add_argument("--block-t", type=int, nargs="+", default=[32, 64, 128], help="tune: tile sizes")
-    parser.add_argument("--num-warps", type=int, nargs="+", default=[4, 8], help="tune: warps per INT2 split program (per general-kernel program with --rows-on-m)")
-    parser.add_argument("--num-stages", type=int, nargs="+", default=[1, 2, 3], help="tune: pipeline stages")
-    parser.add_argument("--unpack", type=int, nargs="+", default=[0, 1], help="tune: 0 portable, 1 PTX")
+    # The four launch knobs below default to the shipped config (DEFAULT_DECODE for `tune`,
+    # DEFAULT_PREFILL for `prefill --prefill-tune`): each value given adds a variant around it.
+    parser.add_argument("--block-t", type=int, nargs="+", help="tune: tile sizes (default: the shipped one)")
+    parser.add_argument("--num-warps", type=int, nargs="+",
+                        help="tune: warps per INT2 split program (per general-kernel program with --rows-on-m; "
+                             "per program with --prefill-tune); default: the shipped count")
+    parser.add_argument("--num-stages", type=int, nargs="+", help="tune: pipeline stages (default: the shipped count)")
+    parser.add_argument("--unpack", type=int, nargs="+", help="tune: 0 portable, 1 PTX (default: the shipped mode)")
     parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[0],
                         help="tune: split-K sizing, split programs per SM (0 = as many as one SM holds at once, "
                              "the default)")
@@ -119,6 +123,38 @@ def _auto(text: str, kind):
     return None if text == "auto" else kind(int(text))
 
 
+def tune_configs(args: argparse.Namespace) -> list:
+    """`bench tune`: the AttentionConfig variants, the product of every tune flag's values; a flag
+    left out keeps the shipped default (DEFAULT_DECODE), so `--merge-pdl 0 1` alone gives exactly the
+    default config and the default with merge_pdl on."""
+    from vllm_oscar.kernels.triton_ops import DEFAULT_DECODE, AttentionConfig
+
+    warps_default = DEFAULT_DECODE.num_warps if args.rows_on_m else DEFAULT_DECODE.split_warps
+    return [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}),
+                            unpack=up, tokens_on_m=not args.rows_on_m, programs_per_sm=pps or None,
+                            min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
+                            prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
+                            windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=bool(int(pdl)))
+            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl in itertools.product(
+                args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
+                args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
+                args.programs_per_sm, args.min_tiles, args.int8_keys, args.max_registers, args.prefetch,
+                args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl)]
+
+
+def prefill_tune_configs(args: argparse.Namespace) -> list:
+    """`bench prefill --prefill-tune`: the prefill AttentionConfig variants; a flag left out keeps
+    DEFAULT_PREFILL's value."""
+    from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL, AttentionConfig
+
+    return [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows,
+                            prefill_splits=_auto(splits, int), prefill_int2_apart=_auto(apart, bool))
+            for bt, nw, ns, rows, splits, apart in itertools.product(
+                args.block_t or [DEFAULT_PREFILL.block_t], args.num_warps or [DEFAULT_PREFILL.num_warps],
+                args.num_stages or [DEFAULT_PREFILL.num_stages], args.prefill_rows, args.prefill_splits,
+                args.prefill_int2_apart)]
+
+
 def fastest_configs(tune_json: str, geometries: list[str]) -> dict:
     """geometry -> the AttentionConfig of a `bench tune --json` report with the least total time
     over that geometry's cases (configs that failed on any case are left out)."""
@@ -148,15 +184,9 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
     """`bench prefill`: every geometry x prefix x chunk x batch (x launch config with --prefill-tune),
     printed as it goes, then the table."""
     from vllm_oscar.kernels.prefill_benchmark import format_prefill_table, run_prefill_case
-    from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL, AttentionConfig
+    from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL
 
-    configs = [DEFAULT_PREFILL]
-    if args.prefill_tune:
-        configs = [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows,
-                                   prefill_splits=_auto(splits, int), prefill_int2_apart=_auto(apart, bool))
-                   for bt, nw, ns, rows, splits, apart in itertools.product(
-                       args.block_t, args.num_warps, args.num_stages, args.prefill_rows, args.prefill_splits,
-                       args.prefill_int2_apart)]
+    configs = prefill_tune_configs(args) if args.prefill_tune else [DEFAULT_PREFILL]
     rows = []
     for geometry, prefix, chunk, batch, config in itertools.product(args.geometry, args.prefixes, args.chunks,
                                                                     args.prefill_batches, configs):
@@ -175,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         print("vllm-oscar bench needs a CUDA GPU (the Triton kernels); none is visible.", file=sys.stderr)
         return 2
     from vllm_oscar.kernels import benchmark
-    from vllm_oscar.kernels.triton_ops import AttentionConfig, WriteConfig
+    from vllm_oscar.kernels.triton_ops import WriteConfig
 
     device = torch.device("cuda")
     info = benchmark.device_info(device)
@@ -188,15 +218,7 @@ def run(args: argparse.Namespace) -> int:
         report["prefill"] = run_prefill(args, device)
     elif args.mode == "tune":
         rows = []
-        configs = [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}), unpack=up, tokens_on_m=not args.rows_on_m,
-                                   programs_per_sm=pps or None, min_tiles_per_split=tiles, int8_keys=_auto(int8, bool),
-                                   max_registers=reg or None, prefetch=_auto(pf, int), window_block_t=_auto(wbt, int),
-                                   merge_block_d=_auto(mbd, int), windows_first=_auto(wf, bool),
-                                   full_tiles=_auto(ft, bool), merge_pdl=bool(int(pdl)))
-                   for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl in itertools.product(
-                       args.block_t, args.num_warps, args.num_stages, args.unpack, args.programs_per_sm,
-                       args.min_tiles, args.int8_keys, args.max_registers, args.prefetch, args.window_block_t,
-                       args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl)]
+        configs = tune_configs(args)
         for geometry, context, batch in cases:
             for r in benchmark.tune_case(geometry, context, batch, args.block_size, args.reps, device, bandwidth,
                                          configs):
