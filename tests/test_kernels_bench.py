@@ -144,7 +144,7 @@ def test_tune_without_launch_flags_times_exactly_the_shipped_decode_config() -> 
     assert tune_configs(_bench_args(["tune"])) == [triton_ops.DEFAULT_DECODE]
     # One flag with two values: the shipped config and that one knob flipped, nothing else swept.
     pdl = tune_configs(_bench_args(["tune", "--merge-pdl", "0", "1"]))
-    assert pdl == [triton_ops.DEFAULT_DECODE, dataclasses.replace(triton_ops.DEFAULT_DECODE, merge_pdl=True)]
+    assert pdl == [dataclasses.replace(triton_ops.DEFAULT_DECODE, merge_pdl=flag) for flag in (False, True)]
     tiles = tune_configs(_bench_args(["tune", "--block-t", "32", "64", "--num-warps", "2"]))
     assert [(c.block_t, c.split_warps, c.num_stages) for c in tiles] == [(32, 2, triton_ops.DEFAULT_DECODE.num_stages),
                                                                         (64, 2, triton_ops.DEFAULT_DECODE.num_stages)]
@@ -157,3 +157,19 @@ def test_prefill_tune_without_launch_flags_times_exactly_the_shipped_prefill_con
     warps = prefill_tune_configs(_bench_args(["prefill", "--prefill-tune", "--num-warps", "4", "8"]))
     assert [c.num_warps for c in warps] == [4, 8]
     assert all(c.block_t == triton_ops.DEFAULT_PREFILL.block_t for c in warps)
+
+
+@pytest.mark.parametrize("capability,setting,expected", [((9, 0), None, True), ((10, 0), None, True),
+                                                         ((8, 0), None, False), ((9, 0), False, False),
+                                                         ((9, 0), True, True), ((8, 9), True, ValueError)])
+def test_merge_pdl_is_on_by_default_only_where_griddepcontrol_exists(monkeypatch, capability, setting,
+                                                                     expected) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "test GPU")
+    config = AttentionConfig(merge_pdl=setting)
+    assert triton_ops._merge_pdl(config, True, torch.device("cpu")) is False  # the interpreter: never
+    if expected is ValueError:
+        with pytest.raises(ValueError, match="compute capability >= 9.0.*merge_pdl=None"):
+            triton_ops._merge_pdl(config, False, torch.device("cpu"))
+    else:
+        assert triton_ops._merge_pdl(config, False, torch.device("cpu")) is expected

@@ -102,8 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full-tiles", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="tune: 1 = the INT2 splits walk whole tiles, unmasked, 0 = masked tiles "
                              "(AttentionConfig.full_tiles; auto = the default: on wherever the split kernel runs)")
-    parser.add_argument("--merge-pdl", nargs="+", default=["0"], choices=("0", "1"),
-                        help="tune: launch the merge with programmatic dependent launch (AttentionConfig.merge_pdl)")
+    parser.add_argument("--merge-pdl", nargs="+", default=["auto"], choices=("auto", "0", "1"),
+                        help="tune: launch the merge with programmatic dependent launch (AttentionConfig.merge_pdl; "
+                             "auto = the default: on for compute capability >= 9.0)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -134,7 +135,7 @@ def tune_configs(args: argparse.Namespace) -> list:
                             unpack=up, tokens_on_m=not args.rows_on_m, programs_per_sm=pps or None,
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
-                            windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=bool(int(pdl)))
+                            windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool))
             for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],

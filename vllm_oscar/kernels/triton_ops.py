@@ -123,6 +123,8 @@ SHORT_SPLIT_TILES: int = 4
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
+#: Programmatic dependent launch (griddepcontrol) exists from this compute capability (Hopper).
+PDL_MIN_CAPABILITY: tuple[int, int] = (9, 0)
 #: Window tile of the fused decode launch (positions per window program). 32, not the INT2 tile (64):
 #: a 64-position BF16 tile raised the whole kernel to 196 registers (offline SASS, Triton 3.6), 32 keeps
 #: it at the split loop's own 167.
@@ -204,7 +206,9 @@ class AttentionConfig:
     wave (docs/notes/kernels.md P2); merge_pdl: the merge of the partials is launched with programmatic
     dependent launch (Hopper and later): the decode split programs let it start as they begin and it
     waits (griddepcontrol.wait) for their kernel to finish, so its launch overlaps their tail instead of
-    following it (built and checked offline, not yet timed: docs/notes/kernels.md V19).
+    following it. None = on for GPUs of compute capability >= 9.0 (the only ones with griddepcontrol),
+    off elsewhere and under the interpreter; True on an older GPU raises (docs/notes/kernels.md V19:
+    up to 8% faster at batch 1 and small batches, the same elsewhere).
     """
 
     block_t: Optional[int] = None
@@ -226,7 +230,7 @@ class AttentionConfig:
     prefill_rows: int = PREFILL_ROWS
     prefill_splits: Optional[int] = None
     prefill_int2_apart: Optional[bool] = None
-    merge_pdl: bool = False
+    merge_pdl: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -473,7 +477,7 @@ def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, co
     rows whose partials are all empty are left as they are (merge_kernel)."""
     rows, hq, slots, d = part.shape
     merge_d = _merge_block_d(config, d)
-    pdl = _merge_pdl(config, emulated)
+    pdl = _merge_pdl(config, emulated, part.device)
     merge_kernel[(rows, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=slots, NSP=triton.next_power_of_2(slots), D=d, EMU=emulated,
@@ -481,9 +485,19 @@ def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, co
     )
 
 
-def _merge_pdl(config: AttentionConfig, emulated: bool) -> bool:
-    """config.merge_pdl on a GPU; under the interpreter there is no launch to overlap."""
-    return config.merge_pdl and not emulated
+def _merge_pdl(config: AttentionConfig, emulated: bool, device: torch.device) -> bool:
+    """Whether the merge is launched with programmatic dependent launch: config.merge_pdl, or (None) on
+    GPUs of compute capability >= PDL_MIN_CAPABILITY; never under the interpreter (no launch to overlap)."""
+    if emulated or config.merge_pdl is False:
+        return False
+    capable = torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY
+    if config.merge_pdl and not capable:
+        raise ValueError(f"AttentionConfig(merge_pdl=True) needs a GPU of compute capability >= "
+                         f"{PDL_MIN_CAPABILITY[0]}.{PDL_MIN_CAPABILITY[1]} (griddepcontrol); "
+                         f"{torch.cuda.get_device_name(device)} has "
+                         f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}. "
+                         f"Leave merge_pdl=None (the default) to use it only where it exists.")
+    return capable
 
 
 def _windows_first(config: AttentionConfig, window_programs: int, device: torch.device) -> bool:
@@ -544,7 +558,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
-        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"]),
+        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"], device),
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
