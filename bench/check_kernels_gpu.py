@@ -271,8 +271,8 @@ def check_prefill(report: list) -> None:
 
 
 def check_graph(report: list) -> None:
-    """Capture decode once; replay with new lengths/tables/queries; compare with eager calls (of the
-    default config); with the default config and with the merge launched programmatically dependent."""
+    """Capture decode once; replay with new lengths/tables/queries; compare with eager calls of the same
+    config (bit for bit); with the merge launched programmatically dependent and not."""
     for merge_pdl in (False, True):
         _check_graph(report, triton_ops.AttentionConfig(merge_pdl=merge_pdl))
 
@@ -313,7 +313,8 @@ def _check_graph(report: list, config) -> None:
         graph.replay()
         replayed = out.clone()
         eager = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout,
-                                        state.block_table, wtable, seq, sink, recent, scale, max_seq_len=max_len)
+                                        state.block_table, wtable, seq, sink, recent, scale, max_seq_len=max_len,
+                                        config=config)
         worst = max(worst, float((replayed.float() - eager.float()).abs().max()))
     ok = worst == 0.0
     report.append({"check": "graph", "merge_pdl": config.merge_pdl, "max_abs_diff_replay_vs_eager": worst, "ok": ok})

@@ -41,6 +41,8 @@ def main() -> int:
     parser.add_argument("--max-registers", type=int, default=None)
     parser.add_argument("--full-tiles", type=int, choices=(0, 1), default=None,
                         help="AttentionConfig.full_tiles (default: on wherever the split kernel runs)")
+    parser.add_argument("--merge-pdl", type=int, choices=(0, 1), default=None,
+                        help="AttentionConfig.merge_pdl (default: on for compute capability >= 9.0)")
     parser.add_argument("--dump-compiled", metavar="DIR",
                         help="write registers, spills, specialisation, PTX and cubin of every compiled "
                              "int2_split_kernel here")
@@ -54,7 +56,8 @@ def main() -> int:
     config = triton_ops.AttentionConfig(
         block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
         full_tiles=None if args.full_tiles is None else bool(args.full_tiles),
-        int8_keys=None if args.int8_keys is None else bool(args.int8_keys))
+        int8_keys=None if args.int8_keys is None else bool(args.int8_keys),
+        merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl))
     out = torch.empty_like(case.query)
 
     def decode() -> None:
