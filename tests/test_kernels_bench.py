@@ -173,3 +173,26 @@ def test_merge_pdl_is_on_by_default_only_where_griddepcontrol_exists(monkeypatch
             triton_ops._merge_pdl(config, False, torch.device("cpu"))
     else:
         assert triton_ops._merge_pdl(config, False, torch.device("cpu")) is expected
+
+
+def _split_count_for(batch: int, max_seq_len: int) -> int:
+    """decode_split_count of Qwen3-8B geometry (32 query / 8 KV heads, D 128, blocks of 16) on CPU
+    tensors, where the split sizing assumes PROGRAMS_PER_SM resident programs per SM."""
+    from vllm_oscar.kernels.layout import PageLayout
+
+    layout = PageLayout(128, 128, 16, torch.float16)
+    cache = layout.allocate(4, 8)
+    window = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)
+    table = torch.zeros(batch, 4, dtype=torch.int32)
+    return triton_ops.decode_split_count(torch.zeros(batch, 32, 128, dtype=torch.bfloat16), cache, window, window,
+                                         layout, table, table.clone(), torch.full((batch,), 40, dtype=torch.int32),
+                                         64, 256, 0.1, max_seq_len)
+
+
+def test_decode_splits_are_sized_for_fewer_programs_when_the_merge_is_small() -> None:
+    """Batch 1: the merge has 32 heads x 4 channel blocks = 128 programs < 132 SMs, so the splits are
+    sized for SMALL_MERGE_PROGRAMS_PER_SM per SM; batch 2 (256 merge programs) keeps the resident count."""
+    assert triton_ops.PROGRAMS_PER_SM > triton_ops.SMALL_MERGE_PROGRAMS_PER_SM
+    # 128K: 2048 tiles of 64, long splits (no room made for the windows).
+    assert _split_count_for(1, 131072) == triton_ops.SMALL_MERGE_PROGRAMS_PER_SM * 132 // 8
+    assert _split_count_for(2, 131072) == triton_ops.PROGRAMS_PER_SM * 132 // 16

@@ -120,6 +120,11 @@ MAX_SPLITS: int = 256
 #: then cost as much as the split itself, so decode_splits makes room for them in the first wave
 #: (H200, docs/notes/kernels.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
 SHORT_SPLIT_TILES: int = 4
+#: Where the merge of the partials has fewer programs than the GPU has SMs (batch 1: one per query
+#: head and channel block), its time grows with the split count, so the splits are sized for at most
+#: this many programs per SM even when more are resident (H200, docs/notes/kernels.md V22: Qwen3-8B
+#: B=1, blocks of 64 whose kernel holds 16 per SM: 32K 0.0172 ms at 251 splits, 0.0155 at 185).
+SMALL_MERGE_PROGRAMS_PER_SM: int = 12
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
@@ -573,6 +578,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
                 per_sm = _programs_per_sm(int2_split_kernel, probe_args, {**split_consts, "NSPLIT": 1}, dtypes, device)
+            if batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device):  # a small merge
+                per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
     return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, split_args)
