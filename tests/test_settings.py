@@ -53,3 +53,23 @@ def test_backend_checks_int8_keys_at_start_up() -> None:
         check_int8_keys(config_from_options({"int8_keys": True}), layout, torch.device("cpu"))
     with pytest.raises(ValueError, match="head_dim 64"):
         check_int8_keys(config_from_options({"int8_keys": True}), PageLayout(64, 64, 16), torch.device("cuda"))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("block_size,device,user_specified,hinted", [
+    (16, "cuda", False, True),    # vLLM's default on a GPU: suggest 64
+    (32, "cuda", False, True),
+    (16, "cuda", True, False),    # the user chose it
+    (64, "cuda", False, False),   # already contiguous 64-position regions
+    (128, "cuda", False, False),
+    (16, "cpu", False, False),    # the torch path reads whole sequences
+])
+def test_start_up_suggests_blocks_of_64_only_for_the_gpu_default(block_size, device, user_specified,
+                                                                 hinted) -> None:
+    from vllm_oscar.attention.backend import block_size_hint
+    from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE
+
+    hint = block_size_hint(block_size, torch.device(device), user_specified)
+    assert (hint is not None) == hinted
+    if hinted:
+        assert f"--block-size {GPU_DECODE_BLOCK_SIZE}" in hint and f"blocks of {block_size} positions" in hint
