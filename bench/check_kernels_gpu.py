@@ -142,16 +142,18 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
                    dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                    dict(unpack=UNPACK_PTX, windows_first=True, programs_per_sm=24),
                    dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, block_t=32, full_tiles=False),
-                   dict(unpack=UNPACK_PTX, merge_pdl=False))
+                   dict(unpack=UNPACK_PTX, merge_pdl=False), dict(unpack=UNPACK_PTX, block_runs=True))
 #: --quick: the default launch config on the cases whose INT2 part runs in the split kernel (G = D),
 #: the L2 prefetch variant, the window-tile / merge-block knobs, window programs first with two waves,
 #: masked tiles instead of the default whole-tile splits (full_tiles=False), the merge launched without
-#: programmatic dependent launch (merge_pdl=False; the default uses it on Hopper).
+#: programmatic dependent launch (merge_pdl=False; the default uses it on Hopper), whole blocks read as
+#: contiguous runs (block_runs).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
                   dict(unpack=UNPACK_PTX, windows_first=True, programs_per_sm=24),
-                  dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, merge_pdl=False))
+                  dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, merge_pdl=False),
+                  dict(unpack=UNPACK_PTX, block_runs=True))
 
 
 

@@ -55,16 +55,18 @@ PLAIN_SCALARS = ("qk_scale", *SPLIT_RUNTIME_ARGS)
 
 def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int,
                    int8_keys: bool = False, prefetch: int = 0, maxnreg: int = 0, win_bt: int = 32,
-                   full_tiles: bool = True, trigger_dependents: bool = False):
+                   full_tiles: bool = True, trigger_dependents: bool = False, block_runs: bool = False):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack); maxnreg 0 = compiler's choice;
-    trigger_dependents: AttentionConfig.merge_pdl's griddepcontrol.launch_dependents at each program's start."""
+    trigger_dependents: AttentionConfig.merge_pdl's griddepcontrol.launch_dependents at each program's start;
+    block_runs: AttentionConfig.block_runs."""
     layout = PageLayout(head_dim, head_dim, block_size)
     sink_span = triton.cdiv(DEFAULT_SINK_TOKENS, block_t) * block_t if full_tiles else DEFAULT_SINK_TOKENS
     constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
                      BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0,
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
-                     TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, **_plane_offsets(layout))
+                     TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, BLOCK_RUNS=block_runs,
+                     **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **{name: "constexpr" for name in constants}}
     source = ASTSource(
@@ -132,12 +134,14 @@ def main() -> int:
                         help="1 = splits walk whole tiles, unmasked (FULL_TILES, the default); 0 = masked tiles")
     parser.add_argument("--trigger-dependents", action="store_true",
                         help="AttentionConfig.merge_pdl's griddepcontrol.launch_dependents (TRIGGER_DEPENDENTS)")
+    parser.add_argument("--block-runs", action="store_true",
+                        help="whole blocks of a tile read as contiguous runs (AttentionConfig.block_runs)")
     parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
     parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
     args = parser.parse_args()
     kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                             args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),
-                            args.trigger_dependents)
+                            args.trigger_dependents, args.block_runs)
     sass, registers, stack = read_compiled(kernel, args.dump)
     print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {registers}, "
           f"stack {stack} B")

@@ -157,7 +157,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
                tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None,
-               full_tiles=None):
+               full_tiles=None, block_runs=False):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -166,7 +166,7 @@ def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, split
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
     config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m,
                                         window_block_t=window_block_t, merge_block_d=merge_block_d,
-                                        windows_first=windows_first, full_tiles=full_tiles)
+                                        windows_first=windows_first, full_tiles=full_tiles, block_runs=block_runs)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -313,6 +313,18 @@ def test_triton_decode_full_tiles_hands_the_int2_edges_to_the_window_programs(ca
     lens, hq, hkv, dim, bs, sink, recent, drop, block_t, splits, window_t = case
     run_decode(lens, hq, hkv, dim, dim, bs, sink, recent, drop, block_t, splits, seed=sum(lens) + block_t,
                window_block_t=window_t, full_tiles=True)
+
+
+@pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,splits", [
+    ([150, 41, 7, 1, 96], 8, 2, 64, 16, 32, 3),   # 2 blocks per tile; ragged; requests shorter than a tile
+    ([300, 77], 4, 1, 128, 8, 32, 2),             # 4 blocks of 8 per tile, D 128
+    ([260, 130], 4, 2, 64, 16, 64, 2),            # 4 blocks of 16 per tile (the served shape)
+])
+def test_triton_decode_block_runs_match_reference(lens, hq, hkv, dim, bs, block_t, splits) -> None:
+    """block_runs: the whole-tile splits read each block of a tile as contiguous runs (one table entry
+    per block); unaligned windows, lost BF16 blocks."""
+    run_decode(lens, hq, hkv, dim, dim, bs, 5, 24, 1, block_t, splits, seed=sum(lens) + bs, full_tiles=True,
+               block_runs=True)
 
 
 def test_triton_decode_full_tiles_need_the_split_kernel() -> None:

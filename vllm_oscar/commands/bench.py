@@ -105,6 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-pdl", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="tune: launch the merge with programmatic dependent launch (AttentionConfig.merge_pdl; "
                              "auto = the default: on for compute capability >= 9.0)")
+    parser.add_argument("--block-runs", nargs="+", default=["0"], choices=("0", "1"),
+                        help="tune: 1 = whole blocks of a tile read as contiguous runs (AttentionConfig.block_runs)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -135,12 +137,14 @@ def tune_configs(args: argparse.Namespace) -> list:
                             unpack=up, tokens_on_m=not args.rows_on_m, programs_per_sm=pps or None,
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
-                            windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool))
-            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl in itertools.product(
+                            windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
+                            block_runs=bool(int(runs)))
+            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, runs in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
                 args.programs_per_sm, args.min_tiles, args.int8_keys, args.max_registers, args.prefetch,
-                args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl)]
+                args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl,
+                args.block_runs)]
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list:
@@ -230,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
-                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']}: {line}",
+                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} runs={c['block_runs']}: {line}",
                       flush=True)
                 rows.append(r)
         report["tune"] = rows

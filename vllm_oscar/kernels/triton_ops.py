@@ -213,7 +213,11 @@ class AttentionConfig:
     waits (griddepcontrol.wait) for their kernel to finish, so its launch overlaps their tail instead of
     following it. None = on for GPUs of compute capability >= 9.0 (the only ones with griddepcontrol),
     off elsewhere and under the interpreter; True on an older GPU raises (docs/notes/kernels.md V19:
-    up to 8% faster at batch 1 and small batches, the same elsewhere).
+    up to 8% faster at batch 1 and small batches, the same elsewhere); block_runs: where cache blocks
+    are smaller than the tile (vLLM's default 16 against 64), the whole-tile splits read each block of a
+    tile as contiguous runs from one block address instead of one address per position (offline SASS:
+    128 registers and 911 loop instructions against 162 and 943 at blocks of 16; built and checked,
+    not yet timed: docs/notes/kernels.md V23).
     """
 
     block_t: Optional[int] = None
@@ -236,6 +240,7 @@ class AttentionConfig:
     prefill_splits: Optional[int] = None
     prefill_int2_apart: Optional[bool] = None
     merge_pdl: Optional[bool] = None
+    block_runs: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -563,7 +568,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
-        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"], device),
+        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"], device), BLOCK_RUNS=config.block_runs,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
