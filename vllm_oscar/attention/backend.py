@@ -216,7 +216,7 @@ def block_size_hint(block_size: int, device: torch.device, user_specified: bool)
     if device.type != "cuda" or user_specified or block_size % GPU_DECODE_BLOCK_SIZE == 0:
         return None
     return (f"OSCAR: KV cache blocks of {block_size} positions (vLLM's default); pass --block-size "
-            f"{GPU_DECODE_BLOCK_SIZE} for faster long-context decode (3-9% on an H200 at batch >= 8: each "
+            f"{GPU_DECODE_BLOCK_SIZE} for faster long-context decode (2-9% on an H200 at batch >= 8: each "
             f"(block, KV head) page region is then read in one piece; docs/PERFORMANCE.md).")
 
 
