@@ -57,15 +57,15 @@ def test_backend_checks_int8_keys_at_start_up() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("block_size,device,user_specified,hinted", [
-    (16, "cuda", False, True),    # vLLM's default on a GPU: suggest 64
+    (16, "cuda", False, True),    # vLLM kept another size than OSCAR's preference (other backends): suggest 64
     (32, "cuda", False, True),
     (16, "cuda", True, False),    # the user chose it
-    (64, "cuda", False, False),   # already contiguous 64-position regions
+    (64, "cuda", False, False),   # OSCAR's preference: contiguous 64-position regions
     (128, "cuda", False, False),
     (16, "cpu", False, False),    # the torch path reads whole sequences
 ])
-def test_start_up_suggests_blocks_of_64_only_for_the_gpu_default(block_size, device, user_specified,
-                                                                 hinted) -> None:
+def test_start_up_suggests_blocks_of_64_only_where_vllm_chose_another_gpu_size(block_size, device, user_specified,
+                                                                               hinted) -> None:
     from vllm_oscar.attention.backend import block_size_hint
     from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE
 

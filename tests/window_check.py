@@ -37,11 +37,8 @@ def install(worker: Any) -> int:
     from vllm_oscar.quant import unpack_codes
 
     context = worker.vllm_config.compilation_config.static_forward_context
-    impl_of = {}
-    for layer in context.values():
-        impl = getattr(layer, "impl", None)
-        if getattr(impl, "window_k", None) is not None:
-            impl_of[impl.window_k.data_ptr()] = impl
+    # OSCAR impls have a window store attribute; the store itself is allocated at their first forward.
+    layers = sum(hasattr(getattr(layer, "impl", None), "window_k") for layer in context.values())
     stats = {"rows": 0, "stale": 0, "worst_mismatch": 0.0, "calls": 0}
     worker._oscar_window_check = stats
 
@@ -88,7 +85,7 @@ def install(worker: Any) -> int:
         return prefill(q, k, v, cache, wk, wv, layout, bt, wbt, qsl, seq_lens, sink, recent, scale, **kw)
 
     backend.oscar_decode, backend.oscar_prefill = checked_decode, checked_prefill
-    return len(impl_of)
+    return layers
 
 
 def report(worker: Any) -> dict[str, Any]:

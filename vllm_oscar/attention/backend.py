@@ -50,6 +50,13 @@ logger = logging.getLogger(f"vllm.{__name__}")
 SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256)
 
 
+def platform_is_cuda() -> bool:
+    """True on vLLM's CUDA platform (NVIDIA GPUs), where OSCAR prefers blocks of GPU_DECODE_BLOCK_SIZE."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda()
+
+
 def page_layout(head_size: int, block_size: int, config: OscarConfig) -> PageLayout:
     """The INT2 page layout of a layer."""
     return PageLayout(head_size, config.resolved_group_size(head_size), block_size, config.scale_dtype)
@@ -110,6 +117,23 @@ class OscarAttentionBackend(AttentionBackend):
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
         return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        """The KV cache block size OSCAR asks vLLM for when the user gave no ``--block-size``.
+
+        GPU_DECODE_BLOCK_SIZE (64) on CUDA when vLLM offers its default (16): the decode then reads
+        each (block, KV head) page region of a 64-position tile in one piece (2-9% faster at long
+        contexts, batch >= 8, on an H200; docs/PERFORMANCE.md). Elsewhere, or for any other default,
+        vLLM's own rule (the default, as every multiple of 16 is supported). vLLM 0.32 asks only
+        when ``--block-size`` was not given (``Platform.update_block_size_for_backend``, after the
+        model is loaded; the impls size their pages and window stores later, at their first forward).
+        """
+        from vllm.config.cache import CacheConfig
+
+        if default_block_size == CacheConfig.DEFAULT_BLOCK_SIZE and platform_is_cuda():
+            return GPU_DECODE_BLOCK_SIZE
+        return super().get_preferred_block_size(default_block_size)
 
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
@@ -212,12 +236,19 @@ class OscarMetadata:
 
 def block_size_hint(block_size: int, device: torch.device, user_specified: bool) -> Optional[str]:
     """The start-up suggestion to serve with GPU_DECODE_BLOCK_SIZE-position blocks, or None (not a GPU,
-    a block size the user chose, or one that already is a multiple of it)."""
+    a block size the user chose, or one that already is a multiple of it).
+
+    OSCAR asks vLLM for blocks of GPU_DECODE_BLOCK_SIZE on CUDA (``get_preferred_block_size``), but vLLM
+    keeps its default when the model also has layers of another attention backend, and may change the
+    size to fit mamba layers or other KV dtypes; this says so, once, when it happened.
+    """
     if device.type != "cuda" or user_specified or block_size % GPU_DECODE_BLOCK_SIZE == 0:
         return None
-    return (f"OSCAR: KV cache blocks of {block_size} positions (vLLM's default); pass --block-size "
-            f"{GPU_DECODE_BLOCK_SIZE} for faster long-context decode (2-9% on an H200 at batch >= 8: each "
-            f"(block, KV head) page region is then read in one piece; docs/PERFORMANCE.md).")
+    return (f"OSCAR: KV cache blocks of {block_size} positions, not the {GPU_DECODE_BLOCK_SIZE} OSCAR prefers on "
+            f"a GPU (vLLM chose this size for the model's other attention backends or mamba layers); if the "
+            f"model accepts it, pass --block-size {GPU_DECODE_BLOCK_SIZE} for faster long-context decode (2-9% on "
+            f"an H200 at batch >= 8: each (block, KV head) page region is then read in one piece; "
+            f"docs/PERFORMANCE.md).")
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,6 +264,16 @@ def window_geometry(vllm_config: VllmConfig, config: OscarConfig) -> tuple[int, 
         scheduler.max_num_seqs, scheduler.max_num_batched_tokens, block_size, config.sink_tokens,
         config.recent_tokens)
     return capacity, block_size
+
+
+def window_store_bytes_of_worker(vllm_config: VllmConfig) -> tuple[int, int]:
+    """(planned, allocated) bytes of the window stores of every OSCAR layer of this worker: planned at
+    the engine's block size, allocated so far (each layer allocates its store at its first forward)."""
+    impls = [layer.impl for layer in vllm_config.compilation_config.static_forward_context.values()
+             if isinstance(getattr(layer, "impl", None), OscarAttentionImpl)]
+    planned = sum(impl.window_store_bytes() for impl in impls)
+    allocated = sum(t.nbytes for impl in impls for t in (impl.window_k, impl.window_v) if t is not None)
+    return planned, allocated
 
 
 class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
@@ -326,18 +367,31 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         self.sliding_window = None
         self.kv_sharing_target_layer_name = None
         vllm_config = get_current_vllm_config()
+        #: The engine's config. Its block size is final only after vLLM applies the backends' preferred
+        #: block size, after the model is loaded, so the page layout and the window store are sized from
+        #: it at this layer's first forward (``_size_for_block_size``), not here.
+        self.vllm_config = vllm_config
         self.config = current_oscar_config(vllm_config)
         global _config_of_process
         _config_of_process = self.config
-        self.layout = page_layout(head_size, vllm_config.cache_config.block_size, self.config)
+        #: INT2 page layout at the engine's block size; None until the first forward.
+        self.layout: Optional[PageLayout] = None
         self.rotations: Optional[LayerRotations] = None
+        #: Device and dtype of the window store (set when the weights are loaded).
+        self.device: Optional[torch.device] = None
+        self.window_dtype: Optional[torch.dtype] = None
+        #: Rotated BF16 rows [num_window_blocks, block_size, Hkv, D]; None until the first forward.
         self.window_k: Optional[torch.Tensor] = None
         self.window_v: Optional[torch.Tensor] = None
         self.layer_name = ""
 
-    # -- set-up (model load: before vLLM measures memory and sizes the KV pool) --------------
+    # -- set-up (model load: before vLLM applies the preferred block size and sizes the KV pool) ---
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
-        """Load this layer's rotations (this rank's KV heads) and allocate its window store."""
+        """Load this layer's rotations (this rank's KV heads) and fix the window store's device and dtype.
+
+        The window store itself is allocated at the first forward: vLLM 0.32 sets the final block
+        size after this (``Platform.update_block_size_for_backend`` in the executors).
+        """
         if self.rotations is not None:
             return
         vllm_config = get_current_vllm_config()
@@ -352,21 +406,41 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
                 f"OSCAR: layer {self.layer_name} has {self.num_kv_heads} KV heads on this rank but the "
                 f"tensor-parallel slice is {kv_slice}.")
         device = torch.device(vllm_config.device_config.device)
-        check_int8_keys(self.config, self.layout, device)
-        hint = block_size_hint(self.layout.block_size, device,
-                               getattr(vllm_config.cache_config, "user_specified_block_size", False))
-        if hint:
-            _log_block_size_hint(hint)
+        # The check reads head_dim and group_size only, so any block size does.
+        check_int8_keys(self.config, page_layout(self.head_size, KERNEL_BLOCK_MULTIPLE, self.config), device)
         self.rotations = layer_rotations(identity, self.config, extract_layer_index(self.layer_name),
                                          kv_slice, device)
         log_rotation_choice(identity, self.rotations)
-        capacity, block_size = window_geometry(vllm_config, self.config)
-        window_dtype = act_dtype if act_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        self.device = device
+        self.window_dtype = act_dtype if act_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+    def window_store_bytes(self) -> int:
+        """Bytes of this layer's window store (K and V) at the engine's current block size, allocated
+        or not (CPU: the plugin takes them out of the KV budget before the first forward)."""
+        if self.window_dtype is None:
+            raise RuntimeError(f"OSCAR: layer {self.layer_name or '?'} has not loaded its weights yet; "
+                               "its window store has no dtype.")
+        capacity, block_size = window_geometry(self.vllm_config, self.config)
+        return window_store.window_store_bytes(capacity, block_size, self.num_kv_heads, self.head_size,
+                                               self.window_dtype)
+
+    def _size_for_block_size(self) -> None:
+        """At the first forward (the memory profile run on a GPU, so vLLM counts the store as non-KV
+        memory): the page layout and the window store at the engine's final block size."""
+        if self.layout is not None:
+            return
+        if self.device is None or self.window_dtype is None:
+            raise RuntimeError(f"OSCAR: layer {self.layer_name or '?'} ran before its weights were loaded.")
+        cache_config = self.vllm_config.cache_config
+        capacity, block_size = window_geometry(self.vllm_config, self.config)
+        hint = block_size_hint(block_size, self.device, cache_config.user_specified_block_size)
+        if hint:
+            _log_block_size_hint(hint)
         shape = (capacity, block_size, self.num_kv_heads, self.head_size)
-        self.window_k = torch.zeros(shape, dtype=window_dtype, device=device)
-        self.window_v = torch.zeros(shape, dtype=window_dtype, device=device)
-        window_store.record_allocation(
-            window_store.window_store_bytes(capacity, block_size, self.num_kv_heads, self.head_size, window_dtype))
+        self.window_k = torch.zeros(shape, dtype=self.window_dtype, device=self.device)
+        self.window_v = torch.zeros(shape, dtype=self.window_dtype, device=self.device)
+        window_store.record_allocation(self.window_k.nbytes + self.window_v.nbytes)
+        self.layout = page_layout(self.head_size, block_size, self.config)
 
     # -- one step ----------------------------------------------------------------------------
     def _int2_cache(self, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -374,7 +448,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         if kv_cache.dim() != 4 or kv_cache.shape[2] != self.layout.block_size:
             raise ValueError(
                 f"OSCAR expects the KV cache view [num_blocks, {self.num_kv_heads}, {self.layout.block_size}, "
-                f"{self.layout.token_bytes}]; got {tuple(kv_cache.shape)}.")
+                f"{self.layout.token_bytes}] (block size at its first forward); got {tuple(kv_cache.shape)}.")
         return kv_cache.view(kv_cache.shape[0], kv_cache.shape[1], -1)
 
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
@@ -382,6 +456,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         """Write the step's K/V: INT2 into the pages, rotated BF16 copies into the window store."""
         from vllm.forward_context import get_forward_context
 
+        self._size_for_block_size()
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, dict):
             metadata = metadata.get(self.layer_name)
@@ -401,6 +476,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         """Attention of the step's queries [N, Hq, D] into ``output``, each by the decode read rule."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("OSCAR does not fuse output quantization.")
+        self._size_for_block_size()
         if attn_metadata is None:  # memory profiling
             return output
         m = attn_metadata

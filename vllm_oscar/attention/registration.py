@@ -169,18 +169,29 @@ def _wrap_cpu_worker_memory() -> None:
 
     @functools.wraps(original)
     def determine_available_memory(self) -> int:
-        from vllm_oscar.attention import window_store
+        """vLLM's KV budget less the BF16 window stores that it does not already account for.
+
+        The stores are sized from the geometry at the engine's final block size (set before this
+        runs) and allocated at each layer's first forward: with an explicit budget
+        (VLLM_CPU_KVCACHE_SPACE, kv_cache_memory_bytes) all of them come out of it; otherwise vLLM's
+        budget is the requested memory less this process's resident memory, which already holds the
+        stores a warm-up forward allocated, so only the rest comes out.
+        """
+        from vllm_oscar.attention.backend import window_store_bytes_of_worker
 
         budget = original(self)
-        windows = window_store.allocated_bytes()
-        if windows:
-            if windows >= budget:
+        planned, allocated = window_store_bytes_of_worker(self.vllm_config)
+        explicit = self.cache_config.kv_cache_memory_bytes is not None
+        uncounted = planned if explicit else planned - allocated
+        if uncounted:
+            if uncounted >= budget:
                 raise ValueError(
-                    f"OSCAR's BF16 window stores ({windows / 2**30:.2f} GiB for max_num_seqs requests) do not "
+                    f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB for max_num_seqs requests) do not "
                     f"fit the KV cache budget ({budget / 2**30:.2f} GiB); raise VLLM_CPU_KVCACHE_SPACE or "
                     "lower max_num_seqs.")
-            logger.info("OSCAR: %.1f MiB of the KV budget holds the BF16 window stores.", windows / 2**20)
-        return budget - windows
+            logger.info("OSCAR: %.1f MiB of the KV budget holds the BF16 window stores (blocks of %d).",
+                        uncounted / 2**20, self.cache_config.block_size)
+        return budget - uncounted
 
     setattr(determine_available_memory, _WRAPPED, True)
     CPUWorker.determine_available_memory = determine_available_memory

@@ -4,8 +4,9 @@ Every token is written to the paged INT2 cache. Tokens that attention will read 
 (the sink, the first ``sink`` positions of a sequence, and the recent window, the last
 ``recent`` positions before the query) also get a copy of their *rotated* K/V rows in a
 window store: per layer two tensors ``[num_window_blocks, block_size, Hkv, D]`` (K and
-V), owned by the attention layer and allocated when the model is loaded, so vLLM counts
-them before it sizes its KV pool.
+V), owned by the attention layer and allocated at its first forward, when the block size
+is final (the memory profile run on a GPU, so vLLM counts them before it sizes its KV pool;
+on CPU the plugin takes their bytes, from the geometry, out of the KV budget).
 
 Window blocks are keyed by the *physical* KV block id: a block's content is the same
 for every request that shares it (prefix caching), so its BF16 copy is too. This module
