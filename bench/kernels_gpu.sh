@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # One GPU call that refreshes the kernel figures: the GPU correctness check, a tune of the default
-# launch config against its closest neighbours (masked tiles, a 128-register cap), then the full
+# launch config against its closest neighbours (masked tiles, plain loads instead of TMA), then the full
 # decode table with the fastest config per geometry (docs/notes/kernels.md, "The next GPU call"). Run from the repository root on the GPU machine;
 # everything lands under $OUT (each step's log is written as it runs, so a cut call keeps the head).
 #
 #     OUT=/tmp/k bash bench/kernels_gpu.sh            # ~5-6 min on the H200
 #     STEPS="check write" OUT=/tmp/k bash bench/kernels_gpu.sh
-#     BLOCK_SIZE=64 STEPS="tune table" OUT=/tmp/k bash bench/kernels_gpu.sh   # cache blocks of 64 (default 16)
+#     BLOCK_SIZE=16 STEPS="tune table" OUT=/tmp/k bash bench/kernels_gpu.sh   # vLLM's blocks of 16 (default 64, OSCAR's on CUDA)
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:?set OUT to a folder for the results}"
 STEPS="${STEPS:-check tune table}"
 GEOMETRIES="qwen3-8b smollm2-135m"
-BLOCK_SIZE="${BLOCK_SIZE:-16}"
+BLOCK_SIZE="${BLOCK_SIZE:-64}"
 
 step() {  # name, command...: run, log to $OUT/<name>.log, report the exit code, go on either way
   local name=$1; shift
@@ -29,7 +29,7 @@ for s in $STEPS; do
              --write-unroll 1 0 --reps 10 --json "$OUT/write.json" ;;
     tune) step tune python -m vllm_oscar.cli bench tune --geometry $GEOMETRIES --contexts 4096 32768 131072 \
             --batches 1 8 32 64 --block-t 64 --num-warps 1 --num-stages 1 --unpack 1 --full-tiles auto 0 \
-            --max-registers 0 128 --block-size "$BLOCK_SIZE" --reps 10 --json "$OUT/tune.json" ;;
+            --tma-stages auto 0 --block-size "$BLOCK_SIZE" --reps 10 --json "$OUT/tune.json" ;;
     table) step table python -m vllm_oscar.cli bench decode --geometry $GEOMETRIES --config-from "$OUT/tune.json" \
              --contexts 4096 16384 32768 65536 131072 --batches 1 8 32 64 --write-tokens 32 4096 --write-refit 8/2 \
              --block-size "$BLOCK_SIZE" --reps 10 --json "$OUT/decode.json" --png "$OUT/decode.png" ;;

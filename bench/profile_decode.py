@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
 
-from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS  # noqa: E402
+from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS, GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels import triton_ops  # noqa: E402
 from vllm_oscar.kernels.benchmark import GEOMETRIES, make_oscar_case  # noqa: E402
 
@@ -33,7 +33,7 @@ def main() -> int:
     parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="qwen3-8b")
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=GPU_DECODE_BLOCK_SIZE)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--block-t", type=int, default=None)
     parser.add_argument("--int8-keys", type=int, choices=(0, 1), default=None)
@@ -43,8 +43,6 @@ def main() -> int:
                         help="AttentionConfig.full_tiles (default: on wherever the split kernel runs)")
     parser.add_argument("--merge-pdl", type=int, choices=(0, 1), default=None,
                         help="AttentionConfig.merge_pdl (default: on for compute capability >= 9.0)")
-    parser.add_argument("--block-runs", type=int, choices=(0, 1), default=0,
-                        help="AttentionConfig.block_runs (whole blocks of a tile read as contiguous runs)")
     parser.add_argument("--dump-compiled", metavar="DIR",
                         help="write registers, spills, specialisation, PTX and cubin of every compiled "
                              "int2_split_kernel here")
@@ -59,7 +57,7 @@ def main() -> int:
         block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
         full_tiles=None if args.full_tiles is None else bool(args.full_tiles),
         int8_keys=None if args.int8_keys is None else bool(args.int8_keys),
-        merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl), block_runs=bool(args.block_runs))
+        merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl))
     out = torch.empty_like(case.query)
 
     def decode() -> None:

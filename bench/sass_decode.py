@@ -32,7 +32,7 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from vllm_oscar.config import DEFAULT_SINK_TOKENS  # noqa: E402
+from vllm_oscar.config import DEFAULT_SINK_TOKENS, GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_ops import _plane_offsets  # noqa: E402
@@ -48,6 +48,8 @@ SIGNATURE = {
     "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32", "stride_lb": "i32",
     "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32",
 }
+#: The plane descriptors of AttentionConfig.tma_stages (None, i.e. constexpr, without it).
+DESCRIPTOR_ARGS = ("kc_desc", "vc_desc", "ks_desc", "kz_desc", "vs_desc", "vz_desc")
 #: Scalars that are not marked divisible by 16 (the kernel's unspecialised ones among them; the
 #: default sink 64 and recent 256 are, so the launcher marks them).
 PLAIN_SCALARS = ("qk_scale", *SPLIT_RUNTIME_ARGS)
@@ -55,20 +57,24 @@ PLAIN_SCALARS = ("qk_scale", *SPLIT_RUNTIME_ARGS)
 
 def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int,
                    int8_keys: bool = False, prefetch: int = 0, maxnreg: int = 0, win_bt: int = 32,
-                   full_tiles: bool = True, trigger_dependents: bool = False, block_runs: bool = False):
+                   full_tiles: bool = True, trigger_dependents: bool = False, tma_stages: int = 0):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack); maxnreg 0 = compiler's choice;
     trigger_dependents: AttentionConfig.merge_pdl's griddepcontrol.launch_dependents at each program's start;
-    block_runs: AttentionConfig.block_runs."""
+    tma_stages: AttentionConfig.tma_stages (the plane descriptors typed as the launcher types them)."""
     layout = PageLayout(head_dim, head_dim, block_size)
+    q = layout.code_bytes
+    descriptor_types = (f"tensordesc<u8[1,{block_t},{q}]>", f"tensordesc<i16[1,{block_t},{q // 2}]>",
+                        *[f"tensordesc<fp16[1,{block_t}]>"] * 4)
+    descriptors = dict(zip(DESCRIPTOR_ARGS, descriptor_types)) if tma_stages else {}
     sink_span = triton.cdiv(DEFAULT_SINK_TOKENS, block_t) * block_t if full_tiles else DEFAULT_SINK_TOKENS
     constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
                      BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0,
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
-                     TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, BLOCK_RUNS=block_runs,
-                     **_plane_offsets(layout))
+                     TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
+                     **({} if tma_stages else dict.fromkeys(DESCRIPTOR_ARGS)), **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
-    signature = {**SIGNATURE, **{name: "constexpr" for name in constants}}
+    signature = {**SIGNATURE, **descriptors, **{name: "constexpr" for name in constants}}
     source = ASTSource(
         fn=int2_split_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},
@@ -123,7 +129,7 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--group", type=int, default=4, help="query heads per KV head")
     parser.add_argument("--block-t", type=int, default=64)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=GPU_DECODE_BLOCK_SIZE)
     parser.add_argument("--warps", type=int, default=1)
     parser.add_argument("--stages", type=int, default=1)
     parser.add_argument("--int8-keys", action="store_true", help="the int8-MMA key path (INT8_K)")
@@ -134,14 +140,14 @@ def main() -> int:
                         help="1 = splits walk whole tiles, unmasked (FULL_TILES, the default); 0 = masked tiles")
     parser.add_argument("--trigger-dependents", action="store_true",
                         help="AttentionConfig.merge_pdl's griddepcontrol.launch_dependents (TRIGGER_DEPENDENTS)")
-    parser.add_argument("--block-runs", action="store_true",
-                        help="whole blocks of a tile read as contiguous runs (AttentionConfig.block_runs)")
+    parser.add_argument("--tma-stages", type=int, default=0,
+                        help="TMA tile loads, software-pipelined this deep (AttentionConfig.tma_stages; 0 = off)")
     parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
     parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
     args = parser.parse_args()
     kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                             args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),
-                            args.trigger_dependents, args.block_runs)
+                            args.trigger_dependents, args.tma_stages)
     sass, registers, stack = read_compiled(kernel, args.dump)
     print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {registers}, "
           f"stack {stack} B")

@@ -25,6 +25,7 @@ from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E4
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_attention import attention_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_ops import _plane_offsets  # noqa: E402
@@ -71,7 +72,7 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=4, help="query heads per KV head")
     parser.add_argument("--rows", type=int, nargs="+", default=[64], help="MMA rows per program (prefill_rows)")
     parser.add_argument("--block-t", type=int, nargs="+", default=[32])
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=GPU_DECODE_BLOCK_SIZE)
     parser.add_argument("--warps", type=int, nargs="+", default=[4])
     parser.add_argument("--splits", type=int, nargs="+", default=[1], help="prefill_splits")
     parser.add_argument("--part", type=int, nargs="+", default=[0], choices=(0, 1, 2),

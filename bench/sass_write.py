@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E402
-from vllm_oscar.config import SCALE_EPS  # noqa: E402
+from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, ROTATION_PRECISIONS,  # noqa: E402
                                           WRITE_BLOCK_N, _plane_offsets)
@@ -62,7 +62,7 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=GPU_DECODE_BLOCK_SIZE)
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--refit", type=int, nargs=2, default=[8, 2], metavar=("K", "V"))
     parser.add_argument("--clip", type=float, nargs=2, default=[0.96, 0.92], metavar=("K", "V"))

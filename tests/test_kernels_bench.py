@@ -145,8 +145,8 @@ def test_tune_without_launch_flags_times_exactly_the_shipped_decode_config() -> 
     # One flag with two values: the shipped config and that one knob flipped, nothing else swept.
     pdl = tune_configs(_bench_args(["tune", "--merge-pdl", "0", "1"]))
     assert pdl == [dataclasses.replace(triton_ops.DEFAULT_DECODE, merge_pdl=flag) for flag in (False, True)]
-    runs = tune_configs(_bench_args(["tune", "--block-runs", "0", "1"]))
-    assert runs == [dataclasses.replace(triton_ops.DEFAULT_DECODE, block_runs=flag) for flag in (False, True)]
+    tma = tune_configs(_bench_args(["tune", "--tma-stages", "0", "2"]))
+    assert tma == [dataclasses.replace(triton_ops.DEFAULT_DECODE, tma_stages=stages) for stages in (0, 2)]
     tiles = tune_configs(_bench_args(["tune", "--block-t", "32", "64", "--num-warps", "2"]))
     assert [(c.block_t, c.split_warps, c.num_stages) for c in tiles] == [(32, 2, triton_ops.DEFAULT_DECODE.num_stages),
                                                                         (64, 2, triton_ops.DEFAULT_DECODE.num_stages)]

@@ -157,7 +157,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
                tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None,
-               full_tiles=None, block_runs=False):
+               full_tiles=None, tma_stages=None):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -166,7 +166,7 @@ def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, split
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
     config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m,
                                         window_block_t=window_block_t, merge_block_d=merge_block_d,
-                                        windows_first=windows_first, full_tiles=full_tiles, block_runs=block_runs)
+                                        windows_first=windows_first, full_tiles=full_tiles, tma_stages=tma_stages)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -316,15 +316,46 @@ def test_triton_decode_full_tiles_hands_the_int2_edges_to_the_window_programs(ca
 
 
 @pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,splits", [
-    ([150, 41, 7, 1, 96], 8, 2, 64, 16, 32, 3),   # 2 blocks per tile; ragged; requests shorter than a tile
-    ([300, 77], 4, 1, 128, 8, 32, 2),             # 4 blocks of 8 per tile, D 128
-    ([260, 130], 4, 2, 64, 16, 64, 2),            # 4 blocks of 16 per tile (the served shape)
+    ([260, 130, 64, 1], 8, 2, 64, 64, 64, 2),     # GQA 4, one tile per block, ragged, shorter than a tile
+    ([300, 77], 4, 2, 128, 32, 32, 3),            # GQA 2, D 128, blocks of 32
+    ([520, 200], 9, 3, 64, 128, 64, 2),           # GQA 3, two tiles per block (second tile at slot 64)
 ])
-def test_triton_decode_block_runs_match_reference(lens, hq, hkv, dim, bs, block_t, splits) -> None:
-    """block_runs: the whole-tile splits read each block of a tile as contiguous runs (one table entry
-    per block); unaligned windows, lost BF16 blocks."""
+@pytest.mark.parametrize("stages", [1, 2])
+def test_triton_decode_tma_tiles_match_reference(lens, hq, hkv, dim, bs, block_t, splits, stages) -> None:
+    """tma_stages: the whole-tile splits load each tile through tensor descriptors over the cache planes
+    (region = block x KV heads + head, slot = the tile's offset in its block); unaligned windows, lost
+    BF16 blocks."""
     run_decode(lens, hq, hkv, dim, dim, bs, 5, 24, 1, block_t, splits, seed=sum(lens) + bs, full_tiles=True,
-               block_runs=True)
+               tma_stages=stages)
+
+
+def test_triton_decode_tma_tiles_need_whole_tiles_in_a_block() -> None:
+    with pytest.raises(ValueError, match="tma_stages=2 needs the INT2 split kernel walking whole tiles"):
+        run_decode([90], 4, 1, 64, 64, 16, 4, 8, 0, 32, 1, seed=3, tma_stages=2)  # blocks of 16, tiles of 32
+
+
+def test_tma_tiles_by_default_only_on_hopper_gpus_with_large_heads(monkeypatch) -> None:
+    """tma_stages=None: TMA_STAGES (and no L2 prefetch) where the tiles fit the blocks, head_dim >=
+    TMA_MIN_HEAD_DIM and the GPU has TMA; plain loads otherwise (the split plan read on CPU tensors, the
+    GPU's capability monkeypatched, the kernel's compile skipped by a fixed programs-per-SM)."""
+    monkeypatch.setattr(triton_ops, "_interpreting", lambda: False)
+    gen = torch.Generator().manual_seed(5)
+
+    def plan(dim, bs, capability):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        layout = PageLayout(dim, dim, bs, torch.float16)
+        state = random_paged_state([300], 2, layout, 4, 8, gen)
+        query = torch.randn(1, 8, dim, generator=gen).to(torch.bfloat16)
+        return triton_ops._plan_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                       state.window_block_table, state.seq_lens, 4, 8, 0.1, 300,
+                                       triton_ops.AttentionConfig(programs_per_sm=8)).split_consts
+
+    hopper = plan(128, 64, (9, 0))
+    assert hopper["TMA_STAGES"] == triton_ops.TMA_STAGES and hopper["PREFETCH"] == 0
+    assert plan(128, 16, (9, 0))["TMA_STAGES"] == 0  # blocks of 16 hold no whole 64-position tile
+    assert plan(64, 64, (9, 0))["TMA_STAGES"] == 0  # head_dim below TMA_MIN_HEAD_DIM
+    ampere = plan(128, 64, (8, 0))
+    assert ampere["TMA_STAGES"] == 0 and ampere["PREFETCH"] == triton_ops.PREFETCH_TILES
 
 
 def test_triton_decode_full_tiles_need_the_split_kernel() -> None:

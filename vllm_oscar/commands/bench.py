@@ -18,7 +18,7 @@ import torch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from vllm_oscar.config import SERVED_REFIT_ITERATIONS
+    from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
     from vllm_oscar.kernels.prefill_benchmark import PREFILL_BATCHES, PREFILL_CHUNKS, PREFILL_PREFIXES
     from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT, PREFILL_ROWS,
@@ -50,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-new-rows", action="store_true",
                         help="prefill: read the chunk from its new BF16 rows, not back from the caches (the "
                              "served path reads the caches)")
-    parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM default 16)")
+    parser.add_argument("--block-size", type=int, default=GPU_DECODE_BLOCK_SIZE,
+                        help=f"KV block size in tokens (default {GPU_DECODE_BLOCK_SIZE}, what OSCAR asks vLLM for on CUDA; "
+                             f"vLLM's own default is 16)")
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
                         help="decode: also time oscar_write on this many new tokens per layer")
@@ -105,8 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-pdl", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="tune: launch the merge with programmatic dependent launch (AttentionConfig.merge_pdl; "
                              "auto = the default: on for compute capability >= 9.0)")
-    parser.add_argument("--block-runs", nargs="+", default=["0"], choices=("0", "1"),
-                        help="tune: 1 = whole blocks of a tile read as contiguous runs (AttentionConfig.block_runs)")
+    parser.add_argument("--tma-stages", nargs="+", default=["auto"],
+                        help="tune: > 0 = the INT2 splits load whole tiles by TMA, pipelined this deep; 0 = plain "
+                             "loads (AttentionConfig.tma_stages; auto = the default; > 0 needs --block-size a "
+                             "multiple of the tile)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -138,13 +142,13 @@ def tune_configs(args: argparse.Namespace) -> list:
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
-                            block_runs=bool(int(runs)))
-            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, runs in itertools.product(
+                            tma_stages=_auto(tma, int))
+            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
                 args.programs_per_sm, args.min_tiles, args.int8_keys, args.max_registers, args.prefetch,
                 args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl,
-                args.block_runs)]
+                args.tma_stages)]
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list:
@@ -234,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
-                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} runs={c['block_runs']}: {line}",
+                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']}: {line}",
                       flush=True)
                 rows.append(r)
         report["tune"] = rows

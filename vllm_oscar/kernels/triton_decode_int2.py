@@ -102,40 +102,14 @@ def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.co
 
 
 @triton.jit
-def _load_block_runs(head_base, bt_row, stride_cb, t0, K_CODES: tl.constexpr, V_CODES: tl.constexpr,
-                     K_SCALE: tl.constexpr, K_ZERO: tl.constexpr, V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
-                     SCALE_T: tl.constexpr, BS: tl.constexpr, Q: tl.constexpr, BLOCK_T: tl.constexpr):
-    """_load_tile of a tile made of BLOCK_T / BS whole blocks (t0 a multiple of BS, every position inside
-    the INT2 range): each plane of each block is read as one contiguous run ([NB, BS * width] loads,
-    reshaped to the tile's rows) from one block address per block, instead of one address per position."""
-    NB: tl.constexpr = BLOCK_T // BS
-    bases = head_base + tl.load(bt_row + t0 // BS + tl.arange(0, NB)).to(tl.int64) * stride_cb  # [NB]
-    slots = tl.arange(0, BS)
-    kc = tl.reshape(tl.load(bases[:, None] + K_CODES + tl.arange(0, BS * Q)[None, :]), [BLOCK_T, Q])
-    vc = tl.reshape(tl.load((bases[:, None] + V_CODES).to(tl.pointer_type(tl.int16)) + tl.arange(0, BS * Q // 2)[None, :]),
-                    [BLOCK_T, Q // 2])
-    ks = tl.reshape(tl.load((bases[:, None] + K_SCALE).to(tl.pointer_type(SCALE_T)) + slots[None, :]), [BLOCK_T])
-    kz = tl.reshape(tl.load((bases[:, None] + K_ZERO).to(tl.pointer_type(SCALE_T)) + slots[None, :]), [BLOCK_T])
-    vs = tl.reshape(tl.load((bases[:, None] + V_SCALE).to(tl.pointer_type(SCALE_T)) + slots[None, :]), [BLOCK_T])
-    vz = tl.reshape(tl.load((bases[:, None] + V_ZERO).to(tl.pointer_type(SCALE_T)) + slots[None, :]), [BLOCK_T])
-    return kc, ks, kz, vc, vs, vz, tl.full([BLOCK_T], 1, tl.int1)
-
-
-@triton.jit
 def _load_tile(head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, sink_end, int2_end,
                K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
                V_SCALE: tl.constexpr, V_ZERO: tl.constexpr, SCALE_T: tl.constexpr, BS: tl.constexpr,
-               Q: tl.constexpr, SAME_BLOCK: tl.constexpr, MASKED: tl.constexpr = True,
-               BLOCK_RUNS: tl.constexpr = False):
+               Q: tl.constexpr, SAME_BLOCK: tl.constexpr, MASKED: tl.constexpr = True):
     """One tile of positions [t0, t0 + BLOCK_T) of one (request, KV head): K codes [BT, Q] uint8, K scale and
     offset [BT] (SCALE_T), V codes as int16 byte pairs [BT, Q/2], V scale and offset [BT], and the mask ok [BT]
     of positions inside the pure-INT2 range [sink_end, int2_end). MASKED=False: the caller knows the whole
-    tile is inside it (no masks, ok all true). BLOCK_RUNS: an unmasked tile of whole blocks (t0 a multiple of
-    BS) is read by _load_block_runs."""
-    BLOCK_T: tl.constexpr = offs_t.shape[0]
-    if BLOCK_RUNS and not MASKED and not SAME_BLOCK and BLOCK_T % BS == 0:
-        return _load_block_runs(head_base, bt_row, stride_cb, t0, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
-                                V_ZERO, SCALE_T, BS, Q, BLOCK_T)
+    tile is inside it (no masks, ok all true)."""
     s = t0 + offs_t
     if MASKED:
         ok = (s >= sink_end) & (s < int2_end)
@@ -167,6 +141,21 @@ def _load_tile(head_base, bt_row, stride_cb, t0, offs_t, cols, pairs, sink_end, 
         vs = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T)) + slot)
         vz = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T)) + slot)
     return kc, ks, kz, vc, vs, vz, ok
+
+
+@triton.jit
+def _load_tile_tma(kc_desc, vc_desc, ks_desc, kz_desc, vs_desc, vz_desc, region, slot0, BLOCK_T: tl.constexpr,
+                   Q: tl.constexpr):
+    """_load_tile of a whole tile inside one cache block, by tensor-memory-accelerator copies: region = the
+    (block, KV head) region index (block id x KV heads + head), slot0 = the tile's first position in the
+    block. The descriptors (triton_ops._tile_descriptors) address each plane as [regions, block_size, width]."""
+    kc = tl.reshape(kc_desc.load([region, slot0, 0]), [BLOCK_T, Q])
+    vc = tl.reshape(vc_desc.load([region, slot0, 0]), [BLOCK_T, Q // 2])
+    ks = tl.reshape(ks_desc.load([region, slot0]), [BLOCK_T])
+    kz = tl.reshape(kz_desc.load([region, slot0]), [BLOCK_T])
+    vs = tl.reshape(vs_desc.load([region, slot0]), [BLOCK_T])
+    vz = tl.reshape(vz_desc.load([region, slot0]), [BLOCK_T])
+    return kc, ks, kz, vc, vs, vz, tl.full([BLOCK_T], 1, tl.int1)
 
 
 @triton.jit
@@ -291,6 +280,7 @@ def int2_split_kernel(
     part_ptr, stride_pb, stride_ph, stride_ps,
     lse_ptr, stride_lb, stride_lh,
     sink, recent, qk_scale,
+    kc_desc, vc_desc, ks_desc, kz_desc, vs_desc, vz_desc,
     GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr,
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
@@ -298,7 +288,7 @@ def int2_split_kernel(
     NSPLIT, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
-    FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, BLOCK_RUNS: tl.constexpr = False,
+    FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, TMA_STAGES: tl.constexpr = 0,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -309,9 +299,9 @@ def int2_split_kernel(
     FULL_TILES: [0, head_end) and [tail_start, length), see the module docstring). A window position reads
     its BF16 copy (window_k/window_v at window_block_table) and, where its block has no copy (table entry
     < 0), its INT2 codes; an INT2 edge position (FULL_TILES) reads its INT2 codes. TRIGGER_DEPENDENTS:
-    every program lets a programmatically dependent launch (the merge) start as it begins. BLOCK_RUNS: the
-    whole-tile splits read each block of a tile as contiguous runs from one block address
-    (_load_block_runs) where blocks are smaller than the tile."""
+    every program lets a programmatically dependent launch (the merge) start as it begins. TMA_STAGES > 0
+    (FULL_TILES, tiles inside one cache block): the splits load their tiles through the tensor descriptors
+    kc_desc..vz_desc (None otherwise), software-pipelined TMA_STAGES deep."""
     Q: tl.constexpr = D // 4
     if TRIGGER_DEPENDENTS:  # the merge, launched with programmatic dependent launch, may start now (it
         gdc_launch_dependents()  # waits for this kernel's completion before reading any partial)
@@ -381,15 +371,28 @@ def int2_split_kernel(
     head_base = cache_ptr + h * stride_ch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
-    if pid < NSPLIT:
+    if pid < NSPLIT and TMA_STAGES > 0:
+        heads = stride_cb // REGION  # regions per block (the descriptors need a contiguous cache)
+        for i in tl.range(lo, hi, num_stages=TMA_STAGES):
+            t0 = first + i * BLOCK_T
+            if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
+                _prefetch_tile(head_base, bt_row, stride_cb, t0 + PREFETCH * BLOCK_T, int2_end,
+                               i + PREFETCH < hi, BS, BLOCK_T, REGION)
+            region = tl.load(bt_row + t0 // BS) * heads + h
+            kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile_tma(
+                kc_desc, vc_desc, ks_desc, kz_desc, vs_desc, vz_desc, region, t0 % BS, BLOCK_T, Q)
+            m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
+                kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+                m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                BLOCK_T, GP, MODE, EMU, INT8_K, False)
+    elif pid < NSPLIT:
         for i in range(lo, hi):
             if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
                 _prefetch_tile(head_base, bt_row, stride_cb, first + (i + PREFETCH) * BLOCK_T, int2_end,
                                i + PREFETCH < hi, BS, BLOCK_T, REGION)
             kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile(
                 head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
-                K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK, not FULL_TILES,
-                BLOCK_RUNS)
+                K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK, not FULL_TILES)
             m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
                 m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,

@@ -19,10 +19,11 @@ from typing import Callable, Optional
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_oscar.config import INT8_MMA_MIN_HEAD_DIM, REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
 from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_write_args
-from vllm_oscar.kernels.layout import PageLayout
+from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
@@ -142,6 +143,14 @@ MERGE_BLOCK_D: int = 32
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
 #: (docs/notes/kernels.md V8).
 PREFETCH_TILES: int = 1
+#: AttentionConfig.tma_stages=None: TMA tile loads, this many stages deep (and no L2 prefetch), where the
+#: head dimension is at least TMA_MIN_HEAD_DIM on GPUs of compute capability >= TMA_MIN_CAPABILITY. H200,
+#: blocks of 64, one call (docs/perf/tune_v26_tma_bs64*.json): Qwen3-8B B=1 32K 0.0156 -> 0.0148 ms, 128K
+#: 0.0383 -> 0.0362, 4K B=8 0.0195 -> 0.0183, B >= 32 within the 3% spread of repeated plain runs; SmolLM2
+#: (head_dim 64) 2-6% slower, hence the head-size floor (docs/notes/kernels.md V26).
+TMA_STAGES: int = 3
+TMA_MIN_HEAD_DIM: int = 128
+TMA_MIN_CAPABILITY: tuple[int, int] = (9, 0)
 #: MMA rows per prefill program (query tokens x padded GQA group), AttentionConfig.prefill_rows.
 PREFILL_ROWS: int = 64
 #: Largest prefill tile on a GPU. With Triton 3.6 on the H200, prefill tiles of 64 positions compile to
@@ -188,7 +197,7 @@ class AttentionConfig:
     fewer registers let more programs share an SM);
     prefetch: the INT2 split programs ask L2 for the tile this many steps ahead (prefetch.global.L2;
     0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change. None =
-    PREFETCH_TILES with the PTX unpack, 0 otherwise;
+    PREFETCH_TILES with the PTX unpack and plain tile loads, 0 otherwise (with TMA tile loads too);
     window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
     None = min(block_t, WINDOW_BLOCK_T)); merge_block_d: channels per merge program (a power of two
     >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)); windows_first: dispatch the
@@ -213,11 +222,13 @@ class AttentionConfig:
     waits (griddepcontrol.wait) for their kernel to finish, so its launch overlaps their tail instead of
     following it. None = on for GPUs of compute capability >= 9.0 (the only ones with griddepcontrol),
     off elsewhere and under the interpreter; True on an older GPU raises (docs/notes/kernels.md V19:
-    up to 8% faster at batch 1 and small batches, the same elsewhere); block_runs: where cache blocks
-    are smaller than the tile (vLLM's default 16 against 64), the whole-tile splits read each block of a
-    tile as contiguous runs from one block address instead of one address per position (offline SASS:
-    128 registers and 911 loop instructions against 162 and 943 at blocks of 16; built and checked,
-    not yet timed: docs/notes/kernels.md V23).
+    up to 8% faster at batch 1 and small batches, the same elsewhere); tma_stages: > 0 = the whole-tile
+    INT2 splits load their tiles by tensor-memory-accelerator copies (tensor descriptors over the cache's
+    planes) in a software pipeline this many stages deep; needs full_tiles, cache blocks that hold whole
+    tiles (block_size a multiple of block_t) and a contiguous cache; 0 = plain loads. None = TMA_STAGES
+    where that holds, head_dim >= TMA_MIN_HEAD_DIM and the GPU has compute capability >=
+    TMA_MIN_CAPABILITY (with no L2 prefetch then, unless prefetch is given), 0 elsewhere and under the
+    interpreter (docs/notes/kernels.md V26).
     """
 
     block_t: Optional[int] = None
@@ -240,7 +251,7 @@ class AttentionConfig:
     prefill_splits: Optional[int] = None
     prefill_int2_apart: Optional[bool] = None
     merge_pdl: Optional[bool] = None
-    block_runs: bool = False
+    tma_stages: Optional[int] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -276,6 +287,25 @@ def _check_last_dim_contiguous(**tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride 1); got strides {t.stride()}.")
+
+
+def _tile_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: int) -> list:
+    """Tensor descriptors of the six planes of a contiguous [num_blocks, Hkv, region] uint8 cache, in PLANES
+    order, for int2_split_kernel's TMA loads: codes as [regions, block_size, width] (K as uint8, V as int16
+    byte pairs), scales and offsets as [regions, block_size] (one group per row), each read in boxes of
+    one tile (block_t positions of one region)."""
+    flat = int2_cache.view(-1)
+    regions = int2_cache.shape[0] * int2_cache.shape[1]
+    region, bs, width = layout.head_region_bytes, layout.block_size, layout.code_bytes
+    offsets = _plane_offsets(layout)
+    pairs = flat[offsets["V_CODES"]:].view(torch.int16)
+    descriptors = [TensorDescriptor(flat[offsets["K_CODES"]:], [regions, bs, width], [region, width, 1], [1, block_t, width]),
+                   TensorDescriptor(pairs, [regions, bs, width // 2], [region // 2, width // 2, 1], [1, block_t, width // 2])]
+    entry = layout.param_bytes
+    for plane in ("K_SCALE", "K_ZERO", "V_SCALE", "V_ZERO"):
+        values = flat[offsets[plane]:].view(layout.scale_dtype)
+        descriptors.append(TensorDescriptor(values, [regions, bs], [region // entry, 1], [1, block_t]))
+    return descriptors
 
 
 def _plane_offsets(layout: PageLayout) -> dict[str, int]:
@@ -538,7 +568,23 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     meta = _common_meta(layout, group, window_k, config)
     int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
     int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
-    prefetch = (PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0) if config.prefetch is None else config.prefetch
+    tma_applies = split_int2 and full_tiles and meta["SAME_BLOCK"] and int2_cache.is_contiguous()
+    if config.tma_stages is None:
+        tma_stages = TMA_STAGES if (tma_applies and layout.head_dim >= TMA_MIN_HEAD_DIM and not meta["EMU"]
+                                    and torch.cuda.get_device_capability(query_rot.device) >= TMA_MIN_CAPABILITY) else 0
+    else:
+        tma_stages = config.tma_stages
+    if tma_stages and not tma_applies:
+        raise ValueError(
+            f"tma_stages={tma_stages} needs the INT2 split kernel walking whole tiles (tokens_on_m=True, one "
+            f"group per row, full_tiles not False), cache blocks holding whole tiles (block_size {layout.block_size} "
+            f"a multiple of block_t {block_t}) and a contiguous int2_cache; got group_size {layout.group_size}, "
+            f"head_dim {layout.head_dim}, full_tiles={config.full_tiles}, contiguous={int2_cache.is_contiguous()}. "
+            f"Leave tma_stages at None or 0.")
+    if config.prefetch is None:
+        prefetch = PREFETCH_TILES if meta["MODE"] == UNPACK_PTX and not tma_stages else 0
+    else:
+        prefetch = config.prefetch
     if int8_keys and not int8_applies:
         raise ValueError(
             f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
@@ -551,6 +597,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if prefetch and meta["MODE"] != UNPACK_PTX:
         raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
+    descriptors = _tile_descriptors(int2_cache, layout, block_t) if tma_stages else [None] * len(PLANES)
     device = query_rot.device
 
     def split_args(part: torch.Tensor, lse: torch.Tensor) -> list:
@@ -560,7 +607,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 block_table, window_block_table, block_table.stride(0), seq_lens,
                 part, part.stride(0), part.stride(1), part.stride(2),
                 lse, lse.stride(0), lse.stride(1),
-                sink, recent, softmax_scale * LOG2E]
+                sink, recent, softmax_scale * LOG2E, *descriptors]
 
     split_consts = dict(
         **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE", "K_ZERO",
@@ -568,7 +615,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
-        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"], device), BLOCK_RUNS=config.block_runs,
+        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"], device), TMA_STAGES=tma_stages,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
