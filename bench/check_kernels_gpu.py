@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import torch  # noqa: E402
 
 from kernels_reference import check_write_case, int8_rounded_query, random_paged_state, write_case  # noqa: E402
+from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
 from vllm_oscar.quant import unpack_codes  # noqa: E402
@@ -277,13 +278,15 @@ def check_prefill(report: list) -> None:
 
 def check_graph(report: list) -> None:
     """Capture decode once; replay with new lengths/tables/queries; compare with eager calls of the same
-    config (bit for bit); with the merge launched programmatically dependent and not."""
-    for merge_pdl in (False, True):
-        _check_graph(report, triton_ops.AttentionConfig(merge_pdl=merge_pdl))
+    config (bit for bit); with the merge launched programmatically dependent and not, at vLLM's blocks of
+    16 (pointer loads) and OSCAR's blocks of 64 (TMA tile loads where the GPU has them)."""
+    for bs in (16, GPU_DECODE_BLOCK_SIZE):
+        for merge_pdl in (False, True):
+            _check_graph(report, triton_ops.AttentionConfig(merge_pdl=merge_pdl), bs)
 
 
-def _check_graph(report: list, config) -> None:
-    sink, recent, hq, hkv, dim, bs = 64, 256, 32, 8, 128, 16
+def _check_graph(report: list, config, bs: int) -> None:
+    sink, recent, hq, hkv, dim = 64, 256, 32, 8, 128
     max_len = 40000
     gen = torch.Generator().manual_seed(9)
     layout = PageLayout(dim, dim, bs, torch.float16)
@@ -322,8 +325,9 @@ def _check_graph(report: list, config) -> None:
                                         config=config)
         worst = max(worst, float((replayed.float() - eager.float()).abs().max()))
     ok = worst == 0.0
-    report.append({"check": "graph", "merge_pdl": config.merge_pdl, "max_abs_diff_replay_vs_eager": worst, "ok": ok})
-    print(f"graph (merge_pdl={config.merge_pdl}): 6 replays with changing lengths/tables/queries, "
+    report.append({"check": "graph", "block_size": bs, "merge_pdl": config.merge_pdl,
+                   "max_abs_diff_replay_vs_eager": worst, "ok": ok})
+    print(f"graph (blocks of {bs}, merge_pdl={config.merge_pdl}): 6 replays with changing lengths/tables/queries, "
           f"max |replay - eager| = {worst:.1e} "
           f"{'ok' if ok else 'FAIL'}", flush=True)
 
