@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call that refreshes the kernel figures: the GPU correctness check, a tune of the default
-# launch config against its closest neighbours (masked tiles, plain loads instead of TMA), then the full
+# launch config against its closest neighbours (masked tiles, TMA tile loads), then the full
 # decode table with the fastest config per geometry (docs/notes/kernels.md, "The next GPU call"). Run from the repository root on the GPU machine;
 # everything lands under $OUT (each step's log is written as it runs, so a cut call keeps the head).
 #
@@ -29,7 +29,7 @@ for s in $STEPS; do
              --write-unroll 1 0 --reps 10 --json "$OUT/write.json" ;;
     tune) step tune python -m vllm_oscar.cli bench tune --geometry $GEOMETRIES --contexts 4096 32768 131072 \
             --batches 1 8 32 64 --block-t 64 --num-warps 1 --num-stages 1 --unpack 1 --full-tiles auto 0 \
-            --tma-stages auto 0 --block-size "$BLOCK_SIZE" --reps 10 --json "$OUT/tune.json" ;;
+            --tma-stages 0 3 --block-size "$BLOCK_SIZE" --reps 10 --json "$OUT/tune.json" ;;
     table) step table python -m vllm_oscar.cli bench decode --geometry $GEOMETRIES --config-from "$OUT/tune.json" \
              --contexts 4096 16384 32768 65536 131072 --batches 1 8 32 64 --write-tokens 32 4096 --write-refit 8/2 \
              --block-size "$BLOCK_SIZE" --reps 10 --json "$OUT/decode.json" --png "$OUT/decode.png" ;;

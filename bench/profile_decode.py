@@ -43,6 +43,8 @@ def main() -> int:
                         help="AttentionConfig.full_tiles (default: on wherever the split kernel runs)")
     parser.add_argument("--merge-pdl", type=int, choices=(0, 1), default=None,
                         help="AttentionConfig.merge_pdl (default: on for compute capability >= 9.0)")
+    parser.add_argument("--tma-stages", type=int, default=0,
+                        help="AttentionConfig.tma_stages (0 = plain loads, the default)")
     parser.add_argument("--dump-compiled", metavar="DIR",
                         help="write registers, spills, specialisation, PTX and cubin of every compiled "
                              "int2_split_kernel here")
@@ -57,7 +59,7 @@ def main() -> int:
         block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
         full_tiles=None if args.full_tiles is None else bool(args.full_tiles),
         int8_keys=None if args.int8_keys is None else bool(args.int8_keys),
-        merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl))
+        merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl), tma_stages=args.tma_stages)
     out = torch.empty_like(case.query)
 
     def decode() -> None:

@@ -157,7 +157,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
                tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None,
-               full_tiles=None, tma_stages=None):
+               full_tiles=None, tma_stages=0):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -334,28 +334,33 @@ def test_triton_decode_tma_tiles_need_whole_tiles_in_a_block() -> None:
         run_decode([90], 4, 1, 64, 64, 16, 4, 8, 0, 32, 1, seed=3, tma_stages=2)  # blocks of 16, tiles of 32
 
 
-def test_tma_tiles_by_default_only_on_hopper_gpus_with_large_heads(monkeypatch) -> None:
-    """tma_stages=None: TMA_STAGES (and no L2 prefetch) where the tiles fit the blocks, head_dim >=
-    TMA_MIN_HEAD_DIM and the GPU has TMA; plain loads otherwise (the split plan read on CPU tensors, the
-    GPU's capability monkeypatched, the kernel's compile skipped by a fixed programs-per-SM)."""
-    monkeypatch.setattr(triton_ops, "_interpreting", lambda: False)
-    gen = torch.Generator().manual_seed(5)
-
-    def plan(dim, bs, capability):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-        layout = PageLayout(dim, dim, bs, torch.float16)
-        state = random_paged_state([300], 2, layout, 4, 8, gen)
-        query = torch.randn(1, 8, dim, generator=gen).to(torch.bfloat16)
-        return triton_ops._plan_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                       state.window_block_table, state.seq_lens, 4, 8, 0.1, 300,
-                                       triton_ops.AttentionConfig(programs_per_sm=8)).split_consts
-
-    hopper = plan(128, 64, (9, 0))
-    assert hopper["TMA_STAGES"] == triton_ops.TMA_STAGES and hopper["PREFETCH"] == 0
-    assert plan(128, 16, (9, 0))["TMA_STAGES"] == 0  # blocks of 16 hold no whole 64-position tile
-    assert plan(64, 64, (9, 0))["TMA_STAGES"] == 0  # head_dim below TMA_MIN_HEAD_DIM
-    ampere = plan(128, 64, (8, 0))
-    assert ampere["TMA_STAGES"] == 0 and ampere["PREFETCH"] == triton_ops.PREFETCH_TILES
+def test_decode_plans_and_descriptors_are_built_once_per_shape_and_cache(monkeypatch) -> None:
+    """A second call with the same shapes, geometry, max_seq_len and config reuses the launch plan (and the
+    same cache its TMA descriptors) and still matches the float64 reference on new data; a new max_seq_len
+    or config plans again, a new cache gets its own descriptors."""
+    plans, descriptors = [], []
+    plan, tile_descriptors = triton_ops._plan_decode, triton_ops._tile_descriptors
+    monkeypatch.setattr(triton_ops, "_plan_decode", lambda *a: plans.append(a[-2:]) or plan(*a))
+    monkeypatch.setattr(triton_ops, "_tile_descriptors", lambda *a: descriptors.append(a[0]) or tile_descriptors(*a))
+    monkeypatch.setattr(triton_ops, "_PLANS", {})
+    monkeypatch.setattr(triton_ops, "_DESCRIPTORS", {})
+    layout = PageLayout(64, 64, 32, torch.float16)
+    config = triton_ops.AttentionConfig(block_t=32, num_splits=2, tma_stages=2)
+    for seed, max_seq_len in ((1, 256), (2, 256), (3, 512)):
+        gen = torch.Generator().manual_seed(seed)
+        state = random_paged_state([200, 90], 2, layout, 5, 24, gen)
+        query = (4.0 * torch.randn(2, 8, 64, generator=gen)).to(torch.bfloat16)
+        got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                      state.window_block_table, state.seq_lens, 5, 24, 0.125, max_seq_len=max_seq_len,
+                                      config=config)
+        expected = ref_decode(state, query.double(), 5, 24, 0.125)
+        for row in range(2):
+            assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"seed {seed} request {row}"
+    assert [p[0] for p in plans] == [256, 512]  # the second call reused the first plan
+    assert len(descriptors) == 3  # one set per cache (each seed builds a new cache)
+    assert all(a is not b for a, b in zip(descriptors, descriptors[1:]))
+    reused = triton_ops._cached_descriptors(descriptors[-1], layout, 32)
+    assert reused is triton_ops._cached_descriptors(descriptors[-1], layout, 32) and len(descriptors) == 3
 
 
 def test_triton_decode_full_tiles_need_the_split_kernel() -> None:

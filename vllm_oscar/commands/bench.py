@@ -107,10 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-pdl", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="tune: launch the merge with programmatic dependent launch (AttentionConfig.merge_pdl; "
                              "auto = the default: on for compute capability >= 9.0)")
-    parser.add_argument("--tma-stages", nargs="+", default=["auto"],
+    parser.add_argument("--tma-stages", type=int, nargs="+", default=[0],
                         help="tune: > 0 = the INT2 splits load whole tiles by TMA, pipelined this deep; 0 = plain "
-                             "loads (AttentionConfig.tma_stages; auto = the default; > 0 needs --block-size a "
-                             "multiple of the tile)")
+                             "loads, the default (AttentionConfig.tma_stages; > 0 needs --block-size a multiple "
+                             "of the tile)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -142,7 +142,7 @@ def tune_configs(args: argparse.Namespace) -> list:
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
-                            tma_stages=_auto(tma, int))
+                            tma_stages=tma)
             for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],

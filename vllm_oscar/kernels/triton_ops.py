@@ -143,14 +143,6 @@ MERGE_BLOCK_D: int = 32
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
 #: (docs/notes/kernels.md V8).
 PREFETCH_TILES: int = 1
-#: AttentionConfig.tma_stages=None: TMA tile loads, this many stages deep (and no L2 prefetch), where the
-#: head dimension is at least TMA_MIN_HEAD_DIM on GPUs of compute capability >= TMA_MIN_CAPABILITY. H200,
-#: blocks of 64, one call (docs/perf/tune_v26_tma_bs64*.json): Qwen3-8B B=1 32K 0.0156 -> 0.0148 ms, 128K
-#: 0.0383 -> 0.0362, 4K B=8 0.0195 -> 0.0183, B >= 32 within the 3% spread of repeated plain runs; SmolLM2
-#: (head_dim 64) 2-6% slower, hence the head-size floor (docs/notes/kernels.md V26).
-TMA_STAGES: int = 3
-TMA_MIN_HEAD_DIM: int = 128
-TMA_MIN_CAPABILITY: tuple[int, int] = (9, 0)
 #: MMA rows per prefill program (query tokens x padded GQA group), AttentionConfig.prefill_rows.
 PREFILL_ROWS: int = 64
 #: Largest prefill tile on a GPU. With Triton 3.6 on the H200, prefill tiles of 64 positions compile to
@@ -224,11 +216,13 @@ class AttentionConfig:
     off elsewhere and under the interpreter; True on an older GPU raises (docs/notes/kernels.md V19:
     up to 8% faster at batch 1 and small batches, the same elsewhere); tma_stages: > 0 = the whole-tile
     INT2 splits load their tiles by tensor-memory-accelerator copies (tensor descriptors over the cache's
-    planes) in a software pipeline this many stages deep; needs full_tiles, cache blocks that hold whole
-    tiles (block_size a multiple of block_t) and a contiguous cache; 0 = plain loads. None = TMA_STAGES
-    where that holds, head_dim >= TMA_MIN_HEAD_DIM and the GPU has compute capability >=
-    TMA_MIN_CAPABILITY (with no L2 prefetch then, unless prefetch is given), 0 elsewhere and under the
-    interpreter (docs/notes/kernels.md V26).
+    planes, built once per cache) in a software pipeline this many stages deep, and no L2 prefetch unless
+    prefetch is given; needs full_tiles, cache blocks that hold whole tiles (block_size a multiple of
+    block_t) and a contiguous cache. 0 = plain loads (the default). On the H200 3 stages are 2-7% faster
+    at head_dim 128 and small batches in CUDA-graph replays, the same at large batches, 2-6% slower at
+    head_dim 64; but Triton encodes the six descriptors on the host at every launch (tens of us), more
+    than the kernel saves where the launch is not graph-captured, as in the vLLM backend today
+    (docs/notes/kernels.md V26).
     """
 
     block_t: Optional[int] = None
@@ -251,7 +245,7 @@ class AttentionConfig:
     prefill_splits: Optional[int] = None
     prefill_int2_apart: Optional[bool] = None
     merge_pdl: Optional[bool] = None
-    tma_stages: Optional[int] = None
+    tma_stages: int = 0
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -498,9 +492,10 @@ def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _DecodePlan:
-    """How oscar_decode launches one call: the split count and the INT2 split kernel's arguments."""
+    """How oscar_decode launches one call: the split count and the INT2 split kernel's constexprs (the
+    same for every call with the same shapes, dtypes, geometry, max_seq_len and config: _cached_plan)."""
 
     split_int2: bool  # the INT2 split kernel (else the general kernel)
     num_splits: int
@@ -508,7 +503,59 @@ class _DecodePlan:
     nsink: int
     meta: dict  # _common_meta
     split_consts: dict  # constexprs and launch options of int2_split_kernel
-    split_args: Callable[[torch.Tensor, torch.Tensor], list]  # (part, lse) -> its runtime arguments
+    tma_block_t: Optional[int]  # the tile of the TMA plane descriptors (None: plain loads, no descriptors)
+
+
+def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
+                part: torch.Tensor, lse: torch.Tensor, sink: int, recent: int, softmax_scale: float,
+                descriptors: list) -> list:
+    """The runtime arguments of int2_split_kernel (tensors, strides, scalars, plane descriptors)."""
+    return [query_rot, query_rot.stride(0), query_rot.stride(1),
+            int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+            block_table, window_block_table, block_table.stride(0), seq_lens,
+            part, part.stride(0), part.stride(1), part.stride(2),
+            lse, lse.stride(0), lse.stride(1),
+            sink, recent, softmax_scale * LOG2E, *descriptors]
+
+
+#: Plans (_cached_plan) and TMA plane descriptors (_cached_descriptors) of earlier calls; each is
+#: emptied when it reaches its bound (a served model reuses one entry per layer and batch shape).
+_PLANS: dict[tuple, _DecodePlan] = {}
+_DESCRIPTORS: dict[tuple, list] = {}
+PLAN_CACHE_ENTRIES: int = 4096
+DESCRIPTOR_CACHE_ENTRIES: int = 1024
+
+
+def _cached_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: Optional[int]) -> list:
+    """_tile_descriptors of this cache (the same objects for the same memory, shape and layout), or one
+    None per plane without TMA."""
+    if block_t is None:
+        return [None] * len(PLANES)
+    key = (int2_cache.data_ptr(), tuple(int2_cache.shape), int2_cache.dtype, int2_cache.device, layout, block_t)
+    found = _DESCRIPTORS.get(key)
+    if found is None:
+        if len(_DESCRIPTORS) >= DESCRIPTOR_CACHE_ENTRIES:
+            _DESCRIPTORS.clear()
+        found = _DESCRIPTORS[key] = _tile_descriptors(int2_cache, layout, block_t)
+    return found
+
+
+def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
+                 seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
+                 config: AttentionConfig) -> _DecodePlan:
+    """_plan_decode of an earlier call with the same shapes, dtypes, layout, windows, max_seq_len and config
+    (what the plan depends on), else a new one: a served step skips the planning's host work."""
+    key = (tuple(query_rot.shape), query_rot.dtype, query_rot.device, tuple(int2_cache.shape[1:]), int2_cache.dtype,
+           int2_cache.is_contiguous(), window_k.dtype, layout, sink, recent, max_seq_len, config, _interpreting())
+    found = _PLANS.get(key)
+    if found is None:
+        if len(_PLANS) >= PLAN_CACHE_ENTRIES:
+            _PLANS.clear()
+        found = _PLANS[key] = _plan_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
+                                           window_block_table, seq_lens, sink, recent, softmax_scale, max_seq_len,
+                                           config)
+    return found
 
 
 def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: AttentionConfig,
@@ -569,18 +616,14 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
     int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
     tma_applies = split_int2 and full_tiles and meta["SAME_BLOCK"] and int2_cache.is_contiguous()
-    if config.tma_stages is None:
-        tma_stages = TMA_STAGES if (tma_applies and layout.head_dim >= TMA_MIN_HEAD_DIM and not meta["EMU"]
-                                    and torch.cuda.get_device_capability(query_rot.device) >= TMA_MIN_CAPABILITY) else 0
-    else:
-        tma_stages = config.tma_stages
+    tma_stages = config.tma_stages
     if tma_stages and not tma_applies:
         raise ValueError(
             f"tma_stages={tma_stages} needs the INT2 split kernel walking whole tiles (tokens_on_m=True, one "
             f"group per row, full_tiles not False), cache blocks holding whole tiles (block_size {layout.block_size} "
             f"a multiple of block_t {block_t}) and a contiguous int2_cache; got group_size {layout.group_size}, "
             f"head_dim {layout.head_dim}, full_tiles={config.full_tiles}, contiguous={int2_cache.is_contiguous()}. "
-            f"Leave tma_stages at None or 0.")
+            f"Leave tma_stages at 0.")
     if config.prefetch is None:
         prefetch = PREFETCH_TILES if meta["MODE"] == UNPACK_PTX and not tma_stages else 0
     else:
@@ -597,17 +640,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if prefetch and meta["MODE"] != UNPACK_PTX:
         raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
-    descriptors = _tile_descriptors(int2_cache, layout, block_t) if tma_stages else [None] * len(PLANES)
+    tma_block_t = block_t if tma_stages else None
     device = query_rot.device
-
-    def split_args(part: torch.Tensor, lse: torch.Tensor) -> list:
-        return [query_rot, query_rot.stride(0), query_rot.stride(1),
-                int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-                window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
-                block_table, window_block_table, block_table.stride(0), seq_lens,
-                part, part.stride(0), part.stride(1), part.stride(2),
-                lse, lse.stride(0), lse.stride(1),
-                sink, recent, softmax_scale * LOG2E, *descriptors]
 
     split_consts = dict(
         **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE", "K_ZERO",
@@ -626,7 +660,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             if split_int2:
                 def probe_args() -> list:  # partial outputs of one slot: the compile needs only their dtype
                     probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
-                    return split_args(probe, probe[..., 0])
+                    return _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table,
+                                       seq_lens, probe, probe[..., 0], sink, recent, softmax_scale,
+                                       _cached_descriptors(int2_cache, layout, tma_block_t))
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
                 per_sm = _programs_per_sm(int2_split_kernel, probe_args, {**split_consts, "NSPLIT": 1}, dtypes, device)
@@ -634,7 +670,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
-    return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, split_args)
+    return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, tma_block_t)
 
 
 def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
@@ -682,13 +718,15 @@ def oscar_decode(
         return out
     if max_seq_len is None:
         max_seq_len = block_table.shape[1] * layout.block_size
-    plan = _plan_decode(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
+    plan = _cached_plan(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
                         sink, recent, softmax_scale, max_seq_len, config)
     meta, nsplit, total, split_int2, nsink = plan.meta, plan.num_splits, plan.total, plan.split_int2, plan.nsink
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
     if split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
-        int2_split_kernel[(batch, hkv, total)](*plan.split_args(part, lse), NSPLIT=nsplit, **plan.split_consts)
+        args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
+                           lse, sink, recent, softmax_scale, _cached_descriptors(int2_cache, layout, plan.tma_block_t))
+        int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, **plan.split_consts)
     else:
         attention_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
