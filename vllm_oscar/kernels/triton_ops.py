@@ -495,7 +495,7 @@ def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config:
 @dataclasses.dataclass(frozen=True)
 class _DecodePlan:
     """How oscar_decode launches one call: the split count and the INT2 split kernel's constexprs (the
-    same for every call with the same shapes, dtypes, geometry, max_seq_len and config: _cached_plan)."""
+    same for every call with the same shapes, dtypes, geometry, tiles of max_seq_len and config: _cached_plan)."""
 
     split_int2: bool  # the INT2 split kernel (else the general kernel)
     num_splits: int
@@ -544,10 +544,12 @@ def _cached_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: O
 def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
-    """_plan_decode of an earlier call with the same shapes, dtypes, layout, windows, max_seq_len and config
-    (what the plan depends on), else a new one: a served step skips the planning's host work."""
+    """_plan_decode of an earlier call with the same shapes, dtypes, layout, windows, tiles of max_seq_len and
+    config (what the plan depends on: max_seq_len only sizes the split count, by its tiles), else a new one:
+    a served step, whose max_seq_len grows by one, skips the planning's host work within a tile."""
+    tiles = triton.cdiv(max_seq_len, resolved_block_t(config))
     key = (tuple(query_rot.shape), query_rot.dtype, query_rot.device, tuple(int2_cache.shape[1:]), int2_cache.dtype,
-           int2_cache.is_contiguous(), window_k.dtype, layout, sink, recent, max_seq_len, config, _interpreting())
+           int2_cache.is_contiguous(), window_k.dtype, layout, sink, recent, tiles, config, _interpreting())
     found = _PLANS.get(key)
     if found is None:
         if len(_PLANS) >= PLAN_CACHE_ENTRIES:
