@@ -504,6 +504,7 @@ class _DecodePlan:
     meta: dict  # _common_meta
     split_consts: dict  # constexprs and launch options of int2_split_kernel
     tma_block_t: Optional[int]  # the tile of the TMA plane descriptors (None: plain loads, no descriptors)
+    merge_pdl: bool  # the merge launched with programmatic dependent launch (_merge_pdl)
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
@@ -561,12 +562,12 @@ def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
 
 
 def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: AttentionConfig,
-                    emulated: bool) -> None:
+                    emulated: bool, pdl: bool) -> None:
     """out[r, h] = the exact log-sum-exp merge of part[r, h, :] ([R, Hq, S, D] fp32, lse [R, Hq, S]);
-    rows whose partials are all empty are left as they are (merge_kernel)."""
+    rows whose partials are all empty are left as they are (merge_kernel). pdl: launched with
+    programmatic dependent launch (_merge_pdl)."""
     rows, hq, slots, d = part.shape
     merge_d = _merge_block_d(config, d)
-    pdl = _merge_pdl(config, emulated, part.device)
     merge_kernel[(rows, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=slots, NSP=triton.next_power_of_2(slots), D=d, EMU=emulated,
@@ -644,6 +645,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
     tma_block_t = block_t if tma_stages else None
     device = query_rot.device
+    merge_pdl = _merge_pdl(config, meta["EMU"], device)
 
     split_consts = dict(
         **{k: meta[k] for k in ("GROUP", "GP", "D", "BS", "SCALE_T", "K_CODES", "V_CODES", "K_SCALE", "K_ZERO",
@@ -651,7 +653,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
-        TRIGGER_DEPENDENTS=_merge_pdl(config, meta["EMU"], device), TMA_STAGES=tma_stages,
+        TRIGGER_DEPENDENTS=merge_pdl, TMA_STAGES=tma_stages,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
@@ -672,7 +674,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
-    return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, tma_block_t)
+    return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl)
 
 
 def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
@@ -743,7 +745,7 @@ def oscar_decode(
             BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"],
             NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
         )
-    _merge_partials(part, lse, out, config, meta["EMU"])
+    _merge_partials(part, lse, out, config, meta["EMU"], plan.merge_pdl)
     return out
 
 
@@ -865,7 +867,7 @@ def oscar_prefill(
     else:
         attention_kernel[(tiles * psplit, batch, hkv)](*arguments, PSPLIT=psplit, **constants)
     if slots > 1:
-        _merge_partials(part, lse, out, config, meta["EMU"])
+        _merge_partials(part, lse, out, config, meta["EMU"], _merge_pdl(config, meta["EMU"], device))
     return out
 
 
