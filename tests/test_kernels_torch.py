@@ -245,8 +245,11 @@ def test_bad_arguments_raise_clear_errors() -> None:
     table = torch.zeros(1, 4, dtype=torch.int32)
     with pytest.raises(ValueError, match="multiple of the cache's KV heads"):
         kernels.oscar_decode(torch.randn(1, 3, 32), cache, wk, wk, layout, table, table, torch.tensor([3]), 1, 1, 0.1)
-    with pytest.raises(ValueError, match="seq_lens must be >= 1"):
-        kernels.oscar_decode(torch.randn(1, 2, 32), cache, wk, wk, layout, table, table, torch.tensor([0]), 1, 1, 0.1)
+    with pytest.raises(ValueError, match="seq_lens must be >= 0"):
+        kernels.oscar_decode(torch.randn(1, 2, 32), cache, wk, wk, layout, table, table, torch.tensor([-1]), 1, 1, 0.1)
+    padding_row = kernels.oscar_decode(torch.randn(1, 2, 32), cache, wk, wk, layout, table, table, torch.tensor([0]),
+                                       1, 1, 0.1)  # a CUDA graph's padding request: nothing to read
+    assert torch.equal(padding_row, torch.zeros_like(padding_row))
     with pytest.raises(ValueError, match="int2_cache must be uint8"):
         kernels.oscar_decode(torch.randn(1, 2, 32), cache.float(), wk, wk, layout, table, table, torch.tensor([3]), 1, 1, 0.1)
     with pytest.raises(ValueError, match="v_rotation is required"):

@@ -193,6 +193,25 @@ def test_triton_decode_matches_reference(case) -> None:
     run_decode(*case, seed=sum(case[0]) + case[1])
 
 
+def test_triton_decode_padding_rows_read_nothing() -> None:
+    """Rows of a CUDA graph's batch beyond its requests (seq_len 0, max_seq_len = max_model_len) give
+    zeros and leave the real rows as the float64 reference has them."""
+    gen = torch.Generator().manual_seed(5)
+    layout = PageLayout(128, 128, 16, torch.float16)
+    lens = [90, 40, 3]
+    state = random_paged_state(lens, 2, layout, 8, 24, gen)
+    query = torch.randn(len(lens), 8, 128, generator=gen).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(128)
+    expected = ref_decode(state, query.double(), 8, 24, scale)
+    padded = state.seq_lens.clone()
+    padded[1:] = 0
+    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                  state.window_block_table, padded, 8, 24, scale, max_seq_len=1024,
+                                  config=triton_ops.AttentionConfig(block_t=16))
+    assert relative_error(got[0], expected[0]) < BF16_TOLERANCE
+    assert torch.equal(got[1:].float(), torch.zeros_like(got[1:].float()))
+
+
 @pytest.mark.parametrize("query_scale", [0.5, 8.0, 40.0])
 def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
     """One split walks 14 tiles of pure INT2 history; the query scale sets how often a tile's

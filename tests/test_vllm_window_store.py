@@ -1,7 +1,11 @@
 """The BF16 window store bookkeeping (no engine): mapping, reads, stale copies, eviction."""
 
+import random
+
+import pytest
 import torch
 
+from vllm_oscar.attention.step_buffers import WindowPlanBuffers
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks
 
 BS, SINK, RECENT = 16, 64, 256
@@ -91,3 +95,128 @@ def test_block_mapped_after_eviction_mid_block_is_not_served_from_bf16():
     assert manager.window_of(0) >= 0  # position 8 gets its copy ...
     assert plan.window_block_table[0, 0] == -1  # ... but the block is read from INT2
     assert plan.fallback_positions == 9  # positions 0..8, all window positions of the query
+
+
+def test_padding_rows_read_and_write_nothing():
+    """Rows of a CUDA-graph batch beyond its requests: seq_len 0 (query 0 or 1 token)."""
+    manager = WindowBlockManager(window_capacity_blocks(3, 64, BS, SINK, RECENT), BS, SINK, RECENT)
+    manager.plan(torch.tensor([[3, 4, 5]]), [40], [40])
+    plan = manager.plan(torch.tensor([[3, 4, 5], [0, 0, 0], [0, 0, 0]]), [41, 0, 0], [1, 0, 1])
+    assert plan.window_slot_mapping.tolist()[1:] == [-1]
+    assert (plan.window_block_table[1:] == -1).all() and manager.window_of(0) == -1
+    assert plan.fallback_positions == 0
+
+
+def _serve_randomly(seed: int, bs: int, sink: int, recent: int, store_fraction: float = 1.0, steps: int = 120):
+    """A scheduler's life in miniature: requests arrive (some sharing a running request's prompt
+    blocks and recomputing their recent window, as vLLM's prefix caching does with OSCAR's
+    replay_tokens), prefill in chunks, decode, finish and free their blocks for
+    reuse. The INT2 cache and the window store are simulated as token values written by slot;
+    yields (manager, plan, rows, seq_lens, query_lens, cache, store) after each step. store_fraction < 1
+    makes the window store that much smaller than window_capacity_blocks sizes it."""
+    rng = random.Random(seed)
+    max_running, chunk = 4, 24
+    capacity = window_capacity_blocks(max_running, chunk * max_running, bs, sink, recent)
+    manager = WindowBlockManager(max(1, int(capacity * store_fraction)), bs, sink, recent)
+    free = list(range(200))
+    rng.shuffle(free)
+    refs: dict[int, int] = {}
+    cache: dict[tuple[int, int], int] = {}  # (physical block, offset) -> token value
+    store: dict[int, int] = {}  # window slot -> token value
+    running: list[dict] = []
+    for _ in range(steps):
+        if len(running) < max_running and rng.random() < 0.3:
+            prompt = rng.randrange(1, 5) * 10_000 if running and rng.random() < 0.4 else rng.randrange(10**6)
+            request = {"prompt": prompt, "length": rng.randrange(8, 120), "done": 0, "blocks": []}
+            donor = next((r for r in running if r["prompt"] == prompt), None)
+            if donor is not None:  # share the donor's written full prompt blocks; replay their recent window
+                shared = min(donor["done"], donor["length"], request["length"]) // bs
+                request["blocks"] = donor["blocks"][:shared]
+                request["done"] = max(0, shared * bs - -(-recent // bs) * bs)  # OscarAttentionSpec.replay_tokens
+                for block in request["blocks"]:
+                    refs[block] += 1
+            running.append(request)
+        if not running:
+            continue
+        seq_lens, query_lens = [], []
+        for request in running:
+            new = min(chunk, request["length"] - request["done"]) if request["done"] < request["length"] else 1
+            seq_lens.append(request["done"] + new)
+            query_lens.append(new)
+            while len(request["blocks"]) * bs < seq_lens[-1]:
+                block = free.pop()
+                refs[block] = 1
+                request["blocks"].append(block)
+        width = max(len(r["blocks"]) for r in running)
+        rows = [r["blocks"] + [0] * (width - len(r["blocks"])) for r in running]
+        plan = manager.plan(torch.tensor(rows), seq_lens, query_lens)
+        slots = iter(plan.window_slot_mapping.tolist())
+        for request, row, seq_len, query_len in zip(running, rows, seq_lens, query_lens):
+            for position in range(seq_len - query_len, seq_len):
+                value = hash((request["prompt"], position)) if position < request["length"] else rng.random()
+                cache[row[position // bs], position % bs] = value
+                slot = next(slots)
+                if slot >= 0:
+                    store[slot] = value
+            request["done"] = seq_len
+        yield manager, plan, rows, seq_lens, query_lens, cache, store
+        for request in [r for r in running if r["done"] >= r["length"] + 40 or rng.random() < 0.02]:
+            running.remove(request)
+            for block in request["blocks"]:
+                refs[block] -= 1
+                if refs[block] == 0:
+                    free.insert(0, block)
+
+
+@pytest.mark.parametrize("store_fraction", [1.0, 0.3])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_serving_never_reads_a_stale_copy(seed, store_fraction):
+    """Against the simulated stores: every BF16 entry of the window table serves, at each position a
+    query of the step reads there, exactly the value the INT2 cache holds (no stale copy after block
+    reuse, prefix sharing or eviction); every other read position is counted as a fallback, and there
+    are none with the store window_capacity_blocks sizes; every slot lies in its block's window
+    block at its offset."""
+    bs, sink, recent = (4, 8, 24) if seed % 2 else (8, 16, 40)
+    served = fallbacks = 0
+    for manager, plan, rows, seq_lens, query_lens, cache, store in _serve_randomly(seed, bs, sink, recent,
+                                                                                     store_fraction):
+        table = plan.window_block_table
+        step_fallbacks = 0
+        for index, (row, seq_len, query_len) in enumerate(zip(rows, seq_lens, query_lens)):
+            reads = {s for t in range(seq_len - query_len, seq_len) for s in range(t + 1) if s < sink or s > t - recent}
+            for s in reads:
+                window = int(table[index, s // bs])
+                if window < 0:
+                    step_fallbacks += 1
+                    continue
+                assert store.get(window * bs + s % bs) == cache[row[s // bs], s % bs], (seed, index, s)
+                served += 1
+        assert plan.fallback_positions == step_fallbacks
+        fallbacks += step_fallbacks
+        position_slots = [(row, p) for row, n, q in zip(rows, seq_lens, query_lens) for p in range(n - q, n)]
+        for (row, position), slot in zip(position_slots, plan.window_slot_mapping.tolist()):
+            window = manager.window_of(row[position // bs])
+            assert slot == (window * bs + position % bs if window >= 0 else -1)
+    assert served > 1000 and manager.evictions > 0
+    assert manager.fallback_positions == fallbacks
+    assert (fallbacks == 0) == (store_fraction == 1.0)
+
+
+def test_window_plan_buffers_keep_addresses_and_reset_padding():
+    manager = WindowBlockManager(window_capacity_blocks(3, 64, BS, SINK, RECENT), BS, SINK, RECENT)
+    buffers = WindowPlanBuffers(max_requests=4, max_tokens=64, device=torch.device("cpu"))
+    rows = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    plan = manager.plan(rows, [40, 33, 20], [20, 13, 20])
+    table, slots = buffers.load(plan, 53)
+    assert torch.equal(table, plan.window_block_table) and torch.equal(slots, plan.window_slot_mapping)
+    first = (buffers.table.data_ptr(), buffers.slots.data_ptr())
+    plan = manager.plan(rows[:1], [41], [1])  # one decode, padded to a graph of 4 tokens
+    table, slots = buffers.load(plan, 4)
+    assert (buffers.table.data_ptr(), buffers.slots.data_ptr()) == first
+    assert torch.equal(table, plan.window_block_table)
+    assert (buffers.table[1:] == -1).all()  # rows of the earlier, larger step reset
+    assert slots.tolist()[1:] == [-1, -1, -1] and (buffers.slots[1:] == -1).all()
+    with pytest.raises(ValueError, match="width changed"):
+        buffers.load(manager.plan(torch.tensor([[1, 2, 3, 4]]), [42], [1]), 1)
+    with pytest.raises(ValueError, match="exceeds the window plan buffers"):
+        buffers.load(manager.plan(rows.repeat(2, 1)[:5], [44] * 5, [1] * 5), 5)

@@ -38,10 +38,12 @@ from vllm_oscar.attention import window_store
 from vllm_oscar.attention.parallel import current_kv_head_slice
 from vllm_oscar.attention.rotations import LayerRotations, layer_rotations, log_rotation_choice
 from vllm_oscar.attention.settings import current_oscar_config
+from vllm_oscar.attention.step import LayerCaches, OscarMetadata, attend_step, write_step
+from vllm_oscar.attention.step_buffers import WindowPlanBuffers
 from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.config import (BACKEND_NAME, GPU_DECODE_BLOCK_SIZE, INT8_MMA_MIN_HEAD_DIM, KERNEL_BLOCK_MULTIPLE,
                                 KV_CACHE_DTYPE_NAME, OscarConfig)
-from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_write, rotate_rows
+from vllm_oscar.kernels import PageLayout
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -205,35 +207,6 @@ def unsupported_reasons(head_size: int, use_mla: bool, has_sliding_window: bool,
     return reasons
 
 
-@dataclasses.dataclass
-class OscarMetadata:
-    """One step's attention metadata; requests ordered decodes first.
-
-    Every new token at position t reads each cached position s <= t by the decode read
-    rule (BF16 iff sink or recent window and a copy exists, else INT2), including the
-    earlier new tokens of its own chunk: do_kv_cache_update writes the chunk first, and
-    prefills run ``oscar_prefill(chunk_from_cache=True)``. So outputs do not depend on
-    chunking, prefix-cache hits or preemption. Tensors on the layer's device; the decode
-    part covers the first ``num_decodes`` requests (one token each), the prefill part the
-    others (query_start_loc rebased to their first token):
-
-        block_table, window_block_table  int32 [B, max_blocks] (window: -1 = read INT2)
-        seq_lens                         int32 [B]
-        prefill_query_start_loc          int32 [B - num_decodes + 1]
-        window_slot_mapping              int64 [N]  BF16 slot of each new token, -1: no copy
-    """
-
-    num_actual_tokens: int  # N: new tokens of the step (no padding)
-    num_decodes: int
-    max_seq_len: int
-    max_query_len: int
-    block_table: torch.Tensor
-    window_block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    prefill_query_start_loc: torch.Tensor
-    window_slot_mapping: torch.Tensor
-
-
 def block_size_hint(block_size: int, device: torch.device, user_specified: bool) -> Optional[str]:
     """The start-up suggestion to serve with GPU_DECODE_BLOCK_SIZE-position blocks, or None (not a GPU,
     a block size the user chose, or one that already is a multiple of it).
@@ -277,9 +250,16 @@ def window_store_bytes_of_worker(vllm_config: VllmConfig) -> tuple[int, int]:
 
 
 class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
-    """Builds OscarMetadata, mapping the step's window blocks (host side)."""
+    """Builds OscarMetadata, mapping the step's window blocks (host side).
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    Full CUDA graphs for pure single-token decode batches (UNIFORM_SINGLE_TOKEN_DECODE, vLLM's
+    FULL_AND_PIECEWISE default then captures decode attention; mixed batches run it eagerly between
+    graph pieces): every tensor the kernels read lives at a fixed address (vLLM's step buffers, and
+    the window plan written into WindowPlanBuffers each step), and a captured graph is built for
+    the longest context (max_seq_len = max_model_len, which only sizes the split count).
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
                  device: torch.device) -> None:
@@ -291,6 +271,9 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
                 f"OSCAR sized its window store for block size {block_size} but the KV cache uses "
                 f"{kv_cache_spec.block_size}; pass --block-size explicitly (a multiple of {KERNEL_BLOCK_MULTIPLE}).")
         self.manager = window_store.shared_manager(capacity, block_size, config.sink_tokens, config.recent_tokens)
+        scheduler = vllm_config.scheduler_config
+        self.window_buffers = WindowPlanBuffers(scheduler.max_num_seqs, scheduler.max_num_batched_tokens, device)
+        self.max_model_len = vllm_config.model_config.max_model_len
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -302,18 +285,24 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
         seq_lens_cpu = cam.seq_lens_cpu_upper_bound if cam.seq_lens_cpu_upper_bound is not None else cam.seq_lens.cpu()
         block_table = cam.block_table_tensor[:num_reqs]
         plan = self.manager.plan(block_table.cpu(), seq_lens_cpu[:num_reqs].tolist(), starts.diff().tolist())
-        device = block_table.device
+        num_tokens = max(cam.num_actual_tokens, int(starts[-1]))  # with a CUDA graph's padding tokens
+        window_block_table, window_slot_mapping = self.window_buffers.load(plan, num_tokens)
         return OscarMetadata(
-            num_actual_tokens=int(starts[-1]),
+            num_actual_tokens=num_tokens,
             num_decodes=num_decodes,
             max_seq_len=cam.max_seq_len,
             max_query_len=cam.max_query_len,
             block_table=block_table,
-            window_block_table=plan.window_block_table.to(device),
+            window_block_table=window_block_table,
             seq_lens=cam.seq_lens[:num_reqs],
             prefill_query_start_loc=cam.query_start_loc[num_decodes: num_reqs + 1] - num_decode_tokens,
-            window_slot_mapping=plan.window_slot_mapping.to(device),
+            window_slot_mapping=window_slot_mapping,
         )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> OscarMetadata:
+        """build() with the decode split count sized for max_model_len: one graph serves every context."""
+        metadata = self.build(common_prefix_len=0, common_attn_metadata=common_attn_metadata)
+        return dataclasses.replace(metadata, max_seq_len=max(metadata.max_seq_len, self.max_model_len))
 
 
 def served_model_identity(model_config) -> ModelIdentity:
@@ -443,13 +432,15 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         self.layout = page_layout(self.head_size, block_size, self.config)
 
     # -- one step ----------------------------------------------------------------------------
-    def _int2_cache(self, kv_cache: torch.Tensor) -> torch.Tensor:
-        """vLLM's [num_blocks, Hkv, bs, token_bytes] page view as the kernels' [num_blocks, Hkv, bytes]."""
+    def _caches(self, kv_cache: torch.Tensor) -> LayerCaches:
+        """This layer's caches; vLLM's [num_blocks, Hkv, bs, token_bytes] pages viewed as the kernels'
+        [num_blocks, Hkv, bytes]."""
         if kv_cache.dim() != 4 or kv_cache.shape[2] != self.layout.block_size:
             raise ValueError(
                 f"OSCAR expects the KV cache view [num_blocks, {self.num_kv_heads}, {self.layout.block_size}, "
                 f"{self.layout.token_bytes}] (block size at its first forward); got {tuple(kv_cache.shape)}.")
-        return kv_cache.view(kv_cache.shape[0], kv_cache.shape[1], -1)
+        return LayerCaches(kv_cache.view(kv_cache.shape[0], kv_cache.shape[1], -1), self.window_k, self.window_v,
+                           self.layout)
 
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -462,12 +453,7 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
             metadata = metadata.get(self.layer_name)
         if metadata is None:  # memory profiling: nothing will read this cache
             return
-        rotations = self.rotations
-        n = metadata.num_actual_tokens
-        oscar_write(key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k,
-                    rotations.clip_v, self._int2_cache(kv_cache), self.layout, slot_mapping[:n],
-                    self.window_k, self.window_v, metadata.window_slot_mapping[:n],
-                    refit_iterations=self.config.refit_iterations)
+        write_step(metadata, key, value, slot_mapping, self.rotations, self._caches(kv_cache), self.config)
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Optional[OscarMetadata], output: torch.Tensor,
@@ -479,24 +465,6 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         self._size_for_block_size()
         if attn_metadata is None:  # memory profiling
             return output
-        m = attn_metadata
-        n, bd = m.num_actual_tokens, m.num_decodes
-        rotations = self.rotations
-        cache = self._int2_cache(kv_cache)
-        sink, recent = self.config.sink_tokens, self.config.recent_tokens
-        # float32 between the two rotations: no extra rounding of q or of the output.
-        q_rot = rotate_rows(query[:n].view(n, self.num_heads, self.head_size), rotations.k_rotation,
-                            out_dtype=torch.float32)
-        out_rot = torch.empty_like(q_rot)
-        if bd:
-            oscar_decode(q_rot[:bd], cache, self.window_k, self.window_v, self.layout, m.block_table[:bd],
-                         m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, self.scale,
-                         out=out_rot[:bd], max_seq_len=m.max_seq_len, int8_keys=self.config.int8_keys)
-        if n > bd:
-            oscar_prefill(q_rot[bd:], None, None, cache, self.window_k, self.window_v, self.layout,
-                          m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc,
-                          m.seq_lens[bd:], sink, recent, self.scale, out=out_rot[bd:],
-                          max_query_len=m.max_query_len, chunk_from_cache=True, max_seq_len=m.max_seq_len)
-        result = rotate_rows(out_rot, rotations.v_rotation, inverse=True, out_dtype=output.dtype)
-        output.view(-1, self.num_heads, self.head_size)[:n] = result
+        attend_step(attn_metadata, query.view(-1, self.num_heads, self.head_size), self.rotations,
+                    self._caches(kv_cache), self.config, self.scale, output.view(-1, self.num_heads, self.head_size))
         return output

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import OrderedDict
 from typing import Sequence
 
+import numpy as np
 import torch
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
@@ -77,17 +79,29 @@ def window_store_bytes(num_window_blocks: int, block_size: int, num_kv_heads: in
 class WindowPlan:
     """What one scheduler step needs from the window store.
 
-    window_block_table: int32 [B, max_blocks] (same shape as the block table): the window
-        block of each logical block, -1 where attention must read INT2.
+    table_shape: (B, max_blocks), the block table's shape.
+    table_entries: int64 [3, E]: (request, logical block, window block) of every BF16-readable
+        block of the step: the blocks of the sink and recent windows some query of the step
+        reads whose copy is complete. The window block table is -1 everywhere else: where
+        attention must read INT2, and outside those windows (the kernels apply the position
+        rule, so they never look there). Sparse because a long-context table is mostly -1.
     window_slot_mapping: int64 [N] (one per scheduled token, request order): the BF16
         slot ``window_block * block_size + offset`` of the token, -1 for no copy.
     fallback_positions: window positions (read by the first query of each request) that
         this step serves from INT2.
     """
 
-    window_block_table: torch.Tensor
+    table_shape: tuple[int, int]
+    table_entries: torch.Tensor
     window_slot_mapping: torch.Tensor
     fallback_positions: int
+
+    @property
+    def window_block_table(self) -> torch.Tensor:
+        """The dense window block table, int32 [B, max_blocks], -1 where no entry."""
+        table = torch.full(self.table_shape, -1, dtype=torch.int32)
+        table[self.table_entries[0], self.table_entries[1]] = self.table_entries[2].to(torch.int32)
+        return table
 
 
 class WindowBlockManager:
@@ -108,7 +122,10 @@ class WindowBlockManager:
         self._valid_from = [0] * num_window_blocks
         self._last_used = [0] * num_window_blocks
         self._free = list(range(num_window_blocks - 1, -1, -1))
-        self._dead: set[int] = set()
+        # Mapped window blocks, least recently used first; the dead ones (out of every window they
+        # were used for) also in their own such order: eviction takes the head of one, O(1).
+        self._by_use: OrderedDict[int, None] = OrderedDict()
+        self._dead_by_use: OrderedDict[int, None] = OrderedDict()
         self._step = 0
         #: Window positions served from INT2 so far (never silent: see module doc).
         self.fallback_positions = 0
@@ -129,61 +146,76 @@ class WindowBlockManager:
     def plan(self, block_table: torch.Tensor, seq_lens: Sequence[int], query_lens: Sequence[int]) -> WindowPlan:
         """Map the blocks this step writes or reads in BF16; build the tables for the step.
 
+        Works block by block over the windows and the new tokens only, so its cost does not
+        grow with the context: a decode step visits about (sink + recent) / block_size + 2
+        blocks per request.
+
         Args:
             block_table: [B, max_blocks] int CPU tensor of physical block ids.
-            seq_lens: per request, tokens after this step (cached prefix + new tokens).
-            query_lens: per request, new tokens of this step (their K/V are written now).
+            seq_lens: per request, tokens after this step (cached prefix + new tokens); a
+                padding row of a CUDA-graph batch has 0 and reads nothing.
+            query_lens: per request, new tokens of this step (their K/V are written now;
+                tokens at negative positions, only in padding rows, get no copy).
         """
         self._step += 1
         bs = self.block_size
-        rows = block_table.tolist()
+        ids = block_table.numpy()
+        steps = [(int(seq_len) - int(query_len), int(seq_len)) for seq_len, query_len in zip(seq_lens, query_lens)]
         needed: set[int] = set()
         live_after: set[int] = set()
         first_write: dict[int, int] = {}
-        for row, seq_len, query_len in zip(rows, seq_lens, query_lens):
-            computed = seq_len - query_len
+        for row, (computed, seq_len) in zip(ids, steps):
             for lo, hi in self._read_ranges(computed, seq_len):
-                needed.update(row[p // bs] for p in range(lo, hi))
-            for position in range(computed, seq_len):
-                block = row[position // bs]
-                first_write.setdefault(block, position % bs)
+                needed.update(self._blocks(row, lo, hi))
             for lo, hi in ((0, min(self.sink, seq_len)), (max(0, seq_len - self.recent), seq_len)):
-                live_after.update(row[p // bs] for p in range(lo, hi))
+                live_after.update(self._blocks(row, lo, hi))
+            for logical, block in enumerate(self._blocks(row, max(computed, 0), seq_len), max(computed, 0) // bs):
+                first_write.setdefault(block, max(computed - logical * bs, 0))
         needed.update(first_write)
         for block in needed:
             window = self._window_of.get(block, -1)
             if window >= 0:
-                self._last_used[window] = self._step
+                self._touch(window)
         for block, offset in first_write.items():
             if block not in self._window_of:
-                self._map(block, offset, needed)
+                self._map(block, offset)
         for block in needed:
             window = self._window_of.get(block, -1)
-            if window >= 0:
-                (self._dead.discard if block in live_after else self._dead.add)(window)
+            if window < 0:
+                continue
+            if block in live_after:
+                self._dead_by_use.pop(window, None)
+            else:  # used this step, so it belongs at the recent end
+                self._dead_by_use[window] = None
+                self._dead_by_use.move_to_end(window)
 
-        table = torch.full(block_table.shape, -1, dtype=torch.int32)
+        entries: list[tuple[int, int, int]] = []
         slots: list[int] = []
         fallbacks = 0
-        for index, (row, seq_len, query_len) in enumerate(zip(rows, seq_lens, query_lens)):
-            computed = seq_len - query_len
-            usable = []
-            for logical in range(cdiv(seq_len, bs)):
-                window = self._window_of.get(row[logical], -1)
-                usable.append(window if window >= 0 and self._valid_from[window] == 0 else -1)
-            table[index, : len(usable)] = torch.tensor(usable, dtype=torch.int32)
-            for position in range(computed, seq_len):
-                window = self._window_of.get(row[position // bs], -1)
-                slots.append(window * bs + position % bs if window >= 0 else -1)
-            read = set().union(*(range(lo, hi) for lo, hi in self._read_ranges(computed, seq_len)))
-            fallbacks += sum(1 for p in read if usable[p // bs] < 0)
+        for index, (row, (computed, seq_len)) in enumerate(zip(ids, steps)):
+            ranges = self._read_ranges(computed, seq_len)
+            for logical in sorted({j for lo, hi in ranges for j in range(lo // bs, -(-hi // bs)) if hi > lo}):
+                window = self._window_of.get(int(row[logical]), -1)
+                if window >= 0 and self._valid_from[window] == 0:
+                    entries.append((index, logical, window))
+                else:  # every read position of this block is served from INT2
+                    span = range(logical * bs, (logical + 1) * bs)
+                    fallbacks += sum(1 for p in span if any(lo <= p < hi for lo, hi in ranges))
+            slots.extend([-1] * max(-computed, 0))
+            start = max(computed, 0)
+            for logical, block in enumerate(self._blocks(row, start, seq_len), start // bs):
+                window = self._window_of.get(block, -1)
+                lo = max(start, logical * bs) - logical * bs
+                hi = min(seq_len, (logical + 1) * bs) - logical * bs
+                slots.extend(range(window * bs + lo, window * bs + hi) if window >= 0 else [-1] * (hi - lo))
         if fallbacks:
             if self.fallback_positions == 0:
                 logger.warning(
                     "OSCAR: %d BF16-window positions were served from INT2 in this step (window "
                     "store full or evicted); counted in fallback_positions.", fallbacks)
             self.fallback_positions += fallbacks
-        return WindowPlan(table, torch.tensor(slots, dtype=torch.int64), fallbacks)
+        table_entries = torch.tensor(entries, dtype=torch.int64).reshape(-1, 3).T
+        return WindowPlan(tuple(ids.shape), table_entries, torch.tensor(slots, dtype=torch.int64), fallbacks)
 
     # -- helpers -----------------------------------------------------------------------
     def _read_ranges(self, computed: int, seq_len: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -191,27 +223,42 @@ class WindowBlockManager:
 
         The sink, and from the first query's window start up to the last new token (a query
         reads its own and earlier new tokens from the cache, written before attention).
-        The two ranges may overlap.
+        The two ranges may overlap; a padding row (seq_len 0) has none.
         """
         return (0, min(self.sink, seq_len)), (max(0, computed - self.recent + 1), seq_len)
 
-    def _map(self, block: int, first_offset: int, needed: set[int]) -> None:
-        """Give ``block`` a window block: a free one, else an unneeded one, dead ones first
-        (out of every window they were used for), then the least recently used."""
+    def _blocks(self, row: np.ndarray, lo: int, hi: int) -> list[int]:
+        """Physical ids of the blocks holding positions [lo, hi) of a block-table row."""
+        if hi <= lo:
+            return []
+        return row[lo // self.block_size: cdiv(hi, self.block_size)].tolist()
+
+    def _touch(self, window: int) -> None:
+        """Mark a mapped window block used in this step."""
+        self._last_used[window] = self._step
+        self._by_use[window] = None
+        self._by_use.move_to_end(window)
+        if window in self._dead_by_use:
+            self._dead_by_use.move_to_end(window)
+
+    def _map(self, block: int, first_offset: int) -> None:
+        """Give ``block`` a window block: a free one, else one not used in this step (so not
+        needed by it), dead ones first (out of every window they were used for), each the
+        least recently used."""
         if self._free:
             window = self._free.pop()
         else:
-            candidates = [w for w in range(self.num_window_blocks) if self._owner[w] not in needed]
-            if not candidates:
+            window = next((w for w in (next(iter(self._dead_by_use), -1), next(iter(self._by_use), -1))
+                           if w >= 0 and self._last_used[w] < self._step), -1)
+            if window < 0:
                 return  # capacity exhausted this step: its positions are counted as fallbacks
-            window = min(candidates, key=lambda w: (w not in self._dead, self._last_used[w]))
             del self._window_of[self._owner[window]]
-            self._dead.discard(window)
+            self._dead_by_use.pop(window, None)
             self.evictions += 1
         self._window_of[block] = window
         self._owner[window] = block
         self._valid_from[window] = first_offset
-        self._last_used[window] = self._step
+        self._touch(window)
 
 
 # -- process-wide state: one window store geometry per worker process -----------------------

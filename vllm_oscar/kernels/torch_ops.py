@@ -232,7 +232,8 @@ def oscar_decode(
         int2_cache / window_k / window_v / layout: the caches (see oscar_write).
         block_table, window_block_table: [B, max_blocks] int; the window table gives the
             window block of each logical block, -1 where it has no BF16 copy.
-        seq_lens: [B] int >= 1, including the current token (already written).
+        seq_lens: [B] int >= 0, including the current token (already written); 0 for a padding row
+            (a CUDA graph's batch beyond its requests), whose output is zeros.
         sink, recent: BF16 window sizes in tokens; softmax_scale: logit multiplier.
         out: optional [B, Hq, D] result buffer (query dtype).
     Returns:
@@ -244,10 +245,13 @@ def oscar_decode(
         raise ValueError(f"query_rot has {query_rot.shape[0]} rows but block_table has {batch} requests.")
     views = page_views(int2_cache, layout)
     lengths = seq_lens.tolist()
-    if any(n < 1 or -(-n // layout.block_size) > block_table.shape[1] for n in lengths):
-        raise ValueError(f"seq_lens must be >= 1 and fit block_table ({block_table.shape[1]} blocks); got {lengths}.")
+    if any(n < 0 or -(-n // layout.block_size) > block_table.shape[1] for n in lengths):
+        raise ValueError(f"seq_lens must be >= 0 and fit block_table ({block_table.shape[1]} blocks); got {lengths}.")
     results = []
     for request, length in enumerate(lengths):
+        if length == 0:  # a padding row of a CUDA-graph batch: nothing to attend, zeros (as the kernels)
+            results.append(torch.zeros_like(query_rot[request: request + 1], dtype=torch.float32))
+            continue
         prefix = _prefix_rows(request, length, views, window_k, window_v, layout, block_table, window_block_table)
         position = torch.tensor([length - 1], device=query_rot.device)
         results.append(_attend(query_rot[request : request + 1], position, prefix, None, None, sink, recent, softmax_scale))

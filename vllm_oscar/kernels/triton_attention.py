@@ -455,9 +455,11 @@ def attention_kernel(
 @triton.jit
 def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                  out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
-                 EMU: tl.constexpr, BLOCK_D: tl.constexpr = None, WAIT_PRIOR: tl.constexpr = False):
+                 EMU: tl.constexpr, BLOCK_D: tl.constexpr = None, WAIT_PRIOR: tl.constexpr = False,
+                 ZERO_EMPTY: tl.constexpr = False):
     """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials (rows whose
-    partials are all empty, lse -inf, are not written).
+    partials are all empty, lse -inf, are not written; ZERO_EMPTY: they get zeros, as a decode row of
+    seq_len 0 (a CUDA graph's padding) must, whose partials are all finite zeros).
 
     Grid (B, Hq, D / BLOCK_D): program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D)
     (BLOCK_D None = D: one program per head; a [NSP, D] fp32 tile spills past ~128 partials).
@@ -481,4 +483,5 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
     total = tl.sum(weight, axis=0)
     out = tl.sum(parts * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, round_to(out, out_ptr.dtype.element_ty, EMU),
-             mask=total + 0.0 * cols > 0.0)  # a row with no partial (a prefill row of no request) stays
+             mask=(total + 0.0 * cols > 0.0) | ZERO_EMPTY)  # else a row with no partial (a prefill row of no
+    # request) stays

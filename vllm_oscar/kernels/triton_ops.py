@@ -562,16 +562,17 @@ def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
 
 
 def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: AttentionConfig,
-                    emulated: bool, pdl: bool) -> None:
+                    emulated: bool, pdl: bool, zero_empty: bool = False) -> None:
     """out[r, h] = the exact log-sum-exp merge of part[r, h, :] ([R, Hq, S, D] fp32, lse [R, Hq, S]);
-    rows whose partials are all empty are left as they are (merge_kernel). pdl: launched with
-    programmatic dependent launch (_merge_pdl)."""
+    rows whose partials are all empty are left as they are, or set to zero with zero_empty (merge_kernel).
+    pdl: launched with programmatic dependent launch (_merge_pdl)."""
     rows, hq, slots, d = part.shape
     merge_d = _merge_block_d(config, d)
     merge_kernel[(rows, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=slots, NSP=triton.next_power_of_2(slots), D=d, EMU=emulated,
-        BLOCK_D=None if merge_d == d else merge_d, WAIT_PRIOR=pdl, **({"launch_pdl": True} if pdl else {}),
+        BLOCK_D=None if merge_d == d else merge_d, WAIT_PRIOR=pdl, ZERO_EMPTY=zero_empty,
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -705,7 +706,8 @@ def oscar_decode(
     """Split-K paged decode; arguments as torch_ops.oscar_decode.
 
     max_seq_len: Python int >= every seq_len (default block_table.shape[1] * block_size);
-    only sizes the split count, so one value can serve a whole CUDA graph.
+    only sizes the split count, so one value can serve a whole CUDA graph. A row of seq_len 0 (a
+    CUDA graph's padding) gets zeros.
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                         window_block_table, seq_lens, sink, recent, softmax_scale, out)
@@ -745,7 +747,7 @@ def oscar_decode(
             BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"],
             NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
         )
-    _merge_partials(part, lse, out, config, meta["EMU"], plan.merge_pdl)
+    _merge_partials(part, lse, out, config, meta["EMU"], plan.merge_pdl, zero_empty=True)
     return out
 
 

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Served decode steps of OSCAR attention on a GPU without vLLM, eager and as a full CUDA graph.
+
+What vLLM does for a pure decode batch when the backend supports full CUDA graphs
+(UNIFORM_SINGLE_TOKEN_DECODE under its default FULL_AND_PIECEWISE mode), with the product's own
+code for each part: the window plan (WindowBlockManager) written into fixed-address buffers
+(WindowPlanBuffers), then for every layer write_step + attend_step (vllm_oscar.attention.step, what
+the backend's do_kv_cache_update and forward run). vLLM's side is mimicked: block 0 is the null block,
+the graph is captured once per batch size on dummy requests (seq_len 1, null block) with
+max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slot -1).
+
+  check  every replay (ragged, padded batches, new blocks, windows sliding, 2 graph sizes) equals an
+         eager step on a copy of the same state: outputs within bf16 tolerance (the split counts
+         differ), INT2 pages and window stores bit for bit
+  time   wall time per decode step of all layers: eager (as vLLM runs attention outside graphs)
+         against one graph replay, Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
+
+    python bench/served_graph.py [--json OUT] [--only check time]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from vllm_oscar.attention.rotations import LayerRotations  # noqa: E402
+from vllm_oscar.attention.step import LayerCaches, OscarMetadata, attend_step, write_step  # noqa: E402
+from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
+from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
+from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
+from vllm_oscar.kernels import PageLayout  # noqa: E402
+
+NULL_BLOCK = 0  # vLLM reserves block 0; dummy (capture) requests point at it
+TOLERANCE = 1e-2  # graph vs eager outputs: the split counts differ (max_model_len vs the step's)
+PREFILL_CHUNK = 2048  # tokens per prefill step (vLLM's max_num_batched_tokens; sizes the window store)
+
+
+def _orthogonal(hkv: int, dim: int, gen: torch.Generator) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(hkv, dim, dim, generator=gen, dtype=torch.float64))
+    return q.float()
+
+
+class ServedAttention:
+    """The attention of ``layers`` layers of a served model, as one worker holds it."""
+
+    def __init__(self, layers: int, hq: int, hkv: int, dim: int, max_model_len: int, max_requests: int,
+                 device: torch.device, block_size: int = GPU_DECODE_BLOCK_SIZE, seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.hq, self.hkv, self.dim, self.bs, self.device = hq, hkv, dim, block_size, device
+        self.config = OscarConfig()
+        self.max_model_len = max_model_len
+        self.max_tokens = max(max_requests, PREFILL_CHUNK)
+        self.layout = PageLayout(dim, dim, block_size, self.config.scale_dtype)
+        self.max_blocks = -(-max_model_len // block_size)
+        num_blocks = 1 + max_requests * self.max_blocks
+        capacity = window_capacity_blocks(max_requests, self.max_tokens, block_size, self.config.sink_tokens,
+                                          self.config.recent_tokens)
+        self.manager = WindowBlockManager(capacity, block_size, self.config.sink_tokens, self.config.recent_tokens)
+        self.buffers = WindowPlanBuffers(max_requests, self.max_tokens, device)
+        self.rotations = [LayerRotations(_orthogonal(hkv, dim, gen).to(self.device), _orthogonal(hkv, dim, gen).to(self.device),
+                                         0.99, 1.0, "test", "") for _ in range(layers)]
+        window = (capacity, block_size, hkv, dim)
+        self.caches = [LayerCaches(torch.zeros(self.layout.cache_shape(num_blocks, hkv), dtype=torch.uint8,
+                                               device=self.device),
+                                   torch.zeros(window, dtype=torch.bfloat16, device=self.device),
+                                   torch.zeros(window, dtype=torch.bfloat16, device=self.device), self.layout)
+                       for _ in range(layers)]
+        self.free_blocks = list(range(num_blocks - 1, NULL_BLOCK, -1))
+        self.rows: dict[int, list[int]] = {}  # request -> physical blocks
+        self.lengths: dict[int, int] = {}
+        # vLLM's persistent step inputs (the graph reads these addresses).
+        self.block_table = torch.zeros(max_requests, self.max_blocks, dtype=torch.int32, device=self.device)
+        self.seq_lens = torch.zeros(max_requests, dtype=torch.int32, device=self.device)
+        self.slot_mapping = torch.full((self.max_tokens,), -1, dtype=torch.int64, device=self.device)
+        self.query = torch.zeros(self.max_tokens, hq, dim, dtype=torch.bfloat16, device=self.device)
+        self.key = torch.zeros(self.max_tokens, hkv, dim, dtype=torch.bfloat16, device=self.device)
+        self.value = torch.zeros_like(self.key)
+        self.output = torch.zeros_like(self.query)
+        self.scale = 1 / math.sqrt(dim)
+
+    # -- host side of a step: the scheduler's blocks, vLLM's inputs, OSCAR's builder -------------
+    def prefill(self, request: int, length: int) -> None:
+        """Write a prompt's K/V (every layer), chunk by chunk; no attention needed for the history."""
+        self.rows[request], self.lengths[request] = [], 0
+        while self.lengths[request] < length:
+            new = min(PREFILL_CHUNK, length - self.lengths[request])
+            metadata = self._step([request], [new], rows_padded=1, tokens_padded=new, table=None)
+            for layer in range(len(self.caches)):
+                key, value = (torch.randn(new, self.hkv, self.dim, device=self.device, dtype=torch.bfloat16)
+                              for _ in range(2))
+                write_step(metadata, key, value, self._slots, self.rotations[layer], self.caches[layer], self.config)
+
+    def decode_inputs(self, requests: list[int], graph_batch: int | None) -> OscarMetadata:
+        """One decode token per request: the step's metadata, and fresh q/k/v in the static inputs.
+        graph_batch: pad to this many requests / tokens (a captured graph's size), None = eager."""
+        padded = graph_batch or len(requests)
+        metadata = self._step(requests, [1] * len(requests), rows_padded=padded, tokens_padded=padded,
+                              table=self.block_table)
+        n = len(requests)
+        self.slot_mapping[:n].copy_(self._slots[:n])
+        self.slot_mapping[n:padded].fill_(-1)
+        self.query[:padded].normal_()
+        self.key[:padded].normal_()
+        self.value[:padded].normal_()
+        return metadata
+
+    def capture_inputs(self, graph_batch: int) -> OscarMetadata:
+        """vLLM's dummy batch for capture: graph_batch requests of one token at position 0 in the null
+        block; max_seq_len = max_model_len (build_for_cudagraph_capture)."""
+        plan = self.manager.plan(torch.full((graph_batch, self.max_blocks), NULL_BLOCK, dtype=torch.int32),
+                                 [1] * graph_batch, [1] * graph_batch)
+        table, slots = self.buffers.load(plan, graph_batch)
+        self.block_table[:graph_batch].fill_(NULL_BLOCK)
+        self.seq_lens[:graph_batch].fill_(1)
+        self.slot_mapping[:graph_batch] = torch.arange(graph_batch, device=self.device) % self.bs  # null block slots
+        return OscarMetadata(graph_batch, graph_batch, self.max_model_len, 1, self.block_table[:graph_batch], table,
+                             self.seq_lens[:graph_batch], self.seq_lens[:1], slots)
+
+    def _step(self, requests: list[int], new_tokens: list[int], rows_padded: int, tokens_padded: int,
+              table: torch.Tensor | None) -> OscarMetadata:
+        """Allocate blocks, plan the windows, fill vLLM's block table / seq_lens and OSCAR's buffers."""
+        lengths = []
+        for request, new in zip(requests, new_tokens):
+            self.lengths[request] += new
+            while len(self.rows[request]) * self.bs < self.lengths[request]:
+                self.rows[request].append(self.free_blocks.pop())
+            lengths.append(self.lengths[request])
+        host_table = torch.full((rows_padded, self.max_blocks), NULL_BLOCK, dtype=torch.int32)
+        for index, request in enumerate(requests):
+            host_table[index, : len(self.rows[request])] = torch.tensor(self.rows[request], dtype=torch.int32)
+        pad = rows_padded - len(requests)
+        plan = self.manager.plan(host_table, lengths + [0] * pad, new_tokens + [0] * pad)
+        if plan.fallback_positions:
+            raise RuntimeError(f"{plan.fallback_positions} window positions fell back to INT2 (store too small)")
+        wtable, wslots = self.buffers.load(plan, tokens_padded)
+        bt = (table if table is not None else torch.empty_like(self.block_table))[:rows_padded]
+        bt.copy_(host_table)
+        self.seq_lens[:rows_padded].copy_(torch.tensor(lengths + [0] * pad, dtype=torch.int32))
+        slots = []
+        for request, new in zip(requests, new_tokens):
+            for position in range(self.lengths[request] - new, self.lengths[request]):
+                slots.append(self.rows[request][position // self.bs] * self.bs + position % self.bs)
+        self._slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        metadata = OscarMetadata(tokens_padded, len(requests) if len(set(new_tokens)) == 1 and new_tokens[0] == 1
+                                 else 0, max(lengths), max(new_tokens), bt, wtable, self.seq_lens[:rows_padded],
+                                 self._query_start(new_tokens), wslots)
+        return metadata
+
+    def _query_start(self, new_tokens: list[int]) -> torch.Tensor:
+        starts = [0]
+        for new in new_tokens:
+            starts.append(starts[-1] + new)
+        return torch.tensor(starts, dtype=torch.int32, device=self.device)
+
+    # -- device side: what the captured graph holds -------------------------------------------
+    def run_layers(self, metadata: OscarMetadata, caches: list[LayerCaches] | None = None,
+                   output: torch.Tensor | None = None) -> None:
+        """write_step + attend_step of every layer on the static inputs (one layer's output feeds none:
+        attention only)."""
+        for layer, layer_caches in enumerate(caches or self.caches):
+            write_step(metadata, self.key, self.value, self.slot_mapping, self.rotations[layer], layer_caches,
+                       self.config)
+            attend_step(metadata, self.query, self.rotations[layer], layer_caches, self.config, self.scale,
+                        self.output if output is None else output)
+
+    def capture(self, graph_batch: int) -> torch.cuda.CUDAGraph:
+        metadata = self.capture_inputs(graph_batch)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: compiles and caches every launch plan outside the graph
+            self.run_layers(metadata)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # raises on any host synchronisation inside
+            self.run_layers(metadata)
+        return graph
+
+
+def _clone(caches: list[LayerCaches]) -> list[LayerCaches]:
+    return [LayerCaches(c.int2.clone(), c.window_k.clone(), c.window_v.clone(), c.layout) for c in caches]
+
+
+def _same(a: list[LayerCaches], b: list[LayerCaches], exact: bool, rows: int) -> bool:
+    """Caches after a padded and an eager step agree. exact (CUDA: the Triton write rotates each row on
+    its own): bit for bit. Otherwise (CPU: torch's batched matmul rounds differently per batch size):
+    window rows within bf16 rounding, and at most one INT2 byte per written (token, head) row differs,
+    where a padding row written by mistake would change a whole row."""
+    if exact:
+        return all(torch.equal(x.int2, y.int2) and torch.equal(x.window_k, y.window_k)
+                   and torch.equal(x.window_v, y.window_v) for x, y in zip(a, b))
+    return all(torch.allclose(x.window_k.float(), y.window_k.float(), rtol=1e-2, atol=1e-3)
+               and torch.allclose(x.window_v.float(), y.window_v.float(), rtol=1e-2, atol=1e-3)
+               and int((x.int2 != y.int2).sum()) <= rows * x.int2.shape[1] for x, y in zip(a, b))
+
+
+def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60, prompts=None,
+          max_model_len: int = 12288) -> None:
+    """Padded steps against eager steps on copies of the same state. On CUDA the padded steps are replays
+    of graphs captured for 4 and 8 requests; elsewhere (a CPU smoke test of the padding rules) they run
+    eagerly with the capture's max_seq_len."""
+    served = ServedAttention(layers=layers, hq=32, hkv=8, dim=128, max_model_len=max_model_len, max_requests=8,
+                             device=device, seed=1)
+    prompts = prompts or {0: 9000, 1: 700, 2: 300, 3: 65, 4: 1, 5: 4000}
+    for request, length in prompts.items():
+        served.prefill(request, length)
+    if device.type == "cuda":
+        graphs = {size: served.capture(size) for size in (4, 8)}
+        padded_step = {size: graph.replay for size, graph in graphs.items()}
+    else:
+        padded_step = {size: (lambda size=size: served.run_layers(
+            OscarMetadata(size, size, served.max_model_len, 1, served.block_table[:size], served.buffers.table[:size],
+                          served.seq_lens[:size], served.seq_lens[:1], served.buffers.slots[:size])))
+                       for size in (4, 8)}
+    worst_err, caches_equal, steps = 0.0, True, 0
+    ids = list(prompts)
+    schedule = [ids, ids[:2], ids[::-1][:3], ids, ids[2:3], ids[::2]]
+    for round_index in range(rounds):  # windows slide across block boundaries and the sink edge
+        requests = schedule[round_index % len(schedule)]
+        size = 4 if len(requests) <= 4 else 8
+        metadata = served.decode_inputs(requests, graph_batch=size)
+        n = len(requests)
+        eager_meta = OscarMetadata(n, n, int(served.seq_lens[:n].max()), 1, metadata.block_table[:n],
+                                   metadata.window_block_table[:n], metadata.seq_lens[:n], metadata.seq_lens[:1],
+                                   metadata.window_slot_mapping[:n])
+        copies = _clone(served.caches)
+        eager_out = torch.zeros_like(served.output)
+        served.run_layers(eager_meta, copies, eager_out)
+        padded_step[size]()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        got, want = served.output[:n].float(), eager_out[:n].float()
+        if not torch.isfinite(got).all() or served.output[n:size].any():
+            raise AssertionError(f"round {round_index}: non-finite outputs, or padding rows not zero")
+        worst_err = max(worst_err, float((got - want).norm() / want.norm()))
+        caches_equal &= _same(copies, served.caches, device.type == "cuda", n)
+        steps += 1
+    ok = worst_err < TOLERANCE and caches_equal
+    report.append({"check": "served_graph", "device": str(device), "replays": steps, "graph_batches": [4, 8],
+                   "max_rel_err_replay_vs_eager": worst_err, "caches_equal": caches_equal, "ok": ok})
+    print(f"served_graph: {steps} padded steps (graphs of 4 and 8 requests on CUDA, ragged), max rel err "
+          f"{worst_err:.1e}, caches equal {caches_equal} {'ok' if ok else 'FAIL'}", flush=True)
+
+
+def time_steps(report: list, calls: int) -> None:
+    """Wall time per decode step, all 36 layers' attention: eager against one graph replay."""
+    for context in (4096, 32768):
+        for batch in (1, 8):
+            served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=context + 4 * calls + 64,
+                                     max_requests=batch, device=torch.device("cuda"), seed=2)
+            for request in range(batch):
+                served.prefill(request, context - 7 * request)
+            graph = served.capture(batch)
+            requests = list(range(batch))
+            timings = {}
+            for mode in ("eager", "graph", "eager", "graph"):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
+                    if mode == "graph":
+                        graph.replay()
+                    else:
+                        served.run_layers(metadata)
+                torch.cuda.synchronize()
+                timings.setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
+            row = {"context": context, "batch": batch, "layers": 36, "eager_ms": timings["eager"],
+                   "graph_ms": timings["graph"],
+                   "speedup": min(timings["eager"]) / min(timings["graph"])}
+            report.append({"time": "served_step", **row})
+            print(f"served step, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}: eager "
+                  f"{' / '.join(f'{t:.2f}' for t in timings['eager'])} ms, graph "
+                  f"{' / '.join(f'{t:.2f}' for t in timings['graph'])} ms ({row['speedup']:.1f}x)", flush=True)
+            del served, graph
+            torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--only", nargs="*", default=["check", "time"])
+    parser.add_argument("--calls", type=int, default=30, help="decode steps per timed run")
+    args = parser.parse_args()
+    report: list = []
+    failed = False
+    if "check" in args.only:
+        try:
+            check(report, torch.device("cuda"))
+        except Exception as error:  # report it; the timing still runs
+            failed = True
+            report.append({"check": "served_graph", "ok": False, "error": f"{type(error).__name__}: {error}"})
+            print(f"served_graph: ERROR {type(error).__name__}: {error}", flush=True)
+        failed |= not all(r.get("ok", True) for r in report)
+    if "time" in args.only:
+        time_steps(report, args.calls)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": report}, handle, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""One layer's GPU work of one step, as the vLLM backend runs it (no vLLM import).
+
+``OscarMetadata`` is what the metadata builder makes of a scheduler step; ``write_step`` and
+``attend_step`` are the backend's ``do_kv_cache_update`` and ``forward`` once vLLM's arguments
+are unpacked. Kept apart from backend.py so that the GPU checks (bench/check_kernels_gpu.py,
+which run where vLLM is not installed) drive the same code a served decode step runs, CUDA-graph
+capture and replay included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vllm_oscar.attention.rotations import LayerRotations
+from vllm_oscar.config import OscarConfig
+from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_write, rotate_rows
+
+
+@dataclasses.dataclass
+class OscarMetadata:
+    """One step's attention metadata; requests ordered decodes first.
+
+    Every new token at position t reads each cached position s <= t by the decode read
+    rule (BF16 iff sink or recent window and a copy exists, else INT2), including the
+    earlier new tokens of its own chunk: write_step writes the chunk first, and prefills
+    run ``oscar_prefill(chunk_from_cache=True)``. So outputs do not depend on chunking,
+    prefix-cache hits or preemption. Tensors on the layer's device; the decode part covers
+    the first ``num_decodes`` requests (one token each), the prefill part the others
+    (query_start_loc rebased to their first token):
+
+        block_table, window_block_table  int32 [B, max_blocks] (window: -1 = read INT2)
+        seq_lens                         int32 [B]  (0 for a CUDA graph's padding rows)
+        prefill_query_start_loc          int32 [B - num_decodes + 1]
+        window_slot_mapping              int64 [N]  BF16 slot of each new token, -1: no copy
+    """
+
+    num_actual_tokens: int  # N: new tokens of the step (+ padding tokens of a full CUDA graph: slot -1)
+    num_decodes: int
+    max_seq_len: int  # >= every seq_len; sizes the decode split count (max_model_len in a CUDA graph)
+    max_query_len: int
+    block_table: torch.Tensor
+    window_block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    prefill_query_start_loc: torch.Tensor
+    window_slot_mapping: torch.Tensor
+
+
+@dataclasses.dataclass
+class LayerCaches:
+    """One layer's caches: the INT2 pages [num_blocks, Hkv, bytes] uint8 (layout's planes) and
+    the BF16 window store, K and V [num_window_blocks, block_size, Hkv, D]."""
+
+    int2: torch.Tensor
+    window_k: torch.Tensor
+    window_v: torch.Tensor
+    layout: PageLayout
+
+
+def write_step(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
+               rotations: LayerRotations, caches: LayerCaches, config: OscarConfig) -> None:
+    """Write the step's K/V rows [>= N, Hkv, D]: INT2 into the pages at slot_mapping, rotated BF16
+    copies into the window store at m.window_slot_mapping (slot -1: not written)."""
+    n = m.num_actual_tokens
+    oscar_write(key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k, rotations.clip_v,
+                caches.int2, caches.layout, slot_mapping[:n], caches.window_k, caches.window_v,
+                m.window_slot_mapping[:n], refit_iterations=config.refit_iterations)
+
+
+def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations, caches: LayerCaches,
+                config: OscarConfig, softmax_scale: float, output: torch.Tensor) -> None:
+    """Attention of the step's queries [>= N, Hq, D] into output [>= N, Hq, D] (rows [0, N) written),
+    each by the decode read rule; decodes through the split-K decode, the rest as chunked prefill."""
+    n, bd = m.num_actual_tokens, m.num_decodes
+    sink, recent = config.sink_tokens, config.recent_tokens
+    # float32 between the two rotations: no extra rounding of q or of the output.
+    q_rot = rotate_rows(query[:n], rotations.k_rotation, out_dtype=torch.float32)
+    out_rot = torch.empty_like(q_rot)
+    if bd:
+        oscar_decode(q_rot[:bd], caches.int2, caches.window_k, caches.window_v, caches.layout, m.block_table[:bd],
+                     m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, softmax_scale, out=out_rot[:bd],
+                     max_seq_len=m.max_seq_len, int8_keys=config.int8_keys)
+    if n > bd:
+        oscar_prefill(q_rot[bd:], None, None, caches.int2, caches.window_k, caches.window_v, caches.layout,
+                      m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],
+                      sink, recent, softmax_scale, out=out_rot[bd:], max_query_len=m.max_query_len,
+                      chunk_from_cache=True, max_seq_len=m.max_seq_len)
+    output[:n] = rotate_rows(out_rot, rotations.v_rotation, inverse=True, out_dtype=output.dtype)
