@@ -16,6 +16,7 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
          against one graph replay, Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
 
     python bench/served_graph.py [--json OUT] [--only check time]
+    python bench/served_graph.py --profile CONTEXT BATCH   (cProfile of eager steps)
 """
 
 from __future__ import annotations
@@ -282,12 +283,39 @@ def time_steps(report: list, calls: int) -> None:
             torch.cuda.empty_cache()
 
 
+def profile_eager(context: int, batch: int, calls: int, top: int) -> None:
+    """cProfile of eager decode steps (36 layers, after a warm-up): where the host time goes."""
+    import cProfile
+    import pstats
+
+    served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=context + 2 * calls + 64,
+                             max_requests=batch, device=torch.device("cuda"), seed=3)
+    for request in range(batch):
+        served.prefill(request, context - 7 * request)
+    requests = list(range(batch))
+    served.run_layers(served.decode_inputs(requests, graph_batch=None))  # warm-up
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        served.run_layers(served.decode_inputs(requests, graph_batch=None))
+    torch.cuda.synchronize()
+    profiler.disable()
+    print(f"eager decode steps, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}, {calls} steps:")
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--only", nargs="*", default=["check", "time"])
     parser.add_argument("--calls", type=int, default=30, help="decode steps per timed run")
+    parser.add_argument("--profile", nargs=2, type=int, metavar=("CONTEXT", "BATCH"),
+                        help="instead: cProfile eager decode steps at this context and batch")
     args = parser.parse_args()
+    if args.profile:
+        profile_eager(*args.profile, calls=args.calls, top=45)
+        return 0
     report: list = []
     failed = False
     if "check" in args.only:
