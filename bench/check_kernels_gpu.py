@@ -283,6 +283,7 @@ def check_graph(report: list) -> None:
     for bs in (16, GPU_DECODE_BLOCK_SIZE):
         for merge_pdl in (False, True):
             _check_graph(report, triton_ops.AttentionConfig(merge_pdl=merge_pdl), bs)
+        _check_graph(report, triton_ops.AttentionConfig(cuda_graph=True), bs)  # the served capture: TMA at 64
 
 
 def _check_graph(report: list, config, bs: int) -> None:
@@ -325,9 +326,9 @@ def _check_graph(report: list, config, bs: int) -> None:
                                         config=config)
         worst = max(worst, float((replayed.float() - eager.float()).abs().max()))
     ok = worst == 0.0
-    report.append({"check": "graph", "block_size": bs, "merge_pdl": config.merge_pdl,
+    report.append({"check": "graph", "block_size": bs, "merge_pdl": config.merge_pdl, "cuda_graph": config.cuda_graph,
                    "max_abs_diff_replay_vs_eager": worst, "ok": ok})
-    print(f"graph (blocks of {bs}, merge_pdl={config.merge_pdl}): 6 replays with changing lengths/tables/queries, "
+    print(f"graph (blocks of {bs}, merge_pdl={config.merge_pdl}, cuda_graph={config.cuda_graph}): 6 replays with changing lengths/tables/queries, "
           f"max |replay - eager| = {worst:.1e} "
           f"{'ok' if ok else 'FAIL'}", flush=True)
 

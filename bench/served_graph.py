@@ -13,7 +13,8 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
          eager step on a copy of the same state: outputs within bf16 tolerance (the split counts
          differ), INT2 pages and window stores bit for bit
   time   wall time per decode step of all layers: eager (as vLLM runs attention outside graphs)
-         against one graph replay, Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
+         against one graph replay, each with the host's step preparation (window plan, input copies),
+         and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
 
     python bench/served_graph.py [--json OUT] [--only check time]
     python bench/served_graph.py --profile CONTEXT BATCH   (cProfile of eager steps)
@@ -115,7 +116,7 @@ class ServedAttention:
 
     def capture_inputs(self, graph_batch: int) -> OscarMetadata:
         """vLLM's dummy batch for capture: graph_batch requests of one token at position 0 in the null
-        block; max_seq_len = max_model_len (build_for_cudagraph_capture)."""
+        block; max_seq_len = max_model_len and cuda_graph (build_for_cudagraph_capture)."""
         plan = self.manager.plan(torch.full((graph_batch, self.max_blocks), NULL_BLOCK, dtype=torch.int32),
                                  [1] * graph_batch, [1] * graph_batch)
         table, slots = self.buffers.load(plan, graph_batch)
@@ -123,7 +124,7 @@ class ServedAttention:
         self.seq_lens[:graph_batch].fill_(1)
         self.slot_mapping[:graph_batch] = torch.arange(graph_batch, device=self.device) % self.bs  # null block slots
         return OscarMetadata(graph_batch, graph_batch, self.max_model_len, 1, self.block_table[:graph_batch], table,
-                             self.seq_lens[:graph_batch], self.seq_lens[:1], slots)
+                             self.seq_lens[:graph_batch], self.seq_lens[:1], slots, cuda_graph=True)
 
     def _step(self, requests: list[int], new_tokens: list[int], rows_padded: int, tokens_padded: int,
               table: torch.Tensor | None) -> OscarMetadata:
@@ -272,13 +273,20 @@ def time_steps(report: list, calls: int) -> None:
                         served.run_layers(metadata)
                 torch.cuda.synchronize()
                 timings.setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):  # the replay alone, on the last step's inputs: the GPU's share
+                graph.replay()
+            torch.cuda.synchronize()
+            replay_ms = (time.perf_counter() - start) / calls * 1e3
             row = {"context": context, "batch": batch, "layers": 36, "eager_ms": timings["eager"],
-                   "graph_ms": timings["graph"],
+                   "graph_ms": timings["graph"], "replay_only_ms": replay_ms,
                    "speedup": min(timings["eager"]) / min(timings["graph"])}
             report.append({"time": "served_step", **row})
             print(f"served step, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}: eager "
                   f"{' / '.join(f'{t:.2f}' for t in timings['eager'])} ms, graph "
-                  f"{' / '.join(f'{t:.2f}' for t in timings['graph'])} ms ({row['speedup']:.1f}x)", flush=True)
+                  f"{' / '.join(f'{t:.2f}' for t in timings['graph'])} ms ({row['speedup']:.1f}x; replay alone "
+                  f"{replay_ms:.2f} ms)", flush=True)
             del served, graph
             torch.cuda.empty_cache()
 

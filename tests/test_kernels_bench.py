@@ -141,12 +141,14 @@ def _bench_args(argv: list[str]):
 def test_tune_without_launch_flags_times_exactly_the_shipped_decode_config() -> None:
     from vllm_oscar.commands.bench import tune_configs
 
-    assert tune_configs(_bench_args(["tune"])) == [triton_ops.DEFAULT_DECODE]
+    # The tune times CUDA-graph replays: the shipped config as a captured launch.
+    shipped = dataclasses.replace(triton_ops.DEFAULT_DECODE, cuda_graph=True)
+    assert tune_configs(_bench_args(["tune"])) == [shipped]
     # One flag with two values: the shipped config and that one knob flipped, nothing else swept.
     pdl = tune_configs(_bench_args(["tune", "--merge-pdl", "0", "1"]))
-    assert pdl == [dataclasses.replace(triton_ops.DEFAULT_DECODE, merge_pdl=flag) for flag in (False, True)]
-    tma = tune_configs(_bench_args(["tune", "--tma-stages", "0", "2"]))
-    assert tma == [dataclasses.replace(triton_ops.DEFAULT_DECODE, tma_stages=stages) for stages in (0, 2)]
+    assert pdl == [dataclasses.replace(shipped, merge_pdl=flag) for flag in (False, True)]
+    tma = tune_configs(_bench_args(["tune", "--tma-stages", "0", "2", "auto"]))
+    assert tma == [dataclasses.replace(shipped, tma_stages=stages) for stages in (0, 2, None)]
     tiles = tune_configs(_bench_args(["tune", "--block-t", "32", "64", "--num-warps", "2"]))
     assert [(c.block_t, c.split_warps, c.num_stages) for c in tiles] == [(32, 2, triton_ops.DEFAULT_DECODE.num_stages),
                                                                         (64, 2, triton_ops.DEFAULT_DECODE.num_stages)]

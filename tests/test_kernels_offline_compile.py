@@ -29,7 +29,7 @@ signature = {"part_ptr": "*fp32", "stride_pb": "i32", "stride_ph": "i32", "strid
              "stride_lb": "i32", "stride_lh": "i32", "out_ptr": "*bf16", "stride_ob": "i32", "stride_oh": "i32"}
 report = {}
 for wait in (False, True):
-    constants = dict(NS=5, NSP=8, D=128, EMU=False, BLOCK_D=32, WAIT_PRIOR=wait)
+    constants = dict(NS=5, NSP=8, D=128, EMU=False, BLOCK_D=32, WAIT_PRIOR=wait, ZERO_EMPTY=True)
     names = merge_kernel.arg_names
     source = ASTSource(fn=merge_kernel, signature={**signature, **{k: "constexpr" for k in constants}},
                        constexprs={(names.index(k),): v for k, v in constants.items()})

@@ -348,6 +348,18 @@ def test_triton_decode_tma_tiles_match_reference(lens, hq, hkv, dim, bs, block_t
                tma_stages=stages)
 
 
+def test_graph_launches_choose_tma_tiles_only_where_they_apply_and_pay() -> None:
+    """AttentionConfig.tma_stages None: TMA only for a CUDA-graph launch with whole tiles per block at
+    head_dim >= 128 and few (request, KV head) pairs, never under the interpreter; an eager launch keeps
+    plain loads (the GPU check and bench/served_graph.py run the graph cases on the H200)."""
+    cpu = torch.device("cpu")
+    assert triton_ops.graph_tma_stages(False, True, 128, False, cpu, 8) == 0  # eager: no per-launch encoding
+    assert triton_ops.graph_tma_stages(True, False, 128, False, cpu, 8) == 0  # tiles straddle blocks
+    assert triton_ops.graph_tma_stages(True, True, 64, False, cpu, 8) == 0  # slower at head_dim 64 (V26)
+    assert triton_ops.graph_tma_stages(True, True, 128, True, cpu, 8) == 0  # interpreter
+    assert triton_ops.DEFAULT_DECODE.tma_stages is None and not triton_ops.DEFAULT_DECODE.cuda_graph
+
+
 def test_triton_decode_tma_tiles_need_whole_tiles_in_a_block() -> None:
     with pytest.raises(ValueError, match="tma_stages=2 needs the INT2 split kernel walking whole tiles"):
         run_decode([90], 4, 1, 64, 64, 16, 4, 8, 0, 32, 1, seed=3, tma_stages=2)  # blocks of 16, tiles of 32

@@ -21,7 +21,7 @@ def _fake_worker(impl) -> SimpleNamespace:
 
 
 def _run(corrupt: bool) -> dict:
-    import vllm_oscar.attention.backend as backend
+    import vllm_oscar.attention.step as backend
 
     torch.manual_seed(0)
     layout = PageLayout(D, D, BS, torch.float16)

@@ -12,7 +12,7 @@ so unlike greedy identity it is not blurred by vLLM's CPU GEMMs, which are not b
 refit, whose floored key rounds can land on another (equally valid) grid after a bf16-sized
 change of the input (seen with 8 key rounds: up to 23% of a row's codes).
 
-    llm.collective_rpc(install)            # wraps the backend's oscar_decode / oscar_prefill
+    llm.collective_rpc(install)            # wraps oscar_decode / oscar_prefill as attention.step calls them
     ...generate...
     (report,) = llm.collective_rpc(report)
 
@@ -32,7 +32,7 @@ def install(worker: Any) -> int:
     """Wrap the attention calls of ``worker`` with the check; returns the OSCAR layers found."""
     import torch
 
-    import vllm_oscar.attention.backend as backend
+    import vllm_oscar.attention.step as backend
     from vllm_oscar.kernels.layout import page_views
     from vllm_oscar.quant import unpack_codes
 

@@ -300,9 +300,11 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> OscarMetadata:
-        """build() with the decode split count sized for max_model_len: one graph serves every context."""
+        """build() with the decode split count sized for max_model_len (one graph serves every context), and
+        the decode launches that pay only in a graph (TMA tile loads: OscarMetadata.cuda_graph)."""
         metadata = self.build(common_prefix_len=0, common_attn_metadata=common_attn_metadata)
-        return dataclasses.replace(metadata, max_seq_len=max(metadata.max_seq_len, self.max_model_len))
+        return dataclasses.replace(metadata, max_seq_len=max(metadata.max_seq_len, self.max_model_len),
+                                   cuda_graph=True)
 
 
 def served_model_identity(model_config) -> ModelIdentity:

@@ -45,6 +45,7 @@ class OscarMetadata:
     seq_lens: torch.Tensor
     prefill_query_start_loc: torch.Tensor
     window_slot_mapping: torch.Tensor
+    cuda_graph: bool = False  # built for a CUDA-graph capture (and its warm-up): the decode may use TMA
 
 
 @dataclasses.dataclass
@@ -80,7 +81,7 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
     if bd:
         oscar_decode(q_rot[:bd], caches.int2, caches.window_k, caches.window_v, caches.layout, m.block_table[:bd],
                      m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, softmax_scale, out=out_rot[:bd],
-                     max_seq_len=m.max_seq_len, int8_keys=config.int8_keys)
+                     max_seq_len=m.max_seq_len, int8_keys=config.int8_keys, cuda_graph=m.cuda_graph)
     if n > bd:
         oscar_prefill(q_rot[bd:], None, None, caches.int2, caches.window_k, caches.window_v, caches.layout,
                       m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],

@@ -107,10 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-pdl", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="tune: launch the merge with programmatic dependent launch (AttentionConfig.merge_pdl; "
                              "auto = the default: on for compute capability >= 9.0)")
-    parser.add_argument("--tma-stages", type=int, nargs="+", default=[0],
+    parser.add_argument("--tma-stages", nargs="+", default=["auto"],
                         help="tune: > 0 = the INT2 splits load whole tiles by TMA, pipelined this deep; 0 = plain "
-                             "loads, the default (AttentionConfig.tma_stages; > 0 needs --block-size a multiple "
-                             "of the tile)")
+                             "loads; auto = the default: 3 stages where they apply at head_dim >= 128, since the "
+                             "benchmark times CUDA-graph replays (AttentionConfig.tma_stages and cuda_graph; > 0 "
+                             "needs --block-size a multiple of the tile)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -132,8 +133,8 @@ def _auto(text: str, kind):
 
 def tune_configs(args: argparse.Namespace) -> list:
     """`bench tune`: the AttentionConfig variants, the product of every tune flag's values; a flag
-    left out keeps the shipped default (DEFAULT_DECODE), so `--merge-pdl 0 1` alone gives exactly the
-    default config and the default with merge_pdl on."""
+    left out keeps the shipped default (DEFAULT_DECODE, as a graph-captured launch: the tune times CUDA-graph
+    replays), so `--merge-pdl 0 1` alone gives exactly the default config and the default with merge_pdl on."""
     from vllm_oscar.kernels.triton_ops import DEFAULT_DECODE, AttentionConfig
 
     warps_default = DEFAULT_DECODE.num_warps if args.rows_on_m else DEFAULT_DECODE.split_warps
@@ -142,7 +143,7 @@ def tune_configs(args: argparse.Namespace) -> list:
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
-                            tma_stages=tma)
+                            tma_stages=_auto(tma, int), cuda_graph=True)
             for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],

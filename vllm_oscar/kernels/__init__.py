@@ -81,6 +81,7 @@ def oscar_decode(
     out: Optional[torch.Tensor] = None,
     max_seq_len: Optional[int] = None,
     int8_keys: Optional[bool] = None,
+    cuda_graph: bool = False,
 ) -> torch.Tensor:
     """Paged decode over INT2 history + BF16 windows -> out_rot [B, Hq, D].
 
@@ -88,7 +89,9 @@ def oscar_decode(
     seq_lens; default: block_table.shape[1] * block_size; CUDA-graph safe), CPU -> torch
     (``max_seq_len`` unused). int8_keys: the Triton path's int8 key MMA (None = where it
     applies; triton_ops.AttentionConfig); the torch path has no int8 key path, so True on CPU
-    is an error. Other arguments: torch_ops.oscar_decode.
+    is an error. cuda_graph: this launch (and its warm-up) will be captured into a CUDA graph, so the
+    Triton path may use launches that cost host time per eager call (TMA tile loads;
+    AttentionConfig.cuda_graph). Other arguments: torch_ops.oscar_decode.
     """
     impl = implementation_for(int2_cache)
     if impl is torch_ops:
@@ -97,7 +100,7 @@ def oscar_decode(
                              "on CPU leave int8_keys unset or false.")
         return torch_ops.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                       window_block_table, seq_lens, sink, recent, softmax_scale, out)
-    config = dataclasses.replace(impl.DEFAULT_DECODE, int8_keys=int8_keys)
+    config = dataclasses.replace(impl.DEFAULT_DECODE, int8_keys=int8_keys, cuda_graph=cuda_graph)
     return impl.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
                              window_block_table, seq_lens, sink, recent, softmax_scale, out, max_seq_len, config)
 

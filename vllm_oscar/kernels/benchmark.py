@@ -255,7 +255,7 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     gen = torch.Generator(device=device).manual_seed(length * 131 + batch)
     case = make_oscar_case(batch, length, hq, hkv, dim, block_size, oscar_layers, device, gen)
     scale = 1.0 / math.sqrt(dim)
-    config = oscar_config or triton_ops.DEFAULT_DECODE
+    config = dataclasses.replace(oscar_config or triton_ops.DEFAULT_DECODE, cuda_graph=True)  # timed as replays
     outs = [torch.empty_like(case.query) for _ in range(oscar_layers)]
 
     def oscar_fn(i: int) -> Callable[[], object]:

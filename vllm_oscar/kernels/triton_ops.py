@@ -131,6 +131,10 @@ SMALL_MERGE_PROGRAMS_PER_SM: int = 12
 DECODE_BLOCK_T: int = 64
 #: Programmatic dependent launch (griddepcontrol) exists from this compute capability (Hopper).
 PDL_MIN_CAPABILITY: tuple[int, int] = (9, 0)
+#: TMA tile-load pipeline depth of a decode launch captured in a CUDA graph (AttentionConfig.cuda_graph with
+#: tma_stages None), and the head_dim from which it pays (docs/notes/kernels.md V26, H2).
+GRAPH_TMA_STAGES: int = 3
+GRAPH_TMA_MIN_HEAD_DIM: int = 128
 #: Window tile of the fused decode launch (positions per window program). 32, not the INT2 tile (64):
 #: a 64-position BF16 tile raised the whole kernel to 196 registers (offline SASS, Triton 3.6), 32 keeps
 #: it at the split loop's own 167.
@@ -218,11 +222,16 @@ class AttentionConfig:
     INT2 splits load their tiles by tensor-memory-accelerator copies (tensor descriptors over the cache's
     planes, built once per cache) in a software pipeline this many stages deep, and no L2 prefetch unless
     prefetch is given; needs full_tiles, cache blocks that hold whole tiles (block_size a multiple of
-    block_t) and a contiguous cache. 0 = plain loads (the default). On the H200 3 stages are 2-7% faster
-    at head_dim 128 and small batches in CUDA-graph replays, the same at large batches, 2-6% slower at
-    head_dim 64; but Triton encodes the six descriptors on the host at every launch (tens of us), more
-    than the kernel saves where the launch is not graph-captured, as in the vLLM backend today
-    (docs/notes/kernels.md V26).
+    block_t) and a contiguous cache. 0 = plain loads. On the H200 3 stages are 2-7% faster at head_dim
+    128 and small batches in CUDA-graph replays, the same at large batches, 2-6% slower at head_dim 64;
+    but Triton encodes the six descriptors on the host at every launch (tens of us), more than the
+    kernel saves where the launch is not graph-captured (docs/notes/kernels.md V26). None (the default):
+    GRAPH_TMA_STAGES for a cuda_graph launch where TMA applies and pays (whole tiles in a cache block,
+    head_dim >= GRAPH_TMA_MIN_HEAD_DIM, compute capability >= 9.0, at most one (request, KV head) pair
+    per SM: graph_tma_stages), else 0; cuda_graph: the launch will
+    be captured into a CUDA graph and replayed without host work (the vLLM backend's full decode graphs
+    and the benchmark's replays; its warm-up must use the same config, so that nothing compiles during
+    the capture).
     """
 
     block_t: Optional[int] = None
@@ -245,7 +254,8 @@ class AttentionConfig:
     prefill_splits: Optional[int] = None
     prefill_int2_apart: Optional[bool] = None
     merge_pdl: Optional[bool] = None
-    tma_stages: int = 0
+    tma_stages: Optional[int] = None
+    cuda_graph: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -599,6 +609,19 @@ def _windows_first(config: AttentionConfig, window_programs: int, device: torch.
     return window_programs <= sms
 
 
+def graph_tma_stages(cuda_graph: bool, tma_applies: bool, head_dim: int, emulated: bool, device: torch.device,
+                     pairs: int) -> int:
+    """AttentionConfig.tma_stages None: GRAPH_TMA_STAGES for a launch captured in a CUDA graph where the TMA
+    path applies and pays: head_dim >= GRAPH_TMA_MIN_HEAD_DIM, compute capability >= 9.0, and at most one
+    (request, KV head) pair per SM (batch 1-8 at 8 KV heads: 2-8% faster in graph replays; at batch 64 up
+    to 4% slower; docs/notes/kernels.md H2); else 0."""
+    if not cuda_graph or not tma_applies or emulated or head_dim < GRAPH_TMA_MIN_HEAD_DIM:
+        return 0
+    if torch.cuda.get_device_capability(device) < PDL_MIN_CAPABILITY or pairs > _device_sms(device):
+        return 0
+    return GRAPH_TMA_STAGES
+
+
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
@@ -621,6 +644,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
     tma_applies = split_int2 and full_tiles and meta["SAME_BLOCK"] and int2_cache.is_contiguous()
     tma_stages = config.tma_stages
+    if tma_stages is None:
+        tma_stages = graph_tma_stages(config.cuda_graph, tma_applies, layout.head_dim, meta["EMU"], query_rot.device,
+                                      batch * hkv)
     if tma_stages and not tma_applies:
         raise ValueError(
             f"tma_stages={tma_stages} needs the INT2 split kernel walking whole tiles (tokens_on_m=True, one "
