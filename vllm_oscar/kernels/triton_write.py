@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from vllm_oscar.kernels.triton_common import round_to
 
@@ -91,16 +92,21 @@ def _clip(y, CLIP_INDEX: tl.constexpr, D: tl.constexpr, TOP: tl.constexpr):
 
 
 @triton.jit
-def _assign(x, scale, zero):
+def _assign(x, scale, zero, EMU: tl.constexpr):
     """Codes (as fp32) of grouped rows x [BN, NG, G] on the grids (scale, zero) [BN, NG].
 
     Rounds half to even, as torch.round: an exact half (frequent only when the inputs and
     the grid are exactly representable, e.g. prerotated bf16 values with bf16 scales)
-    gives the code the CPU path gives."""
+    gives the code the CPU path gives. On the GPU one cvt.rni (libdevice.rint); the
+    interpreter, which has no rint, takes floor(p + 0.5) corrected at odd halves (the same
+    except just below 0.5, where p + 0.5 rounds up to 1 in fp32)."""
     position = (x - zero[:, :, None]) / scale[:, :, None]
-    level = tl.floor(position + 0.5)
-    odd_half = ((level - position) == 0.5) & ((level - 2.0 * tl.floor(level * 0.5)) == 1.0)
-    level = tl.where(odd_half, level - 1.0, level)
+    if EMU:
+        level = tl.floor(position + 0.5)
+        odd_half = ((level - position) == 0.5) & ((level - 2.0 * tl.floor(level * 0.5)) == 1.0)
+        level = tl.where(odd_half, level - 1.0, level)
+    else:
+        level = libdevice.rint(position)
     return tl.minimum(tl.maximum(level, 0.0), 3.0)
 
 
@@ -127,7 +133,7 @@ def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
     high = tl.max(grouped, axis=2)
     scale = round_to(tl.maximum(high - low, EPS) / 3.0, SCALE_T, EMU).to(tl.float32)
     zero = round_to(low, SCALE_T, EMU).to(tl.float32)
-    codes_f = _assign(grouped, scale, zero)
+    codes_f = _assign(grouped, scale, zero, EMU)
     if REFIT > 0:
         xg = tl.reshape(x, [BN, NG, G])
         best_codes = codes_f
@@ -148,7 +154,7 @@ def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
                 fitted = tl.maximum(fitted, floor)
             scale = round_to(tl.maximum(fitted, EPS), SCALE_T, EMU).to(tl.float32)
             zero = round_to(x_mean - scale * code_mean, SCALE_T, EMU).to(tl.float32)
-            codes_f = _assign(xg, scale, zero)
+            codes_f = _assign(xg, scale, zero, EMU)
             error = _grid_error(xg, codes_f, scale, zero)
             better = error < best_error
             best_codes = tl.where(better[:, :, None], codes_f, best_codes)
