@@ -23,6 +23,7 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -94,20 +95,20 @@ class ServedAttention:
         self.rows[request], self.lengths[request] = [], 0
         while self.lengths[request] < length:
             new = min(PREFILL_CHUNK, length - self.lengths[request])
-            metadata = self._step([request], [new], rows_padded=1, tokens_padded=new, table=None)
+            metadata, slots = self._step([request], [new], rows_padded=1, tokens_padded=new, table=None)
             for layer in range(len(self.caches)):
                 key, value = (torch.randn(new, self.hkv, self.dim, device=self.device, dtype=torch.bfloat16)
                               for _ in range(2))
-                write_step(metadata, key, value, self._slots, self.rotations[layer], self.caches[layer], self.config)
+                write_step(metadata, key, value, slots, self.rotations[layer], self.caches[layer], self.config)
 
     def decode_inputs(self, requests: list[int], graph_batch: int | None) -> OscarMetadata:
         """One decode token per request: the step's metadata, and fresh q/k/v in the static inputs.
         graph_batch: pad to this many requests / tokens (a captured graph's size), None = eager."""
         padded = graph_batch or len(requests)
-        metadata = self._step(requests, [1] * len(requests), rows_padded=padded, tokens_padded=padded,
-                              table=self.block_table)
+        metadata, slots = self._step(requests, [1] * len(requests), rows_padded=padded, tokens_padded=padded,
+                                     table=self.block_table)
         n = len(requests)
-        self.slot_mapping[:n].copy_(self._slots[:n])
+        self.slot_mapping[:n].copy_(slots)
         self.slot_mapping[n:padded].fill_(-1)
         self.query[:padded].normal_()
         self.key[:padded].normal_()
@@ -127,8 +128,10 @@ class ServedAttention:
                              self.seq_lens[:graph_batch], self.seq_lens[:1], slots, cuda_graph=True)
 
     def _step(self, requests: list[int], new_tokens: list[int], rows_padded: int, tokens_padded: int,
-              table: torch.Tensor | None) -> OscarMetadata:
-        """Allocate blocks, plan the windows, fill vLLM's block table / seq_lens and OSCAR's buffers."""
+              table: torch.Tensor | None) -> tuple[OscarMetadata, torch.Tensor]:
+        """Allocate blocks, plan the windows, fill vLLM's block table / seq_lens and OSCAR's buffers; returns
+        the step's metadata and the INT2 slots of its new tokens (int64 [sum(new_tokens)], request order).
+        table: the block-table buffer to fill (a graph's), None = a fresh one."""
         lengths = []
         for request, new in zip(requests, new_tokens):
             self.lengths[request] += new
@@ -150,17 +153,11 @@ class ServedAttention:
         for request, new in zip(requests, new_tokens):
             for position in range(self.lengths[request] - new, self.lengths[request]):
                 slots.append(self.rows[request][position // self.bs] * self.bs + position % self.bs)
-        self._slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        metadata = OscarMetadata(tokens_padded, len(requests) if len(set(new_tokens)) == 1 and new_tokens[0] == 1
-                                 else 0, max(lengths), max(new_tokens), bt, wtable, self.seq_lens[:rows_padded],
-                                 self._query_start(new_tokens), wslots)
-        return metadata
-
-    def _query_start(self, new_tokens: list[int]) -> torch.Tensor:
-        starts = [0]
-        for new in new_tokens:
-            starts.append(starts[-1] + new)
-        return torch.tensor(starts, dtype=torch.int32, device=self.device)
+        decodes = len(requests) if all(new == 1 for new in new_tokens) else 0  # a prefill step: no decodes
+        query_start = torch.tensor([0, *itertools.accumulate(new_tokens)], dtype=torch.int32, device=self.device)
+        metadata = OscarMetadata(tokens_padded, decodes, max(lengths), max(new_tokens), bt, wtable,
+                                 self.seq_lens[:rows_padded], query_start, wslots)
+        return metadata, torch.tensor(slots, dtype=torch.int64, device=self.device)
 
     # -- device side: what the captured graph holds -------------------------------------------
     def run_layers(self, metadata: OscarMetadata, caches: list[LayerCaches] | None = None,
