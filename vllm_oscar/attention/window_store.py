@@ -164,9 +164,9 @@ class WindowBlockManager:
         needed: set[int] = set()
         live_after: set[int] = set()
         first_write: dict[int, int] = {}
-        for row, (computed, seq_len) in zip(ids, steps):
-            for lo, hi in self._read_ranges(computed, seq_len):
-                needed.update(self._blocks(row, lo, hi))
+        reads = [self._read_blocks(computed, seq_len) for computed, seq_len in steps]
+        for row, (computed, seq_len), read in zip(ids, steps, reads):
+            needed.update(int(row[logical]) for logical in read)
             for lo, hi in ((0, min(self.sink, seq_len)), (max(0, seq_len - self.recent), seq_len)):
                 live_after.update(self._blocks(row, lo, hi))
             for logical, block in enumerate(self._blocks(row, max(computed, 0), seq_len), max(computed, 0) // bs):
@@ -192,13 +192,13 @@ class WindowBlockManager:
         entries: list[tuple[int, int, int]] = []
         slots: list[int] = []
         fallbacks = 0
-        for index, (row, (computed, seq_len)) in enumerate(zip(ids, steps)):
-            ranges = self._read_ranges(computed, seq_len)
-            for logical in sorted({j for lo, hi in ranges for j in range(lo // bs, -(-hi // bs)) if hi > lo}):
+        for index, (row, (computed, seq_len), read) in enumerate(zip(ids, steps, reads)):
+            for logical in read:
                 window = self._window_of.get(int(row[logical]), -1)
                 if window >= 0 and self._valid_from[window] == 0:
                     entries.append((index, logical, window))
                 else:  # every read position of this block is served from INT2
+                    ranges = self._read_ranges(computed, seq_len)
                     span = range(logical * bs, (logical + 1) * bs)
                     fallbacks += sum(1 for p in span if any(lo <= p < hi for lo, hi in ranges))
             slots.extend([-1] * max(-computed, 0))
@@ -226,6 +226,12 @@ class WindowBlockManager:
         The two ranges may overlap; a padding row (seq_len 0) has none.
         """
         return (0, min(self.sink, seq_len)), (max(0, computed - self.recent + 1), seq_len)
+
+    def _read_blocks(self, computed: int, seq_len: int) -> list[int]:
+        """Logical blocks (ascending) holding a position of _read_ranges."""
+        bs = self.block_size
+        return sorted({j for lo, hi in self._read_ranges(computed, seq_len) if hi > lo
+                       for j in range(lo // bs, cdiv(hi, bs))})
 
     def _blocks(self, row: np.ndarray, lo: int, hi: int) -> list[int]:
         """Physical ids of the blocks holding positions [lo, hi) of a block-table row."""
