@@ -9,6 +9,7 @@ Checks (each prints one line and goes into the JSON report):
   int8      the int8 key path (AttentionConfig.int8_keys, D >= 128) on pure INT2 history vs
             the dense reference with the query rounded to int8 per row
   prefill   oscar_prefill vs a dense float64 reference (causal chunk + cached prefix)
+  rotate    oscar_rotate (one launch) vs float64: decode rows and prefill chunks, both directions
   graph     decode captured once in a CUDA graph (capture fails on any host sync), replayed
             while seq_lens, tables and queries change; each replay equals an eager call
 
@@ -121,6 +122,29 @@ def check_write(report: list) -> None:
                            "config": variant, "bytes_differing_vs_torch": differing, "ok": True})
             print(f"write D={dim} G={group} N={n} prerotated={prerot} {variant}: ok (bytes differing vs torch path "
                   f"{differing:.1e}) {time.time() - t0:.1f}s", flush=True)
+
+
+def check_rotate(report: list) -> None:
+    """The one-launch rotation at real sizes against float64: decode rows and prefill chunks, GQA 1-8,
+    D 64-256, both directions, into a bf16 view (the layer's output) and into fp32 (the query)."""
+    gen = torch.Generator().manual_seed(5)
+    for n, hq, hkv, dim in ((1, 32, 8, 128), (64, 32, 8, 128), (4096, 32, 8, 128), (7, 9, 3, 64), (300, 16, 2, 256)):
+        rotation = torch.linalg.qr(torch.randn(hkv, dim, dim, generator=gen, dtype=torch.float64))[0].float().cuda()
+        x = torch.randn(n, hq, dim, generator=gen).cuda()
+        x[:, :, 5] *= 50.0  # an outlier channel
+        for inverse, out_dtype in ((False, torch.float32), (True, torch.bfloat16)):
+            matrix = rotation.double().transpose(-1, -2) if inverse else rotation.double()
+            source = x if inverse else x.to(torch.bfloat16)  # the query arrives in bf16, out_rot in fp32
+            expected = torch.einsum("nhd,hde->nhe", source.double(), matrix.repeat_interleave(hq // hkv, dim=0))
+            output = torch.full((n + 3, hq, dim), float("nan"), dtype=out_dtype, device="cuda")
+            triton_ops.oscar_rotate(source, rotation, inverse=inverse, out=output[:n])
+            err = rel(output[:n], expected)
+            untouched = bool(torch.isnan(output[n:].float()).all())
+            ok = err < (1e-6 if out_dtype == torch.float32 else 5e-3) and untouched
+            report.append({"check": "rotate", "n": n, "hq": hq, "hkv": hkv, "dim": dim, "inverse": inverse,
+                           "rel_err": err, "rows_after_n_untouched": untouched, "ok": ok})
+            print(f"rotate N={n} Hq={hq} Hkv={hkv} D={dim} inverse={inverse}: rel err {err:.2e} "
+                  f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
 DECODE_CASES = [
@@ -336,7 +360,7 @@ def _check_graph(report: list, config, bs: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
-    parser.add_argument("--only", nargs="*", default=["graph", "prefill", "write", "decode", "int8"])
+    parser.add_argument("--only", nargs="*", default=["graph", "prefill", "write", "decode", "int8", "rotate"])
     parser.add_argument("--quick", action="store_true",
                         help="decode: only the default launch config (both unpack paths) on the G = D cases")
     args = parser.parse_args()
@@ -348,7 +372,7 @@ def main() -> int:
                 check_decode(report, args.quick)
             else:
                 {"write": check_write, "prefill": check_prefill, "graph": check_graph,
-                 "int8": check_decode_int8_keys}[name](report)
+                 "int8": check_decode_int8_keys, "rotate": check_rotate}[name](report)
         except Exception as error:  # keep going: one broken check must not hide the others
             failures += 1
             report.append({"check": name, "ok": False, "error": f"{type(error).__name__}: {error}"})

@@ -18,6 +18,7 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
 
     python bench/served_graph.py [--json OUT] [--only check time]
     python bench/served_graph.py --profile CONTEXT BATCH   (cProfile of eager steps)
+    python bench/served_graph.py --kernels CONTEXT BATCH   (GPU time per kernel of a graph replay)
 """
 
 from __future__ import annotations
@@ -310,6 +311,46 @@ def profile_eager(context: int, batch: int, calls: int, top: int) -> None:
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
 
 
+def profile_kernels(context: int, batch: int, calls: int, report: list) -> None:
+    """torch.profiler (CUPTI) over graph replays: GPU time and count per kernel name, per decode step,
+    and the replay's wall time, so the gaps between the kernels show as the difference."""
+    from torch.profiler import ProfilerActivity, profile
+
+    served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=context + 2 * calls + 64,
+                             max_requests=batch, device=torch.device("cuda"), seed=4)
+    for request in range(batch):
+        served.prefill(request, context - 7 * request)
+    graph = served.capture(batch)
+    served.decode_inputs(list(range(batch)), graph_batch=batch)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            graph.replay()
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        graph.replay()
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) / calls * 1e3
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels.setdefault(event.name[:90], [0.0, 0])
+            entry[0] += event.device_time / 1e3 / calls  # ms per step
+            entry[1] += 1 / calls
+    rows = sorted(({"kernel": name, "ms_per_step": t, "launches_per_step": c} for name, (t, c) in kernels.items()),
+                  key=lambda r: -r["ms_per_step"])
+    busy = sum(r["ms_per_step"] for r in rows)
+    print(f"graph replay, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}: wall {wall_ms:.3f} ms per "
+          f"step, kernels {busy:.3f} ms, {sum(r['launches_per_step'] for r in rows):.0f} launches", flush=True)
+    for r in rows:
+        print(f"  {r['ms_per_step']:8.4f} ms  {r['launches_per_step']:6.1f}x  {r['kernel']}", flush=True)
+    report.append({"kernels": "graph_replay", "context": context, "batch": batch, "wall_ms": wall_ms,
+                   "kernel_ms": busy, "rows": rows})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
@@ -317,6 +358,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=30, help="decode steps per timed run")
     parser.add_argument("--profile", nargs=2, type=int, metavar=("CONTEXT", "BATCH"),
                         help="instead: cProfile eager decode steps at this context and batch")
+    parser.add_argument("--kernels", nargs=2, type=int, action="append", metavar=("CONTEXT", "BATCH"),
+                        help="also: GPU time per kernel of graph replays at this context and batch (repeatable)")
     args = parser.parse_args()
     if args.profile:
         profile_eager(*args.profile, calls=args.calls, top=45)
@@ -333,6 +376,8 @@ def main() -> int:
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
         time_steps(report, args.calls)
+    for context, batch in args.kernels or []:
+        profile_kernels(context, batch, args.calls, report)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"device": torch.cuda.get_device_name(), "rows": report}, handle, indent=1)

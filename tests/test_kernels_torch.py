@@ -138,6 +138,20 @@ def test_rotate_rows_gqa_and_inverse() -> None:
         rotate_rows(torch.randn(2, 5, 16), rotation)
 
 
+def test_oscar_rotate_on_cpu_writes_the_rows_into_out_in_its_dtype() -> None:
+    gen = torch.Generator().manual_seed(4)
+    rotation = random_rotations(3, 16, gen)
+    x = torch.randn(4, 9, 16, generator=gen, dtype=torch.float32)
+    expected = torch.stack([x[:, h].double() @ rotation[h // 3].double().T for h in range(9)], dim=1)
+    fresh = kernels.oscar_rotate(x, rotation, inverse=True)
+    assert fresh.dtype == torch.float32
+    torch.testing.assert_close(fresh.double(), expected, rtol=1e-5, atol=1e-5)
+    output = torch.full((6, 9, 16), float("nan"), dtype=torch.bfloat16)
+    assert kernels.oscar_rotate(x, rotation, inverse=True, out=output[:4]).data_ptr() == output.data_ptr()
+    torch.testing.assert_close(output[:4].double(), expected, rtol=1e-2, atol=2e-2)
+    assert torch.isnan(output[4:].float()).all()
+
+
 # (seq_lens, Hq, Hkv, D, bs, sink, recent, dropped window blocks, query dtype)
 DECODE_CASES = [
     ([1, 5, 13, 40, 29], 4, 2, 32, 4, 5, 7, 0, torch.float32),  # windows cut blocks at odd offsets

@@ -16,6 +16,7 @@ import torch
 
 from kernels_reference import (
     int8_rounded_query,
+    random_rotations,
     check_write_case,
     random_paged_state,
     ref_decode,
@@ -539,6 +540,49 @@ def test_triton_prefill_window_tiles_read_bf16_only_inside_every_rows_window(rec
     expected = ref_prefill_from_cache(state, query.double(), qsl, sink, recent, 0.2)
     for row in range(40):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
+
+
+def _rows_with_outliers(n: int, heads: int, dim: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(n, heads, dim, generator=gen)
+    x[:, :, 3] *= 40.0  # a planted outlier channel
+    x[:, 1 % heads, dim - 2] = -75.0
+    return x
+
+
+@pytest.mark.parametrize("n, hq, hr, dim, dtype, inverse", [
+    (1, 4, 1, 64, torch.bfloat16, False),  # a decode row, GQA 4
+    (5, 9, 3, 64, torch.float32, True),  # GQA 3 (SmolLM2), the inverse on fp32 rows
+    (3, 2, 2, 128, torch.float16, False),  # no GQA, fp16, four column blocks of D 128
+    (100, 3, 1, 32, torch.float32, False),  # 300 rows: the prefill-sized row blocks, a ragged last one
+])
+def test_triton_rotate_matches_float64(n, hq, hr, dim, dtype, inverse) -> None:
+    gen = torch.Generator().manual_seed(n + hq + dim)
+    rotation = random_rotations(hr, dim, gen)
+    x = _rows_with_outliers(n, hq, dim, gen).to(dtype)
+    matrix = rotation.double().transpose(-1, -2) if inverse else rotation.double()
+    expected = torch.einsum("nhd,hde->nhe", x.double(), matrix.repeat_interleave(hq // hr, dim=0))
+    got = triton_ops.oscar_rotate(x, rotation, inverse=inverse)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    assert relative_error(got.double(), expected) < 1e-6
+
+
+def test_triton_rotate_writes_into_a_view_in_its_dtype_and_nothing_else() -> None:
+    gen = torch.Generator().manual_seed(11)
+    rotation = random_rotations(2, 32, gen)
+    rows = _rows_with_outliers(6, 4, 32, gen)
+    output = torch.full((9, 4, 32), float("nan"), dtype=torch.bfloat16)  # poisoned: only rows [0, 6) may change
+    triton_ops.oscar_rotate(rows, rotation, inverse=True, out=output[:6])
+    expected = torch.einsum("nhd,hed->nhe", rows.double(), rotation.double().repeat_interleave(2, dim=0))
+    assert relative_error(output[:6].double(), expected) < 1e-2  # bf16 output
+    assert torch.isnan(output[6:].float()).all()
+
+
+def test_triton_rotate_rejects_bad_shapes() -> None:
+    rotation = torch.eye(16).expand(2, 16, 16).contiguous()
+    with pytest.raises(ValueError, match="must divide"):
+        triton_ops.oscar_rotate(torch.randn(2, 3, 16), rotation)
+    with pytest.raises(ValueError, match="out must be"):
+        triton_ops.oscar_rotate(torch.randn(2, 4, 16), rotation, out=torch.empty(2, 4, 8))
 
 
 def test_triton_path_rejects_what_it_cannot_run() -> None:

@@ -15,7 +15,7 @@ import torch
 
 from vllm_oscar.attention.rotations import LayerRotations
 from vllm_oscar.config import OscarConfig
-from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_write, rotate_rows
+from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_rotate, oscar_write
 
 
 @dataclasses.dataclass
@@ -76,7 +76,7 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
     n, bd = m.num_actual_tokens, m.num_decodes
     sink, recent = config.sink_tokens, config.recent_tokens
     # float32 between the two rotations: no extra rounding of q or of the output.
-    q_rot = rotate_rows(query[:n], rotations.k_rotation, out_dtype=torch.float32)
+    q_rot = oscar_rotate(query[:n], rotations.k_rotation)
     out_rot = torch.empty_like(q_rot)
     if bd:
         oscar_decode(q_rot[:bd], caches.int2, caches.window_k, caches.window_v, caches.layout, m.block_table[:bd],
@@ -87,4 +87,4 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
                       m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],
                       sink, recent, softmax_scale, out=out_rot[bd:], max_query_len=m.max_query_len,
                       chunk_from_cache=True, max_seq_len=m.max_seq_len)
-    output[:n] = rotate_rows(out_rot, rotations.v_rotation, inverse=True, out_dtype=output.dtype)
+    oscar_rotate(out_rot, rotations.v_rotation, inverse=True, out=output[:n])

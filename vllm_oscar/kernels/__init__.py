@@ -1,7 +1,8 @@
 """OSCAR kernels: fused INT2 write, paged decode, prefill over a cached prefix.
 
 Public ops (contract: docs/design.md, "Kernel API"): ``oscar_write``, ``oscar_decode``,
-``oscar_prefill``, plus ``rotate_rows`` (q @ R_K, out_rot @ R_V^T) and the page layout.
+``oscar_prefill``, ``oscar_rotate`` (q @ R_K, out_rot @ R_V^T), plus ``rotate_rows`` (the torch
+rotation) and the page layout.
 
 Dispatch is by platform, decided by the device of the cache tensor: CUDA tensors run the
 Triton kernels (vllm_oscar.kernels.triton_ops), CPU tensors run the plain-torch
@@ -64,6 +65,24 @@ def oscar_write(
     impl.oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated,
                      refit_iterations=refit_iterations, refit_floor=refit_floor)
+
+
+def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Rotate every head's rows: ``out[n, h] = x[n, h] @ R[h // g]`` (``@ R^T`` when inverse), fp32 math.
+
+    x [N, H, D] float; rotation [Hr, D, D] float, Hr dividing H; out [N, H, D] float, written in its own
+    dtype (default: a new fp32 tensor; a view such as the layer's output rows is fine).
+    CUDA -> one Triton launch, CPU -> torch (``rotate_rows``). Returns out.
+    """
+    impl = implementation_for(x)
+    if impl is torch_ops:
+        rotated = rotate_rows(x, rotation, inverse=inverse, out_dtype=out.dtype if out is not None else torch.float32)
+        if out is None:
+            return rotated
+        out.copy_(rotated)
+        return out
+    return impl.oscar_rotate(x, rotation, inverse=inverse, out=out)
 
 
 def oscar_decode(
@@ -151,6 +170,7 @@ __all__ = [
     "implementation_for",
     "oscar_decode",
     "oscar_prefill",
+    "oscar_rotate",
     "oscar_write",
     "page_views",
     "rotate_rows",

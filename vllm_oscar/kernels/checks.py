@@ -85,6 +85,30 @@ def check_rotation(name: str, rotation: torch.Tensor, num_kv_heads: int, head_di
         raise ValueError(f"{name} must be a float tensor of shape {list(want)}; got {got}.")
 
 
+def check_rotate_args(x: torch.Tensor, rotation: torch.Tensor, out: torch.Tensor | None = None) -> None:
+    """Rows x [N, H, D] float, rotation [Hr, D, D] float with Hr dividing H, out (if given) float
+    [N, H, D] on x's device."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or not x.is_floating_point():
+        raise ValueError(f"x must be a float tensor [N, H, D]; got {getattr(x, 'shape', x)!r}.")
+    n, heads, dim = x.shape
+    if (
+        not isinstance(rotation, torch.Tensor)
+        or rotation.dim() != 3
+        or _shape(rotation)[1:] != (dim, dim)
+        or not rotation.is_floating_point()
+    ):
+        raise ValueError(f"rotation must be a float tensor [Hr, {dim}, {dim}]; got {getattr(rotation, 'shape', rotation)!r}.")
+    groups = rotation.shape[0]
+    if groups == 0 or heads % groups != 0:
+        raise ValueError(f"rotation heads ({groups}) must divide the heads of x ({heads}).")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or _shape(out) != (n, heads, dim) or not out.is_floating_point():
+            raise ValueError(f"out must be a float tensor [{n}, {heads}, {dim}]; got {getattr(out, 'shape', out)!r}.")
+        check_same_device(x=x, rotation=rotation, out=out)
+    else:
+        check_same_device(x=x, rotation=rotation)
+
+
 def check_window_sizes(sink: int, recent: int) -> None:
     """sink and recent are Python ints >= 0."""
     for name, value in (("sink", sink), ("recent", recent)):

@@ -1,8 +1,9 @@
 """Per-head rotation of rows: ``x_rot[n, h] = x[n, h] @ R[h // g]`` (or ``@ R^T``).
 
-Used for the query before decode/prefill (q @ R_K), for the output after it
-(out_rot @ R_V^T) and inside the torch write path. Plain batched matmul: works on CPU
-and CUDA, has no host synchronisation, and is safe under CUDA-graph capture.
+The torch implementation: ``oscar_rotate`` runs it on CPU tensors (the query before
+decode/prefill, q @ R_K, and the output after it, out_rot @ R_V^T); the torch write path uses it
+too. Plain batched matmul: works on CPU and CUDA, has no host synchronisation, and is safe under
+CUDA-graph capture. On CUDA ``oscar_rotate`` takes the one-launch Triton kernel instead.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from vllm_oscar.kernels.checks import check_rotate_args
 
 
 def rotate_rows(
@@ -30,19 +33,9 @@ def rotate_rows(
     Returns:
         [N, H, D] tensor ``x[n, h] @ R[h // g]`` (or ``@ R[h // g]^T``).
     """
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or not x.is_floating_point():
-        raise ValueError(f"x must be a float tensor [N, H, D]; got {getattr(x, 'shape', x)!r}.")
+    check_rotate_args(x, rotation)
     n, heads, dim = x.shape
-    if (
-        not isinstance(rotation, torch.Tensor)
-        or rotation.dim() != 3
-        or tuple(rotation.shape[1:]) != (dim, dim)
-        or not rotation.is_floating_point()
-    ):
-        raise ValueError(f"rotation must be a float tensor [Hr, {dim}, {dim}]; got {getattr(rotation, 'shape', rotation)!r}.")
     groups = rotation.shape[0]
-    if groups == 0 or heads % groups != 0:
-        raise ValueError(f"rotation heads ({groups}) must divide the heads of x ({heads}).")
     work = torch.float64 if torch.float64 in (x.dtype, rotation.dtype) else torch.float32
     matrix = rotation.to(work)
     if inverse:

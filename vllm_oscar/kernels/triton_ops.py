@@ -22,11 +22,12 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_oscar.config import INT8_MMA_MIN_HEAD_DIM, REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
-from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_write_args
+from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_rotate_args, check_write_args
 from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
+from vllm_oscar.kernels.triton_rotate import rotate_rows_kernel
 from vllm_oscar.kernels.triton_write import oscar_write_kernel
 from vllm_oscar.quant import clip_threshold_index
 
@@ -713,6 +714,44 @@ def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window
                         sink, recent, softmax_scale, max_seq_len, config).num_splits
 
 
+#: Rotation launch (oscar_rotate): rows per program (BLOCK_M) where N x g rows fit ROTATE_SMALL_ROWS (decode
+#: steps) and beyond (prefill chunks), output columns per program, the K tile, and the dot's input precision
+#: ("ieee": fp32 FMAs, as the torch path's fp32 matmul).
+ROTATE_SMALL_ROWS: int = 256
+ROTATE_BLOCK_M_SMALL: int = 16
+ROTATE_BLOCK_M_LARGE: int = 64
+ROTATE_BLOCK_C: int = 32
+ROTATE_BLOCK_K: int = 32
+ROTATE_PRECISION: str = "ieee"
+
+
+def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False, out: Optional[torch.Tensor] = None,
+                 precision: str = ROTATE_PRECISION) -> torch.Tensor:
+    """``out[n, h] = x[n, h] @ R[h // g]`` (``@ R^T`` when inverse) in one launch; fp32 math.
+
+    x: [N, H, D] float rows, unit stride on D; rotation: [Hr, D, D] float (made fp32), Hr dividing H;
+    out: [N, H, D] float, unit stride on D (default: a new fp32 tensor); it may be a view of a larger
+    output (the layer's output rows). Safe under CUDA-graph capture (no host synchronisation).
+    """
+    check_rotate_args(x, rotation, out)
+    n, heads, d = x.shape
+    if out is None:
+        out = torch.empty(n, heads, d, dtype=torch.float32, device=x.device)
+    _check_last_dim_contiguous(x=x, out=out)
+    if n == 0:
+        return out
+    rot = rotation.to(torch.float32).contiguous()
+    group = heads // rot.shape[0]
+    stride_rk, stride_rc = (rot.stride(2), rot.stride(1)) if inverse else (rot.stride(1), rot.stride(2))
+    block_m = ROTATE_BLOCK_M_SMALL if n * group <= ROTATE_SMALL_ROWS else ROTATE_BLOCK_M_LARGE
+    block_c = min(d, ROTATE_BLOCK_C)
+    grid = (triton.cdiv(n * group, block_m), rot.shape[0], d // block_c)
+    rotate_rows_kernel[grid](x, x.stride(0), x.stride(1), rot, rot.stride(0), stride_rk, stride_rc,
+                             out, out.stride(0), out.stride(1), n, GROUP=group, D=d, BLOCK_M=block_m,
+                             BLOCK_K=min(d, ROTATE_BLOCK_K), BLOCK_C=block_c, PRECISION=precision)
+    return out
+
+
 def oscar_decode(
     query_rot: torch.Tensor,
     int2_cache: torch.Tensor,
@@ -900,4 +939,4 @@ def oscar_prefill(
 
 
 __all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_split_count", "decode_splits", "resolved_block_t",
-           "oscar_decode", "oscar_prefill", "prefill_split_count", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
+           "oscar_decode", "oscar_prefill", "oscar_rotate", "prefill_split_count", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
