@@ -725,8 +725,8 @@ ROTATE_BLOCK_K: int = 32
 ROTATE_PRECISION: str = "ieee"
 
 
-def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False, out: Optional[torch.Tensor] = None,
-                 precision: str = ROTATE_PRECISION) -> torch.Tensor:
+def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``out[n, h] = x[n, h] @ R[h // g]`` (``@ R^T`` when inverse) in one launch; fp32 math.
 
     x: [N, H, D] float rows, unit stride on D; rotation: [Hr, D, D] float (made fp32), Hr dividing H;
@@ -748,7 +748,7 @@ def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
     grid = (triton.cdiv(n * group, block_m), rot.shape[0], d // block_c)
     rotate_rows_kernel[grid](x, x.stride(0), x.stride(1), rot, rot.stride(0), stride_rk, stride_rc,
                              out, out.stride(0), out.stride(1), n, GROUP=group, D=d, BLOCK_M=block_m,
-                             BLOCK_K=min(d, ROTATE_BLOCK_K), BLOCK_C=block_c, PRECISION=precision)
+                             BLOCK_K=min(d, ROTATE_BLOCK_K), BLOCK_C=block_c, PRECISION=ROTATE_PRECISION)
     return out
 
 
