@@ -140,7 +140,7 @@ def check_rotate(report: list) -> None:
             triton_ops.oscar_rotate(source, rotation, inverse=inverse, out=output[:n])
             err = rel(output[:n], expected)
             untouched = bool(torch.isnan(output[n:].float()).all())
-            ok = err < (1e-6 if out_dtype == torch.float32 else 5e-3) and untouched
+            ok = err < (1e-5 if out_dtype == torch.float32 else 5e-3) and untouched  # tf32x3: about fp32
             report.append({"check": "rotate", "n": n, "hq": hq, "hkv": hkv, "dim": dim, "inverse": inverse,
                            "rel_err": err, "rows_after_n_untouched": untouched, "ok": ok})
             print(f"rotate N={n} Hq={hq} Hkv={hkv} D={dim} inverse={inverse}: rel err {err:.2e} "

@@ -25,9 +25,11 @@ from vllm_oscar.kernels import rotate_rows, triton_ops  # noqa: E402
 #: (name, triton_ops module constants overridden) per launch variant.
 VARIANTS = (
     ("default", {}),
+    ("ieee", {"ROTATE_PRECISION": "ieee"}),
     ("tf32x3", {"ROTATE_PRECISION": "tf32x3"}),
-    ("cols64", {"ROTATE_BLOCK_C": 64}),
-    ("cols128", {"ROTATE_BLOCK_C": 128}),
+    ("tf32x3_cols64", {"ROTATE_PRECISION": "tf32x3", "ROTATE_BLOCK_C": 64}),
+    ("tf32x3_k64", {"ROTATE_PRECISION": "tf32x3", "ROTATE_BLOCK_K": 64}),
+    ("tf32x3_m32", {"ROTATE_PRECISION": "tf32x3", "ROTATE_BLOCK_M_SMALL": 32}),
 )
 
 

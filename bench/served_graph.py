@@ -49,7 +49,7 @@ PREFILL_CHUNK = 2048  # tokens per prefill step (vLLM's max_num_batched_tokens; 
 
 def _orthogonal(hkv: int, dim: int, gen: torch.Generator) -> torch.Tensor:
     q, _ = torch.linalg.qr(torch.randn(hkv, dim, dim, generator=gen, dtype=torch.float64))
-    return q.float()
+    return q.float().contiguous()  # as LayerRotations holds them (QR returns column-major)
 
 
 class ServedAttention:
@@ -358,9 +358,15 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=30, help="decode steps per timed run")
     parser.add_argument("--profile", nargs=2, type=int, metavar=("CONTEXT", "BATCH"),
                         help="instead: cProfile eager decode steps at this context and batch")
+    parser.add_argument("--rotate-precision", choices=["ieee", "tf32x3"],
+                        help="the rotation launches' dot precision (triton_ops.ROTATE_PRECISION), for comparisons")
     parser.add_argument("--kernels", nargs=2, type=int, action="append", metavar=("CONTEXT", "BATCH"),
                         help="also: GPU time per kernel of graph replays at this context and batch (repeatable)")
     args = parser.parse_args()
+    if args.rotate_precision:
+        from vllm_oscar.kernels import triton_ops
+
+        triton_ops.ROTATE_PRECISION = args.rotate_precision
     if args.profile:
         profile_eager(*args.profile, calls=args.calls, top=45)
         return 0

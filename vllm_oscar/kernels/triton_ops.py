@@ -715,14 +715,17 @@ def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window
 
 
 #: Rotation launch (oscar_rotate): rows per program (BLOCK_M) where N x g rows fit ROTATE_SMALL_ROWS (decode
-#: steps) and beyond (prefill chunks), output columns per program, the K tile, and the dot's input precision
-#: ("ieee": fp32 FMAs, as the torch path's fp32 matmul).
+#: steps) and beyond (prefill chunks), output columns per program, the K tile, and the dot's input precision:
+#: "tf32x3" (three TF32 tensor-core MMAs, about fp32 accuracy; "ieee" = fp32 FMAs). H200, Qwen3-8B geometry,
+#: query + output rotation of one layer step in graph replays, us at 1 / 8 / 64 / 2048 tokens
+#: (docs/perf/rotate_h200.json, bench/rotate.py): torch 14.7 / 23.6 / 26.3 / 274.6, ieee 15.7 / 15.7 / 31.0 /
+#: 423.5, tf32x3 11.6 / 11.5 / 13.9 / 119.5, tf32x3 with K tiles of 64 10.4 / 10.4 / 13.8 / 114.7.
 ROTATE_SMALL_ROWS: int = 256
 ROTATE_BLOCK_M_SMALL: int = 16
 ROTATE_BLOCK_M_LARGE: int = 64
 ROTATE_BLOCK_C: int = 32
-ROTATE_BLOCK_K: int = 32
-ROTATE_PRECISION: str = "ieee"
+ROTATE_BLOCK_K: int = 64
+ROTATE_PRECISION: str = "tf32x3"
 
 
 def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
@@ -742,13 +745,13 @@ def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
         return out
     rot = rotation.to(torch.float32).contiguous()
     group = heads // rot.shape[0]
-    stride_rk, stride_rc = (rot.stride(2), rot.stride(1)) if inverse else (rot.stride(1), rot.stride(2))
     block_m = ROTATE_BLOCK_M_SMALL if n * group <= ROTATE_SMALL_ROWS else ROTATE_BLOCK_M_LARGE
     block_c = min(d, ROTATE_BLOCK_C)
     grid = (triton.cdiv(n * group, block_m), rot.shape[0], d // block_c)
-    rotate_rows_kernel[grid](x, x.stride(0), x.stride(1), rot, rot.stride(0), stride_rk, stride_rc,
+    rotate_rows_kernel[grid](x, x.stride(0), x.stride(1), rot, rot.stride(0), rot.stride(1),
                              out, out.stride(0), out.stride(1), n, GROUP=group, D=d, BLOCK_M=block_m,
-                             BLOCK_K=min(d, ROTATE_BLOCK_K), BLOCK_C=block_c, PRECISION=ROTATE_PRECISION)
+                             BLOCK_K=min(d, ROTATE_BLOCK_K), BLOCK_C=block_c, INVERSE=inverse,
+                             PRECISION=ROTATE_PRECISION)
     return out
 
 

@@ -11,9 +11,9 @@ that use rotation r (row i: token i // g, head r * g + i % g) and output columns
 
     acc [BLOCK_M, BLOCK_C] fp32 += x[rows, k0:k0+BLOCK_K] (fp32) @ M[r][k0:k0+BLOCK_K, cols] (fp32)
 
-with M[r][k, c] read at ``r * stride_rh + k * stride_rk + c * stride_rc`` (the inverse passes
-R's two strides swapped, so R^T is never materialised). Layouts: x [N, H, D] and out [N, H, D]
-with unit stride on D; rotation [Hr, D, D] fp32.
+with M = R, or M = R^T when INVERSE: then the tile of R [cols, k] is loaded along R's rows (unit
+stride, coalesced) and transposed in registers, so R^T is never materialised. Layouts: x [N, H, D]
+and out [N, H, D] with unit stride on D; rotation [Hr, D, D] fp32, unit stride on its last dim.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import triton.language as tl
 @triton.jit
 def rotate_rows_kernel(
     x_ptr, stride_xn, stride_xh,
-    r_ptr, stride_rh, stride_rk, stride_rc,
+    r_ptr, stride_rh, stride_rr,
     out_ptr, stride_on, stride_oh,
     n_tokens,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_C: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_C: tl.constexpr, INVERSE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     r = tl.program_id(1)
@@ -43,7 +43,10 @@ def rotate_rows_kernel(
     for k0 in tl.static_range(0, D, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        m = tl.load(r_ptr + r * stride_rh + ks[:, None] * stride_rk + cols[None, :] * stride_rc)
+        if INVERSE:  # M[k, c] = R[c, k]
+            m = tl.trans(tl.load(r_ptr + r * stride_rh + cols[:, None] * stride_rr + ks[None, :]))
+        else:
+            m = tl.load(r_ptr + r * stride_rh + ks[:, None] * stride_rr + cols[None, :])
         acc = tl.dot(x, m.to(tl.float32), acc, input_precision=PRECISION)
     out_rows = out_ptr + token.to(tl.int64)[:, None] * stride_on + head[:, None] * stride_oh
     tl.store(out_rows + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
