@@ -331,3 +331,29 @@ def test_calibration_tokens_interleave_files_and_never_read_the_heldout_part(tmp
         calibration_tokens(CharTokenizer(), [code], num_tokens=1024, seq_len=16)
     with pytest.raises(ValueError, match="--tokens=8 must be >= --seq-len=16"):
         calibration_tokens(CharTokenizer(), [code], num_tokens=8, seq_len=16)
+
+
+def test_weights_hash_covers_the_tensors_not_the_file_bytes(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    from vllm_oscar.calibration.model_loading import weights_sha256
+
+    gen = torch.Generator().manual_seed(2)
+    state = {"b.weight": torch.randn(4, 3, generator=gen).to(torch.bfloat16), "a.bias": torch.randn(5, generator=gen)}
+    hashes = []
+    for name, metadata in (("one", {"format": "pt", "x": "1"}), ("two", {"x": "1", "format": "pt", "y": "2"})):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file(state, str(folder / "model.safetensors"), metadata=metadata)  # different header bytes
+        hashes.append(weights_sha256(folder))
+    assert hashes[0] == hashes[1] and len(hashes[0]) == 64
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    state["a.bias"][2] += 1.0  # one value
+    save_file(state, str(changed / "model.safetensors"), metadata={"format": "pt"})
+    assert weights_sha256(changed) != hashes[0]
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    save_file({"c.bias" if k == "a.bias" else k: v for k, v in state.items()}, str(renamed / "model.safetensors"))
+    assert weights_sha256(renamed) != weights_sha256(changed)
+    assert weights_sha256(tmp_path / "empty_folder_that_does_not_exist") == ""

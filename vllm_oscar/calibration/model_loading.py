@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from safetensors import safe_open
 
 from vllm_oscar.calibration.data import sha256_file
 from vllm_oscar.calibration.identity import ModelIdentity
@@ -35,17 +36,25 @@ class LoadedModel:
 
 
 def weights_sha256(source: Path) -> str:
-    """sha256 of a GGUF file, or of a folder's *.safetensors files (in name order), or ""."""
+    """sha256 of a GGUF file, or of the tensors of a folder's *.safetensors files, or "".
+
+    A folder's hash covers what the weights are, not how a file stores them: for each file in name
+    order and each tensor in name order, its name, dtype, shape and raw bytes. (safetensors >= 0.8
+    writes the header's metadata keys in a per-process order, so the bytes of a file converted twice
+    differ while its tensors do not.)
+    """
     if source.is_file():
         return sha256_file(source)
     files = sorted(source.glob("*.safetensors"))
     if not files:
         return ""
-    if len(files) == 1:
-        return sha256_file(files[0])
     digest = hashlib.sha256()
     for file in files:
-        digest.update(sha256_file(file).encode())
+        with safe_open(str(file), framework="pt") as handle:
+            for name in sorted(handle.keys()):
+                tensor = handle.get_tensor(name)
+                digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+                digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
