@@ -104,9 +104,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 #: Write launch variants (WriteConfig arguments): the default (clip by maximum removal, refit loop),
-#: the bisection clip, the rotation on tensor cores, the refit rounds unrolled, the rotation dot in one K step.
-WRITE_VARIANTS = (dict(), dict(clip_search="bisect"), dict(rotation_precision="tf32x3"), dict(unroll_refit=True),
-                  dict(rotation_block_k=128))
+#: the bisection clip, the rotation on tensor cores, the refit rounds unrolled.
+WRITE_VARIANTS = (dict(), dict(clip_search="bisect"), dict(rotation_precision="tf32x3"), dict(unroll_refit=True))
 
 
 def check_write(report: list) -> None:

@@ -91,18 +91,6 @@ def test_triton_write_refit_loop_and_unrolled_write_the_same_bytes() -> None:
     assert torch.equal(looped[8], unrolled[8])
 
 
-@pytest.mark.parametrize("block_k", [32, 128])
-def test_triton_write_rotation_block_k_writes_the_same_bytes(block_k) -> None:
-    """WriteConfig.rotation_block_k (rows of R per dot step): the cache and window bytes of the default."""
-    default = write_case(triton_ops, 9, 2, 128, 128, 16, torch.float16, False, seed=13,
-                         refit_iterations=GRID_REFIT_ITERATIONS)
-    other = write_case(triton_ops, 9, 2, 128, 128, 16, torch.float16, False, seed=13,
-                       refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(rotation_block_k=block_k))
-    check_write_case(other, False, GRID_REFIT_ITERATIONS)
-    for a, b in zip(default[8:], other[8:]):  # INT2 pages, window K, window V (NaN-poisoned): bit for bit
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
 def test_triton_write_clip_by_maximum_removal_counts_ties() -> None:
     """Rows whose largest |values| repeat: removing a maximum removes all its ties, counted."""
     gen = torch.Generator().manual_seed(9)
@@ -128,8 +116,6 @@ def test_triton_write_config_rejects_unknown_choices() -> None:
         triton_ops.WriteConfig(clip_search="sort")
     with pytest.raises(ValueError, match="rotation_precision='tf32'"):
         triton_ops.WriteConfig(rotation_precision="tf32")
-    with pytest.raises(ValueError, match="rotation_block_k=24"):
-        triton_ops.WriteConfig(rotation_block_k=24)
 
 
 def test_triton_write_agrees_with_torch_write() -> None:

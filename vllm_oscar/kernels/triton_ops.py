@@ -63,8 +63,6 @@ def write_warps(head_dim: int, tokens: int = 1) -> int:
 #: ms at 32 / 4096 new tokens (docs/perf/write_h200_w2.json): Qwen3-8B geometry bisect + unrolled
 #: 0.0330 / 0.3636, top + loop 0.0168 / 0.1760; SmolLM2 0.0143 / 0.0559 -> 0.0114 / 0.0406. tf32x3
 #: rotation: 0.0216 / 0.2488 (Qwen3-8B, top + loop), slower on SmolLM2 in every variant.
-#: Rows of R per rotation-dot step of the write (WriteConfig.rotation_block_k None: min(head_dim, this)).
-WRITE_ROTATION_BLOCK_K: int = 64
 #: WriteConfig choices.
 CLIP_SEARCHES: tuple[str, ...] = ("bisect", "top")
 ROTATION_PRECISIONS: tuple[str, ...] = ("ieee", "tf32x3")
@@ -81,35 +79,22 @@ class WriteConfig:
     input precision, "ieee" (fp32 on the FMA pipe) or "tf32x3" (three TF32 tensor-core MMAs: about
     fp32 accuracy, not bit-identical: 1.4e-5 of the bytes differ on the H200; slower there with the
     refit loop). unroll_refit: the refit rounds unrolled (True) or a loop (False: same bytes, 255 ->
-    128 registers at 8 / 2, D = 128). rotation_block_k: rows of R per step of the rotation dot (a power
-    of two >= 16 dividing head_dim; None = min(head_dim, WRITE_ROTATION_BLOCK_K)): the same function, its
-    fp32 sums in another order. Defaults as measured (note above CLIP_SEARCHES).
+    128 registers at 8 / 2, D = 128). Defaults as measured (note above CLIP_SEARCHES).
     """
 
     num_warps: Optional[int] = None
     clip_search: str = "top"
     rotation_precision: str = "ieee"
     unroll_refit: bool = False
-    rotation_block_k: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.clip_search not in CLIP_SEARCHES:
             raise ValueError(f"clip_search={self.clip_search!r}: choose one of {CLIP_SEARCHES}.")
         if self.rotation_precision not in ROTATION_PRECISIONS:
             raise ValueError(f"rotation_precision={self.rotation_precision!r}: choose one of {ROTATION_PRECISIONS}.")
-        block_k = self.rotation_block_k
-        if block_k is not None and (block_k < 16 or block_k & (block_k - 1)):
-            raise ValueError(f"rotation_block_k={block_k!r}: give a power of two >= 16 (or None for the default).")
 
 
 DEFAULT_WRITE = WriteConfig()
-
-
-def _write_block_k(config: WriteConfig, head_dim: int) -> int:
-    block_k = config.rotation_block_k or min(head_dim, WRITE_ROTATION_BLOCK_K)
-    if head_dim % block_k:
-        raise ValueError(f"WriteConfig.rotation_block_k={block_k} must divide head_dim {head_dim}.")
-    return block_k
 
 
 def _clip_top(config: WriteConfig, head_dim: int, clip_index: int) -> bool:
@@ -389,7 +374,7 @@ def oscar_write(
         CLIP_TOP_K=_clip_top(config, d, clip_k_index), CLIP_TOP_V=_clip_top(config, d, clip_v_index),
         ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
-        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=_write_block_k(config, d), EMU=_interpreting(),
+        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
         REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=config.num_warps or write_warps(d, n),
     )
 
