@@ -26,10 +26,10 @@ from vllm_oscar.kernels import rotate_rows, triton_ops  # noqa: E402
 VARIANTS = (
     ("default", {}),
     ("ieee", {"ROTATE_PRECISION": "ieee"}),
-    ("tf32x3", {"ROTATE_PRECISION": "tf32x3"}),
-    ("tf32x3_cols64", {"ROTATE_PRECISION": "tf32x3", "ROTATE_BLOCK_C": 64}),
-    ("tf32x3_k64", {"ROTATE_PRECISION": "tf32x3", "ROTATE_BLOCK_K": 64}),
-    ("tf32x3_m32", {"ROTATE_PRECISION": "tf32x3", "ROTATE_BLOCK_M_SMALL": 32}),
+    ("k32", {"ROTATE_BLOCK_K": 32}),
+    ("k128", {"ROTATE_BLOCK_K": 128}),
+    ("cols64", {"ROTATE_BLOCK_C": 64}),
+    ("m32", {"ROTATE_BLOCK_M_SMALL": 32}),
 )
 
 
