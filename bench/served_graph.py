@@ -4,14 +4,15 @@
 What vLLM does for a pure decode batch when the backend supports full CUDA graphs
 (UNIFORM_SINGLE_TOKEN_DECODE under its default FULL_AND_PIECEWISE mode), with the product's own
 code for each part: the window plan (WindowBlockManager) written into fixed-address buffers
-(WindowPlanBuffers), then for every layer write_step + attend_step (vllm_oscar.attention.step, what
-the backend's do_kv_cache_update and forward run). vLLM's side is mimicked: block 0 is the null block,
-the graph is captured once per batch size on dummy requests (seq_len 1, null block) with
+(WindowPlanBuffers), then for every layer layer_step (vllm_oscar.attention.step: the write, then the
+attention, with a decode step's INT2 write on a side stream beside it; what the backend's forward
+runs). vLLM's side is mimicked: block 0 is the null block, the graph is captured once per batch size on dummy requests (seq_len 1, null block) with
 max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slot -1).
 
-  check  every replay (ragged, padded batches, new blocks, windows sliding, 2 graph sizes) equals an
-         eager step on a copy of the same state: outputs within bf16 tolerance (the split counts
-         differ), INT2 pages and window stores bit for bit
+  check  every replay (ragged, padded batches, new blocks, windows sliding, 2 graph sizes; every third
+         with the serial-write flag forced on) equals an eager step (write, then attend) on a copy of
+         the same state, and so does an eager step with the INT2 write beside the attention: outputs
+         within bf16 tolerance (the split counts differ), INT2 pages and window stores bit for bit
   time   wall time per decode step of all layers: eager (as vLLM runs attention outside graphs)
          against one graph replay, each with the host's step preparation (window plan, input copies),
          and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
@@ -24,6 +25,7 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from vllm_oscar.attention.rotations import LayerRotations  # noqa: E402
-from vllm_oscar.attention.step import LayerCaches, OscarMetadata, attend_step, write_step  # noqa: E402
+from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step, write_step  # noqa: E402
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
 from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
@@ -126,7 +128,8 @@ class ServedAttention:
         self.seq_lens[:graph_batch].fill_(1)
         self.slot_mapping[:graph_batch] = torch.arange(graph_batch, device=self.device) % self.bs  # null block slots
         return OscarMetadata(graph_batch, graph_batch, self.max_model_len, 1, self.block_table[:graph_batch], table,
-                             self.seq_lens[:graph_batch], self.seq_lens[:1], slots, cuda_graph=True)
+                             self.seq_lens[:graph_batch], self.seq_lens[:1], slots, cuda_graph=True,
+                             write_beside=plan.newest_read_bf16, serial_write=self.buffers.serial_write)
 
     def _step(self, requests: list[int], new_tokens: list[int], rows_padded: int, tokens_padded: int,
               table: torch.Tensor | None) -> tuple[OscarMetadata, torch.Tensor]:
@@ -157,19 +160,19 @@ class ServedAttention:
         decodes = len(requests) if all(new == 1 for new in new_tokens) else 0  # a prefill step: no decodes
         query_start = torch.tensor([0, *itertools.accumulate(new_tokens)], dtype=torch.int32, device=self.device)
         metadata = OscarMetadata(tokens_padded, decodes, max(lengths), max(new_tokens), bt, wtable,
-                                 self.seq_lens[:rows_padded], query_start, wslots)
+                                 self.seq_lens[:rows_padded], query_start, wslots,
+                                 write_beside=plan.newest_read_bf16 and decodes == tokens_padded,
+                                 serial_write=self.buffers.serial_write)
         return metadata, torch.tensor(slots, dtype=torch.int64, device=self.device)
 
     # -- device side: what the captured graph holds -------------------------------------------
     def run_layers(self, metadata: OscarMetadata, caches: list[LayerCaches] | None = None,
                    output: torch.Tensor | None = None) -> None:
-        """write_step + attend_step of every layer on the static inputs (one layer's output feeds none:
-        attention only)."""
+        """layer_step (the write, then the attention; on CUDA the INT2 write of a decode step beside it) of every
+        layer on the static inputs (one layer's output feeds none: attention only)."""
         for layer, layer_caches in enumerate(caches or self.caches):
-            write_step(metadata, self.key, self.value, self.slot_mapping, self.rotations[layer], layer_caches,
-                       self.config)
-            attend_step(metadata, self.query, self.rotations[layer], layer_caches, self.config, self.scale,
-                        self.output if output is None else output)
+            layer_step(metadata, self.query, self.key, self.value, self.slot_mapping, self.rotations[layer],
+                       layer_caches, self.config, self.scale, self.output if output is None else output)
 
     def capture(self, graph_batch: int) -> torch.cuda.CUDAGraph:
         metadata = self.capture_inputs(graph_batch)
@@ -226,13 +229,21 @@ def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60,
         requests = schedule[round_index % len(schedule)]
         size = 4 if len(requests) <= 4 else 8
         metadata = served.decode_inputs(requests, graph_batch=size)
+        if round_index % 3 == 2:  # the replay's predicated launches as a step whose plan forbids the side stream
+            served.buffers.serial_write.fill_(1)
         n = len(requests)
         eager_meta = OscarMetadata(n, n, int(served.seq_lens[:n].max()), 1, metadata.block_table[:n],
                                    metadata.window_block_table[:n], metadata.seq_lens[:n], metadata.seq_lens[:1],
                                    metadata.window_slot_mapping[:n])
         copies = _clone(served.caches)
         eager_out = torch.zeros_like(served.output)
-        served.run_layers(eager_meta, copies, eager_out)
+        served.run_layers(eager_meta, copies, eager_out)  # serial: write, then attend
+        if device.type == "cuda" and round_index % 3 == 1:  # eager, the INT2 write beside the attention
+            beside_copies, beside_out = _clone(served.caches), torch.zeros_like(served.output)
+            served.run_layers(dataclasses.replace(eager_meta, write_beside=True), beside_copies, beside_out)
+            torch.cuda.synchronize()
+            caches_equal &= _same(copies, beside_copies, True, n)
+            caches_equal &= torch.equal(beside_out, eager_out)
         padded_step[size]()
         if device.type == "cuda":
             torch.cuda.synchronize()

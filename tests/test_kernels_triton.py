@@ -91,6 +91,48 @@ def test_triton_write_refit_loop_and_unrolled_write_the_same_bytes() -> None:
     assert torch.equal(looped[8], unrolled[8])
 
 
+def _write_parts(store_window: bool, int2: str, flag_value=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One write of fresh rows (as write_case) into poisoned caches: (INT2 pages, window K, window V)."""
+    gen = torch.Generator().manual_seed(21)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    rows_k, rows_v = torch.randn(7, 2, 64, generator=gen), torch.randn(7, 2, 64, generator=gen)
+    rows_k[:, :, 5] *= 30.0  # an outlier channel
+    rotation = random_rotations(2, 64, gen)
+    cache = torch.full(layout.cache_shape(3, 2), 0xA7, dtype=torch.uint8)
+    window_k = torch.full((3, 16, 2, 64), float("nan"), dtype=torch.bfloat16)
+    window_v = window_k.clone()
+    slots, window_slots = torch.randperm(48, generator=gen)[:7], torch.tensor([3, -1, 9, 20, -1, 33, 40])
+    flag = None if flag_value is None else torch.tensor([flag_value], dtype=torch.int32)
+    triton_ops.oscar_write(rows_k.to(torch.bfloat16), rows_v.to(torch.bfloat16), rotation, rotation, 0.96, 0.92, cache,
+                           layout, slots, window_k, window_v, window_slots, refit_iterations=GRID_REFIT_ITERATIONS,
+                           store_window=store_window, int2=int2, flag=flag)
+    return cache, window_k.view(torch.int16), window_v.view(torch.int16)
+
+
+def test_triton_write_parts_and_flag_modes_write_exactly_their_part() -> None:
+    """The window copies and the INT2 part in separate launches (the INT2 part beside the attention) write
+    what one full launch writes, each part only its own bytes; the flag modes run on 1 / 0 as named."""
+    full_cache, full_wk, full_wv = _write_parts(True, "always")
+    poisoned = _write_parts(False, "never")  # writes nothing at all
+    assert not torch.equal(poisoned[0], full_cache)
+    window_only = _write_parts(True, "never")
+    assert torch.equal(window_only[0], poisoned[0]) and torch.equal(window_only[1], full_wk)
+    assert torch.equal(window_only[2], full_wv)
+    int2_only = _write_parts(False, "always")
+    assert torch.equal(int2_only[0], full_cache) and torch.equal(int2_only[1], poisoned[1])
+    for mode, flag, writes in (("if_flag", 1, True), ("if_flag", 0, False), ("unless_flag", 0, True),
+                               ("unless_flag", 1, False)):
+        cache = _write_parts(False, mode, flag)[0]
+        assert torch.equal(cache, full_cache if writes else poisoned[0]), (mode, flag)
+
+
+def test_triton_write_rejects_bad_parts() -> None:
+    with pytest.raises(ValueError, match="int2='sometimes'"):
+        _write_parts(True, "sometimes")
+    with pytest.raises(ValueError, match="reads a flag"):
+        _write_parts(False, "if_flag")
+
+
 def test_triton_write_clip_by_maximum_removal_counts_ties() -> None:
     """Rows whose largest |values| repeat: removing a maximum removes all its ties, counted."""
     gen = torch.Generator().manual_seed(9)

@@ -35,6 +35,7 @@ def test_prefill_then_decode_keeps_every_window_position_in_bf16():
     for seq_len in range(301, 800):
         plan = manager.plan(table, [seq_len], [1])
         _check_reads(plan, [row], [seq_len], [1])
+        assert plan.newest_read_bf16  # the INT2 write may run beside the attention
         window = int(plan.window_slot_mapping[0])
         assert window // BS == manager.window_of(row[(seq_len - 1) // BS])
         assert window % BS == (seq_len - 1) % BS
@@ -95,6 +96,14 @@ def test_block_mapped_after_eviction_mid_block_is_not_served_from_bf16():
     assert manager.window_of(0) >= 0  # position 8 gets its copy ...
     assert plan.window_block_table[0, 0] == -1  # ... but the block is read from INT2
     assert plan.fallback_positions == 9  # positions 0..8, all window positions of the query
+    assert not plan.newest_read_bf16  # the query reads its own INT2 code: write INT2 first
+
+
+def test_newest_token_outside_every_window_is_read_from_int2():
+    manager = WindowBlockManager(16, BS, SINK, 0)  # no recent window
+    assert manager.plan(torch.tensor([list(range(10))]), [40], [40]).newest_read_bf16  # 39 < sink
+    plan = manager.plan(torch.tensor([list(range(10))]), [70], [30])
+    assert not plan.newest_read_bf16  # position 69 is in no window: its query reads its INT2 code
 
 
 def test_padding_rows_read_and_write_nothing():
@@ -104,7 +113,7 @@ def test_padding_rows_read_and_write_nothing():
     plan = manager.plan(torch.tensor([[3, 4, 5], [0, 0, 0], [0, 0, 0]]), [41, 0, 0], [1, 0, 1])
     assert plan.window_slot_mapping.tolist()[1:] == [-1]
     assert (plan.window_block_table[1:] == -1).all() and manager.window_of(0) == -1
-    assert plan.fallback_positions == 0
+    assert plan.fallback_positions == 0 and plan.newest_read_bf16
 
 
 def _serve_randomly(seed: int, bs: int, sink: int, recent: int, store_fraction: float = 1.0, steps: int = 120):
@@ -178,6 +187,7 @@ def test_random_serving_never_reads_a_stale_copy(seed, store_fraction):
     block at its offset."""
     bs, sink, recent = (4, 8, 24) if seed % 2 else (8, 16, 40)
     served = fallbacks = 0
+    newest_seen: set[bool] = set()
     for manager, plan, rows, seq_lens, query_lens, cache, store in _serve_randomly(seed, bs, sink, recent,
                                                                                      store_fraction):
         table = plan.window_block_table
@@ -192,6 +202,11 @@ def test_random_serving_never_reads_a_stale_copy(seed, store_fraction):
                 assert store.get(window * bs + s % bs) == cache[row[s // bs], s % bs], (seed, index, s)
                 served += 1
         assert plan.fallback_positions == step_fallbacks
+        newest_bf16 = all((seq_len - 1 < sink or recent > 0) and int(table[index, (seq_len - 1) // bs]) >= 0
+                          for index, (seq_len, query_len) in enumerate(zip(seq_lens, query_lens))
+                          if query_len > 0 and seq_len > 0)
+        assert plan.newest_read_bf16 == newest_bf16
+        newest_seen.add(newest_bf16)
         fallbacks += step_fallbacks
         position_slots = [(row, p) for row, n, q in zip(rows, seq_lens, query_lens) for p in range(n - q, n)]
         for (row, position), slot in zip(position_slots, plan.window_slot_mapping.tolist()):
@@ -200,6 +215,7 @@ def test_random_serving_never_reads_a_stale_copy(seed, store_fraction):
     assert served > 1000 and manager.evictions > 0
     assert manager.fallback_positions == fallbacks
     assert (fallbacks == 0) == (store_fraction == 1.0)
+    assert newest_seen == ({True} if store_fraction == 1.0 else {True, False})
 
 
 def test_window_plan_buffers_keep_addresses_and_reset_padding():
@@ -209,6 +225,7 @@ def test_window_plan_buffers_keep_addresses_and_reset_padding():
     plan = manager.plan(rows, [40, 33, 20], [20, 13, 20])
     table, slots = buffers.load(plan, 53)
     assert torch.equal(table, plan.window_block_table) and torch.equal(slots, plan.window_slot_mapping)
+    assert int(buffers.serial_write) == 0  # every newest token read in BF16
     first = (buffers.table.data_ptr(), buffers.slots.data_ptr())
     plan = manager.plan(rows[:1], [41], [1])  # one decode, padded to a graph of 4 tokens
     table, slots = buffers.load(plan, 4)
@@ -216,6 +233,11 @@ def test_window_plan_buffers_keep_addresses_and_reset_padding():
     assert torch.equal(table, plan.window_block_table)
     assert (buffers.table[1:] == -1).all()  # rows of the earlier, larger step reset
     assert slots.tolist()[1:] == [-1, -1, -1] and (buffers.slots[1:] == -1).all()
+    small = WindowBlockManager(3, BS, SINK, RECENT)  # the eviction case of the test above
+    small.plan(torch.tensor([[0, 1, 2]]), [8], [8])
+    small.plan(torch.tensor([[5, 6, 7]]), [48], [48])
+    buffers.load(small.plan(torch.tensor([[0, 1, 2]]), [9], [1]), 1)
+    assert int(buffers.serial_write) == 1  # a captured decode writes INT2 before its attention
     with pytest.raises(ValueError, match="width changed"):
         buffers.load(manager.plan(torch.tensor([[1, 2, 3, 4]]), [42], [1]), 1)
     with pytest.raises(ValueError, match="exceeds the window plan buffers"):

@@ -38,7 +38,7 @@ from vllm_oscar.attention import window_store
 from vllm_oscar.attention.parallel import current_kv_head_slice
 from vllm_oscar.attention.rotations import LayerRotations, layer_rotations, log_rotation_choice
 from vllm_oscar.attention.settings import current_oscar_config
-from vllm_oscar.attention.step import LayerCaches, OscarMetadata, attend_step, write_step
+from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers
 from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.config import (BACKEND_NAME, GPU_DECODE_BLOCK_SIZE, INT8_MMA_MIN_HEAD_DIM, KERNEL_BLOCK_MULTIPLE,
@@ -297,6 +297,8 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
             seq_lens=cam.seq_lens[:num_reqs],
             prefill_query_start_loc=cam.query_start_loc[num_decodes: num_reqs + 1] - num_decode_tokens,
             window_slot_mapping=window_slot_mapping,
+            write_beside=plan.newest_read_bf16 and num_decode_tokens == num_tokens,
+            serial_write=self.window_buffers.serial_write,
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> OscarMetadata:
@@ -446,27 +448,33 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
 
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Write the step's K/V: INT2 into the pages, rotated BF16 copies into the window store."""
-        from vllm.forward_context import get_forward_context
-
+        """Nothing: OSCAR writes the step's K/V in ``forward`` (attention/step.layer_step), where the INT2
+        part of a decode step can run on a side stream beside the attention and join it in the same op.
+        (vLLM still calls this first, with the slot mapping padded as for backends that write here.)"""
         self._size_for_block_size()
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, dict):
-            metadata = metadata.get(self.layer_name)
-        if metadata is None:  # memory profiling: nothing will read this cache
-            return
-        write_step(metadata, key, value, slot_mapping, self.rotations, self._caches(kv_cache), self.config)
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Optional[OscarMetadata], output: torch.Tensor,
                 output_scale: Optional[torch.Tensor] = None,
                 output_block_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Attention of the step's queries [N, Hq, D] into ``output``, each by the decode read rule."""
+        """Write the step's K/V (INT2 pages, rotated BF16 window copies), then attend: queries [N, Hq, D] into
+        ``output``, each by the decode read rule."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("OSCAR does not fuse output quantization.")
         self._size_for_block_size()
-        if attn_metadata is None:  # memory profiling
+        if attn_metadata is None:  # memory profiling: nothing will read this cache
             return output
+        from vllm.model_executor.layers.attention.attention import get_attention_context
+
+        slot_mapping = get_attention_context(self.layer_name)[3]
+        if key is None or value is None or slot_mapping is None:
+            raise RuntimeError(f"OSCAR: layer {self.layer_name} got no new K/V or slot mapping in a step with "
+                               "attention metadata; OSCAR writes the cache in forward and needs both.")
+        layer_step(attn_metadata, query.view(-1, self.num_heads, self.head_size),
+                   key.view(-1, self.num_kv_heads, self.head_size), value.view(-1, self.num_kv_heads, self.head_size),
+                   slot_mapping, self.rotations, self._caches(kv_cache), self.config, self.scale,
+                   output.view(-1, self.num_heads, self.head_size))
+        return output
         attend_step(attn_metadata, query.view(-1, self.num_heads, self.head_size), self.rotations,
                     self._caches(kv_cache), self.config, self.scale, output.view(-1, self.num_heads, self.head_size))
         return output

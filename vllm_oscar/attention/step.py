@@ -10,6 +10,7 @@ capture and replay included.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -46,6 +47,12 @@ class OscarMetadata:
     prefill_query_start_loc: torch.Tensor
     window_slot_mapping: torch.Tensor
     cuda_graph: bool = False  # built for a CUDA-graph capture (and its warm-up): the decode may use TMA
+    #: Host: the step reads no INT2 code it writes (a pure decode step whose every newest token is read in
+    #: BF16, WindowPlan.newest_read_bf16), so the INT2 write may run beside the attention.
+    write_beside: bool = False
+    #: Device int32 [1] (WindowPlanBuffers.serial_write): 0 = as write_beside, 1 = write INT2 first; what a
+    #: captured decode step reads at each replay. None: no such buffer (CPU, tests).
+    serial_write: Optional[torch.Tensor] = None
 
 
 @dataclasses.dataclass
@@ -57,6 +64,52 @@ class LayerCaches:
     window_k: torch.Tensor
     window_v: torch.Tensor
     layout: PageLayout
+
+
+def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               slot_mapping: torch.Tensor, rotations: LayerRotations, caches: LayerCaches, config: OscarConfig,
+               softmax_scale: float, output: torch.Tensor) -> None:
+    """One layer of one step: write the new K/V, then attend (write_step + attend_step).
+
+    On CUDA, for a pure decode step the quantizing INT2 write (about half of a small-batch decode step)
+    runs on a side stream beside the attention, which reads the step's new tokens from their BF16
+    copies, written first on the current stream; the current stream waits for the side stream before
+    returning. Eagerly that happens only where the host's plan allows it (m.write_beside); a CUDA-graph
+    capture records both orders, each launch predicated on m.serial_write, so every replay takes the
+    one its plan allows (1: the INT2 part on the current stream, before the attention).
+    """
+    capturing = caches.int2.is_cuda and torch.cuda.is_current_stream_capturing()
+    pure_decode = m.num_decodes > 0 and m.num_actual_tokens == m.num_decodes
+    beside = caches.int2.is_cuda and pure_decode and (m.write_beside or (capturing and m.serial_write is not None))
+    if not beside:
+        write_step(m, key, value, slot_mapping, rotations, caches, config)
+        attend_step(m, query, rotations, caches, config, softmax_scale, output)
+        return
+    from vllm_oscar.kernels import triton_ops
+
+    n = m.num_actual_tokens
+    args = (key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k, rotations.clip_v,
+            caches.int2, caches.layout, slot_mapping[:n], caches.window_k, caches.window_v, m.window_slot_mapping[:n])
+    main = torch.cuda.current_stream()
+    side = _side_stream(caches.int2.device)
+    side.wait_stream(main)
+    triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag" if capturing else "never",
+                           flag=m.serial_write if capturing else None)
+    with torch.cuda.stream(side):
+        triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, store_window=False,
+                               int2="unless_flag" if capturing else "always", flag=m.serial_write if capturing else None)
+    attend_step(m, query, rotations, caches, config, softmax_scale, output)
+    main.wait_stream(side)
+
+
+_SIDE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The process's side stream for INT2 writes on ``device`` (created once)."""
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _SIDE_STREAMS[device]
 
 
 def write_step(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,

@@ -89,12 +89,17 @@ class WindowPlan:
         slot ``window_block * block_size + offset`` of the token, -1 for no copy.
     fallback_positions: window positions (read by the first query of each request) that
         this step serves from INT2.
+    newest_read_bf16: every request with a new token reads its newest position in BF16 (it is
+        in a window and its block's table entry is set), so a decode step's attention reads no
+        INT2 code written in the same step and the INT2 write may run beside it. False only
+        where that block is served from INT2 (after an eviction) or outside every window.
     """
 
     table_shape: tuple[int, int]
     table_entries: torch.Tensor
     window_slot_mapping: torch.Tensor
     fallback_positions: int
+    newest_read_bf16: bool = False
 
     @property
     def window_block_table(self) -> torch.Tensor:
@@ -215,7 +220,12 @@ class WindowBlockManager:
                     "store full or evicted); counted in fallback_positions.", fallbacks)
             self.fallback_positions += fallbacks
         table_entries = torch.tensor(entries, dtype=torch.int64).reshape(-1, 3).T
-        return WindowPlan(tuple(ids.shape), table_entries, torch.tensor(slots, dtype=torch.int64), fallbacks)
+        served = {(index, logical) for index, logical, _ in entries}
+        newest_read_bf16 = all(
+            (seq_len - 1 < self.sink or self.recent > 0) and (index, (seq_len - 1) // bs) in served
+            for index, (computed, seq_len) in enumerate(steps) if seq_len > max(computed, 0))
+        return WindowPlan(tuple(ids.shape), table_entries, torch.tensor(slots, dtype=torch.int64), fallbacks,
+                          newest_read_bf16)
 
     # -- helpers -----------------------------------------------------------------------
     def _read_ranges(self, computed: int, seq_len: int) -> tuple[tuple[int, int], tuple[int, int]]:

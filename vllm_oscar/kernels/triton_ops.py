@@ -28,7 +28,13 @@ from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_k
 from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
 from vllm_oscar.kernels.triton_rotate import rotate_rows_kernel
-from vllm_oscar.kernels.triton_write import oscar_write_kernel
+from vllm_oscar.kernels.triton_write import (
+    INT2_ALWAYS,
+    INT2_IF_FLAG,
+    INT2_NEVER,
+    INT2_UNLESS_FLAG,
+    oscar_write_kernel,
+)
 from vllm_oscar.quant import clip_threshold_index
 
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -63,6 +69,9 @@ def write_warps(head_dim: int, tokens: int = 1) -> int:
 #: ms at 32 / 4096 new tokens (docs/perf/write_h200_w2.json): Qwen3-8B geometry bisect + unrolled
 #: 0.0330 / 0.3636, top + loop 0.0168 / 0.1760; SmolLM2 0.0143 / 0.0559 -> 0.0114 / 0.0406. tf32x3
 #: rotation: 0.0216 / 0.2488 (Qwen3-8B, top + loop), slower on SmolLM2 in every variant.
+#: oscar_write's int2 choices -> the kernel's INT2_MODE.
+INT2_MODES: dict[str, int] = {"always": INT2_ALWAYS.value, "never": INT2_NEVER.value, "if_flag": INT2_IF_FLAG.value,
+                              "unless_flag": INT2_UNLESS_FLAG.value}
 #: WriteConfig choices.
 CLIP_SEARCHES: tuple[str, ...] = ("bisect", "top")
 ROTATION_PRECISIONS: tuple[str, ...] = ("ieee", "tf32x3")
@@ -341,12 +350,23 @@ def oscar_write(
     refit_iterations: RefitIterations = 0,
     refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
     config: WriteConfig = DEFAULT_WRITE,
+    store_window: bool = True,
+    int2: str = "always",
+    flag: Optional[torch.Tensor] = None,
 ) -> None:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
-    Arguments as torch_ops.oscar_write, plus config (launch knobs, WriteConfig).
-    Rotations are used in float32 (converted if not).
+    Arguments as torch_ops.oscar_write, plus config (launch knobs, WriteConfig) and the parts this launch
+    writes (triton_write's module docstring): store_window (the BF16 window copies) and int2 (the INT2
+    part: "always", "never", "if_flag" = where the int32 flag [1] on the device is non-zero, "unless_flag"
+    = where it is 0). Rotations are used in float32 (converted if not).
     """
+    if int2 not in INT2_MODES:
+        raise ValueError(f"int2={int2!r}: choose one of {tuple(INT2_MODES)}.")
+    if int2 in ("if_flag", "unless_flag") and (
+            not isinstance(flag, torch.Tensor) or flag.dtype != torch.int32 or flag.numel() != 1
+            or flag.device != int2_cache.device):
+        raise ValueError(f"int2={int2!r} reads a flag: pass an int32 tensor of one element on {int2_cache.device}.")
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
     refit_k, refit_v = refit_pair(refit_iterations)
@@ -367,7 +387,7 @@ def oscar_write(
         int2_cache, int2_cache.stride(0), int2_cache.stride(1),
         slot_mapping, window_slot_mapping,
         window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
-        n,
+        n, slot_mapping if flag is None else flag,
         D=d, G=layout.group_size, BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], EPS=SCALE_EPS,
         **_plane_offsets(layout),
         CLIP_K=clip_k_index, CLIP_V=clip_v_index,
@@ -375,7 +395,8 @@ def oscar_write(
         ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
-        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]), num_warps=config.num_warps or write_warps(d, n),
+        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]),
+        STORE_WINDOW=store_window, INT2_MODE=INT2_MODES[int2], num_warps=config.num_warps or write_warps(d, n),
     )
 
 

@@ -23,6 +23,13 @@ parallel programs) and does:
       (strictly smaller replaces; the clipped min/max grid is the first candidate)
     byte j = code[j] | code[j+D/4] << 2 | code[j+D/2] << 4 | code[j+3D/4] << 6
 
+Parts (one launch may write both, or one of them, so that the INT2 part can run on a side stream
+beside the attention, which reads the step's new tokens from their BF16 copies): STORE_WINDOW
+writes the window copies; INT2_MODE says whether the clip / quantize / store above runs:
+INT2_ALWAYS, INT2_NEVER, INT2_IF_FLAG (only where the int32 at flag_ptr is non-zero) or
+INT2_UNLESS_FLAG (only where it is 0). A captured decode graph holds both flag modes, one on each
+stream, and the metadata builder sets the flag per step (attention/step.py).
+
 Rounding note: codes round half to even (floor(p + 0.5), minus 1 at an exact half with an
 odd result), as torch.round does on the CPU path.
 """
@@ -34,6 +41,12 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from vllm_oscar.kernels.triton_common import round_to
+
+#: INT2_MODE of oscar_write_kernel: whether a launch writes the INT2 part (module docstring).
+INT2_ALWAYS = tl.constexpr(0)
+INT2_NEVER = tl.constexpr(1)
+INT2_IF_FLAG = tl.constexpr(2)
+INT2_UNLESS_FLAG = tl.constexpr(3)
 
 
 @triton.jit
@@ -199,11 +212,33 @@ def _write_side(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, w_ptr,
                 EMU: tl.constexpr, BLOCK_K: tl.constexpr, ROTATE: tl.constexpr, PRECISION: tl.constexpr,
                 CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr, DO_CLIP: tl.constexpr,
                 CLIP_INDEX: tl.constexpr, CLIP_TOP: tl.constexpr, REFIT: tl.constexpr, FLOOR: tl.constexpr,
-                REFIT_UNROLL: tl.constexpr):
-    """One side (K or V) of BLOCK_N rows: rotate, copy into the window store, clip, quantize, store."""
+                REFIT_UNROLL: tl.constexpr, STORE_WINDOW: tl.constexpr, INT2_MODE: tl.constexpr, flag_ptr):
+    """One side (K or V) of BLOCK_N rows: rotate, copy into the window store (STORE_WINDOW), then clip,
+    quantize and store the INT2 part as INT2_MODE says (module docstring)."""
     y = _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE,
                       PRECISION)
-    _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+    if STORE_WINDOW:
+        _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+    if INT2_MODE == INT2_ALWAYS:
+        _clip_quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF, BS, D,
+                             G, SCALE_T, EPS, EMU, DO_CLIP, CLIP_INDEX, CLIP_TOP, REFIT, FLOOR, REFIT_UNROLL)
+    elif INT2_MODE != INT2_NEVER:
+        if INT2_MODE == INT2_IF_FLAG:
+            run = tl.load(flag_ptr) != 0
+        else:
+            run = tl.load(flag_ptr) == 0
+        if run:
+            _clip_quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF, BS,
+                                 D, G, SCALE_T, EPS, EMU, DO_CLIP, CLIP_INDEX, CLIP_TOP, REFIT, FLOOR, REFIT_UNROLL)
+
+
+@triton.jit
+def _clip_quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF: tl.constexpr,
+                         SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
+                         G: tl.constexpr, SCALE_T: tl.constexpr, EPS: tl.constexpr, EMU: tl.constexpr,
+                         DO_CLIP: tl.constexpr, CLIP_INDEX: tl.constexpr, CLIP_TOP: tl.constexpr, REFIT: tl.constexpr,
+                         FLOOR: tl.constexpr, REFIT_UNROLL: tl.constexpr):
+    """The INT2 part of one side: clip the rotated rows y [BLOCK_N, D], quantize (refit against y), store."""
     clipped = y
     if DO_CLIP:
         clipped = _clip(y, CLIP_INDEX, D, CLIP_TOP)
@@ -218,7 +253,7 @@ def oscar_write_kernel(
     cache_ptr, stride_cb, stride_ch,
     slot_ptr, wslot_ptr,
     wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2,
-    N,
+    N, flag_ptr,
     D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr, EPS: tl.constexpr,
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
@@ -226,13 +261,14 @@ def oscar_write_kernel(
     ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr,
     REFIT_K: tl.constexpr = 0, REFIT_V: tl.constexpr = 0, FLOOR_K: tl.constexpr = False, FLOOR_V: tl.constexpr = False,
     CLIP_TOP_K: tl.constexpr = False, CLIP_TOP_V: tl.constexpr = False, ROT_PRECISION: tl.constexpr = "ieee",
-    UNROLL_REFIT: tl.constexpr = True,
+    UNROLL_REFIT: tl.constexpr = True, STORE_WINDOW: tl.constexpr = True, INT2_MODE: tl.constexpr = INT2_ALWAYS,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
     REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid);
     FLOOR_K / FLOOR_V: that side's refit scale never below the clipped min/max scale; CLIP_TOP_K / CLIP_TOP_V:
     that side's clip threshold by maximum removal instead of bisection (_clip); ROT_PRECISION: the rotation dot's
-    input precision (_rotated_rows); UNROLL_REFIT: the refit rounds unrolled (True) or a loop."""
+    input precision (_rotated_rows); UNROLL_REFIT: the refit rounds unrolled (True) or a loop; STORE_WINDOW,
+    INT2_MODE, flag_ptr: which parts this launch writes (module docstring)."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -246,9 +282,9 @@ def oscar_write_kernel(
         _write_side(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, wk_ptr, stride_w0, stride_w1, stride_w2,
                     cache_ptr, stride_cb, stride_ch, rows, row_ok, slot, wslot, valid, h, D, G, BS, SCALE_T, EPS, EMU,
                     BLOCK_K, True, ROT_PRECISION, K_CODES, K_SCALE, K_ZERO, DO_CLIP_K, CLIP_K, CLIP_TOP_K, REFIT_K,
-                    FLOOR_K, REFIT_K if UNROLL_REFIT else 1)
+                    FLOOR_K, REFIT_K if UNROLL_REFIT else 1, STORE_WINDOW, INT2_MODE, flag_ptr)
     else:
         _write_side(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, wv_ptr, stride_w0, stride_w1, stride_w2,
                     cache_ptr, stride_cb, stride_ch, rows, row_ok, slot, wslot, valid, h, D, G, BS, SCALE_T, EPS, EMU,
                     BLOCK_K, ROTATE_V, ROT_PRECISION, V_CODES, V_SCALE, V_ZERO, DO_CLIP_V, CLIP_V, CLIP_TOP_V, REFIT_V,
-                    FLOOR_V, REFIT_V if UNROLL_REFIT else 1)
+                    FLOOR_V, REFIT_V if UNROLL_REFIT else 1, STORE_WINDOW, INT2_MODE, flag_ptr)
