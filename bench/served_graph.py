@@ -11,8 +11,8 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
 
   check  every replay (ragged, padded batches, new blocks, windows sliding, 2 graph sizes; every third
          with the serial-write flag forced on) equals an eager step (write, then attend) on a copy of
-         the same state, and so does an eager step with the INT2 write beside the attention: outputs
-         within bf16 tolerance (the split counts differ), INT2 pages and window stores bit for bit
+         the same state: outputs within bf16 tolerance (the split counts differ), INT2 pages and
+         window stores bit for bit
   time   wall time per decode step of all layers: eager (as vLLM runs attention outside graphs)
          against one graph replay, each with the host's step preparation (window plan, input copies),
          and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
@@ -25,7 +25,6 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -129,7 +128,7 @@ class ServedAttention:
         self.slot_mapping[:graph_batch] = torch.arange(graph_batch, device=self.device) % self.bs  # null block slots
         return OscarMetadata(graph_batch, graph_batch, self.max_model_len, 1, self.block_table[:graph_batch], table,
                              self.seq_lens[:graph_batch], self.seq_lens[:1], slots, cuda_graph=True,
-                             write_beside=plan.newest_read_bf16, serial_write=self.buffers.serial_write)
+                             serial_write=self.buffers.serial_write)
 
     def _step(self, requests: list[int], new_tokens: list[int], rows_padded: int, tokens_padded: int,
               table: torch.Tensor | None) -> tuple[OscarMetadata, torch.Tensor]:
@@ -161,7 +160,6 @@ class ServedAttention:
         query_start = torch.tensor([0, *itertools.accumulate(new_tokens)], dtype=torch.int32, device=self.device)
         metadata = OscarMetadata(tokens_padded, decodes, max(lengths), max(new_tokens), bt, wtable,
                                  self.seq_lens[:rows_padded], query_start, wslots,
-                                 write_beside=plan.newest_read_bf16 and decodes == tokens_padded,
                                  serial_write=self.buffers.serial_write)
         return metadata, torch.tensor(slots, dtype=torch.int64, device=self.device)
 
@@ -237,13 +235,7 @@ def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60,
                                    metadata.window_slot_mapping[:n])
         copies = _clone(served.caches)
         eager_out = torch.zeros_like(served.output)
-        served.run_layers(eager_meta, copies, eager_out)  # serial: write, then attend
-        if device.type == "cuda" and round_index % 3 == 1:  # eager, the INT2 write beside the attention
-            beside_copies, beside_out = _clone(served.caches), torch.zeros_like(served.output)
-            served.run_layers(dataclasses.replace(eager_meta, write_beside=True), beside_copies, beside_out)
-            torch.cuda.synchronize()
-            caches_equal &= _same(copies, beside_copies, True, n)
-            caches_equal &= torch.equal(beside_out, eager_out)
+        served.run_layers(eager_meta, copies, eager_out)  # eager: write, then attend
         padded_step[size]()
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -47,7 +47,7 @@ def test_padded_decode_steps_reuse_the_window_tensors_and_pad_with_minus_one():
     rows = [[3, 4, 5], [6, 7], [8]]
     prompts = [40, 17, 5]
     prefill = builder.build(0, _common(rows, prompts, prompts, len(rows), sum(prompts)))  # the prompts, eagerly
-    assert not prefill.write_beside  # a prefill reads the INT2 codes its chunk writes
+    assert prefill.serial_write is builder.window_buffers.serial_write
     first = None
     for step, (real, padded) in enumerate([(3, 4), (2, 4), (3, 8)]):
         lens = [n + 1 + step for n in prompts][:real]
@@ -57,7 +57,7 @@ def test_padded_decode_steps_reuse_the_window_tensors_and_pad_with_minus_one():
         pointers = (metadata.window_block_table.data_ptr(), metadata.window_slot_mapping.data_ptr())
         first = first or pointers
         assert pointers == first  # the addresses a captured graph holds
-        assert metadata.write_beside and metadata.serial_write is builder.window_buffers.serial_write
+        assert metadata.serial_write is builder.window_buffers.serial_write
         assert int(metadata.serial_write) == 0  # a replay may write INT2 beside the attention
         assert (metadata.window_block_table[real:] == -1).all()
         assert metadata.window_slot_mapping[real:].tolist() == [-1] * (padded - real)

@@ -297,7 +297,6 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
             seq_lens=cam.seq_lens[:num_reqs],
             prefill_query_start_loc=cam.query_start_loc[num_decodes: num_reqs + 1] - num_decode_tokens,
             window_slot_mapping=window_slot_mapping,
-            write_beside=plan.newest_read_bf16 and num_decode_tokens == num_tokens,
             serial_write=self.window_buffers.serial_write,
         )
 

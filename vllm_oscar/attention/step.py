@@ -47,11 +47,9 @@ class OscarMetadata:
     prefill_query_start_loc: torch.Tensor
     window_slot_mapping: torch.Tensor
     cuda_graph: bool = False  # built for a CUDA-graph capture (and its warm-up): the decode may use TMA
-    #: Host: the step reads no INT2 code it writes (a pure decode step whose every newest token is read in
-    #: BF16, WindowPlan.newest_read_bf16), so the INT2 write may run beside the attention.
-    write_beside: bool = False
-    #: Device int32 [1] (WindowPlanBuffers.serial_write): 0 = as write_beside, 1 = write INT2 first; what a
-    #: captured decode step reads at each replay. None: no such buffer (CPU, tests).
+    #: Device int32 [1] (WindowPlanBuffers.serial_write): 0 = the step reads no INT2 code it writes (every
+    #: newest token is read in BF16, WindowPlan.newest_read_bf16), so a captured decode step may write INT2
+    #: beside its attention; 1 = write INT2 first. Read at each replay. None: no such buffer (CPU, tests).
     serial_write: Optional[torch.Tensor] = None
 
 
@@ -71,16 +69,17 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
                softmax_scale: float, output: torch.Tensor) -> None:
     """One layer of one step: write the new K/V, then attend (write_step + attend_step).
 
-    On CUDA, for a pure decode step the quantizing INT2 write (about half of a small-batch decode step)
-    runs on a side stream beside the attention, which reads the step's new tokens from their BF16
-    copies, written first on the current stream; the current stream waits for the side stream before
-    returning. Eagerly that happens only where the host's plan allows it (m.write_beside); a CUDA-graph
-    capture records both orders, each launch predicated on m.serial_write, so every replay takes the
-    one its plan allows (1: the INT2 part on the current stream, before the attention).
+    In a CUDA-graph capture of a pure decode step the quantizing INT2 write (about a third of a
+    small-batch decode step's GPU time) runs on a side stream beside the attention, which reads the
+    step's new tokens from their BF16 copies, written first on the current stream; the current stream
+    waits for the side stream before returning. The graph holds both orders, each launch predicated on
+    m.serial_write, so every replay takes the one its plan allows (1: the INT2 part on the current
+    stream, before the attention). Eager steps (host-bound: a second launch costs more host time than it
+    saves) write, then attend.
     """
-    capturing = caches.int2.is_cuda and torch.cuda.is_current_stream_capturing()
     pure_decode = m.num_decodes > 0 and m.num_actual_tokens == m.num_decodes
-    beside = caches.int2.is_cuda and pure_decode and (m.write_beside or (capturing and m.serial_write is not None))
+    beside = (pure_decode and m.serial_write is not None and caches.int2.is_cuda
+              and torch.cuda.is_current_stream_capturing())
     if not beside:
         write_step(m, key, value, slot_mapping, rotations, caches, config)
         attend_step(m, query, rotations, caches, config, softmax_scale, output)
@@ -93,11 +92,10 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     main = torch.cuda.current_stream()
     side = _side_stream(caches.int2.device)
     side.wait_stream(main)
-    triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag" if capturing else "never",
-                           flag=m.serial_write if capturing else None)
+    triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag", flag=m.serial_write)
     with torch.cuda.stream(side):
         triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, store_window=False,
-                               int2="unless_flag" if capturing else "always", flag=m.serial_write if capturing else None)
+                               int2="unless_flag", flag=m.serial_write)
     attend_step(m, query, rotations, caches, config, softmax_scale, output)
     main.wait_stream(side)
 
