@@ -1,10 +1,11 @@
 """One layer's GPU work of one step, as the vLLM backend runs it (no vLLM import).
 
-``OscarMetadata`` is what the metadata builder makes of a scheduler step; ``write_step`` and
-``attend_step`` are the backend's ``do_kv_cache_update`` and ``forward`` once vLLM's arguments
-are unpacked. Kept apart from backend.py so that the GPU checks (bench/check_kernels_gpu.py,
-which run where vLLM is not installed) drive the same code a served decode step runs, CUDA-graph
-capture and replay included.
+``OscarMetadata`` is what the metadata builder makes of a scheduler step; ``layer_step`` (the
+write, ``write_step``, then the attention, ``attend_step``; in a captured decode graph the INT2
+part of the write beside the attention) is the backend's ``forward`` once vLLM's arguments are
+unpacked. Kept apart from backend.py so that the GPU checks (bench/served_graph.py,
+bench/check_kernels_gpu.py, which run where vLLM is not installed) drive the same code a served
+decode step runs, CUDA-graph capture and replay included.
 """
 
 from __future__ import annotations
