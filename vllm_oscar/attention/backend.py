@@ -474,6 +474,3 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
                    slot_mapping, self.rotations, self._caches(kv_cache), self.config, self.scale,
                    output.view(-1, self.num_heads, self.head_size))
         return output
-        attend_step(attn_metadata, query.view(-1, self.num_heads, self.head_size), self.rotations,
-                    self._caches(kv_cache), self.config, self.scale, output.view(-1, self.num_heads, self.head_size))
-        return output

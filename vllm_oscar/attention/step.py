@@ -87,9 +87,7 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
         return
     from vllm_oscar.kernels import triton_ops
 
-    n = m.num_actual_tokens
-    args = (key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k, rotations.clip_v,
-            caches.int2, caches.layout, slot_mapping[:n], caches.window_k, caches.window_v, m.window_slot_mapping[:n])
+    args = _write_args(m, key, value, slot_mapping, rotations, caches)
     main = torch.cuda.current_stream()
     side = _side_stream(caches.int2.device)
     side.wait_stream(main)
@@ -115,10 +113,15 @@ def write_step(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_ma
                rotations: LayerRotations, caches: LayerCaches, config: OscarConfig) -> None:
     """Write the step's K/V rows [>= N, Hkv, D]: INT2 into the pages at slot_mapping, rotated BF16
     copies into the window store at m.window_slot_mapping (slot -1: not written)."""
+    oscar_write(*_write_args(m, key, value, slot_mapping, rotations, caches), refit_iterations=config.refit_iterations)
+
+
+def _write_args(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
+                rotations: LayerRotations, caches: LayerCaches) -> tuple:
+    """oscar_write's positional arguments for the step's N new tokens."""
     n = m.num_actual_tokens
-    oscar_write(key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k, rotations.clip_v,
-                caches.int2, caches.layout, slot_mapping[:n], caches.window_k, caches.window_v,
-                m.window_slot_mapping[:n], refit_iterations=config.refit_iterations)
+    return (key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k, rotations.clip_v,
+            caches.int2, caches.layout, slot_mapping[:n], caches.window_k, caches.window_v, m.window_slot_mapping[:n])
 
 
 def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations, caches: LayerCaches,

@@ -65,13 +65,13 @@ def write_warps(head_dim: int, tokens: int = 1) -> int:
     return WRITE_NUM_WARPS_SMALL_HEAD_PREFILL if tokens >= WRITE_PREFILL_TOKENS else WRITE_NUM_WARPS_SMALL_HEAD
 
 
+#: oscar_write's int2 choices -> the kernel's INT2_MODE.
+INT2_MODES: dict[str, int] = {"always": INT2_ALWAYS.value, "never": INT2_NEVER.value, "if_flag": INT2_IF_FLAG.value,
+                              "unless_flag": INT2_UNLESS_FLAG.value}
 #: WriteConfig defaults (top clip, refit loop, fp32 rotation), H200 2026-11-29 20:18 UTC, served 8 / 2 refit,
 #: ms at 32 / 4096 new tokens (docs/perf/write_h200_w2.json): Qwen3-8B geometry bisect + unrolled
 #: 0.0330 / 0.3636, top + loop 0.0168 / 0.1760; SmolLM2 0.0143 / 0.0559 -> 0.0114 / 0.0406. tf32x3
 #: rotation: 0.0216 / 0.2488 (Qwen3-8B, top + loop), slower on SmolLM2 in every variant.
-#: oscar_write's int2 choices -> the kernel's INT2_MODE.
-INT2_MODES: dict[str, int] = {"always": INT2_ALWAYS.value, "never": INT2_NEVER.value, "if_flag": INT2_IF_FLAG.value,
-                              "unless_flag": INT2_UNLESS_FLAG.value}
 #: WriteConfig choices.
 CLIP_SEARCHES: tuple[str, ...] = ("bisect", "top")
 ROTATION_PRECISIONS: tuple[str, ...] = ("ieee", "tf32x3")

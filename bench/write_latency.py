@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Latency of the quantizing write at decode sizes on a GPU, in CUDA-graph replays, warm and with a
+cold L2 (a 256 MB buffer zeroed before each write; the flush alone is timed too, to subtract).
+
+Write launch variants (triton_ops.WriteConfig) at 1 / 8 / 32 new tokens, served refit 8 / 2 and clips
+0.96 / 0.92, Qwen3-8B (8 KV heads, D 128) and SmolLM2 (3 KV heads, D 64) geometry, blocks of 64:
+the default, the rotation on tensor cores (tf32x3), 2 and 8 warps, and the default without refit.
+
+    python bench/write_latency.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+from triton.testing import do_bench_cudagraph  # noqa: E402
+
+from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
+
+#: (name, WriteConfig, refit rounds (K, V)).
+VARIANTS = (
+    ("default", triton_ops.WriteConfig(), (8, 2)),
+    ("tf32x3", triton_ops.WriteConfig(rotation_precision="tf32x3"), (8, 2)),
+    ("warps2", triton_ops.WriteConfig(num_warps=2), (8, 2)),
+    ("warps8", triton_ops.WriteConfig(num_warps=8), (8, 2)),
+    ("no_refit", triton_ops.WriteConfig(), (0, 0)),
+)
+FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    flush_us = do_bench_cudagraph(flush.zero_, rep=50) * 1e3
+    print(f"L2 flush alone: {flush_us:.2f} us", flush=True)
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for geometry, hkv, dim in (("qwen3-8b", 8, 128), ("smollm2-135m", 3, 64)):
+        block_size = 64
+        layout = PageLayout(dim, dim, block_size, torch.float16)
+        cache = torch.zeros(layout.cache_shape(512, hkv), dtype=torch.uint8, device="cuda")
+        window_k = torch.zeros(64, block_size, hkv, dim, dtype=torch.bfloat16, device="cuda")
+        window_v = torch.zeros_like(window_k)
+        rk, rv = (torch.linalg.qr(torch.randn(hkv, dim, dim, generator=gen, dtype=torch.float64))[0]
+                  .float().contiguous().cuda() for _ in range(2))
+        for tokens in (1, 8, 32):
+            key = torch.randn(tokens, hkv, dim, device="cuda", dtype=torch.bfloat16)
+            value = torch.randn_like(key)
+            slots = torch.arange(tokens, device="cuda") * 3
+            window_slots = torch.arange(tokens, device="cuda")
+            row = {"geometry": geometry, "tokens": tokens}
+            for name, config, refit in VARIANTS:
+                def write(config=config, refit=refit) -> None:
+                    triton_ops.oscar_write(key, value, rk, rv, 0.96, 0.92, cache, layout, slots, window_k, window_v,
+                                           window_slots, refit_iterations=refit, config=config)
+
+                def cold_write(write=write) -> None:
+                    flush.zero_()
+                    write()
+
+                row[f"{name}_us"] = do_bench_cudagraph(write, rep=50) * 1e3
+                row[f"{name}_cold_us"] = do_bench_cudagraph(cold_write, rep=50) * 1e3 - flush_us
+            rows.append(row)
+            print(f"{geometry} {tokens} tokens: " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items()
+                                                              if k.endswith("_us")) + " us", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": torch.cuda.get_device_name(), "flush_us": flush_us, "rows": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
