@@ -10,6 +10,8 @@ Checks (each prints one line and goes into the JSON report):
             the dense reference with the query rounded to int8 per row
   prefill   oscar_prefill vs a dense float64 reference (causal chunk + cached prefix)
   rotate    oscar_rotate (one launch) vs float64: decode rows and prefill chunks, both directions
+  rotate_write  oscar_rotate_and_write (a captured decode step's first launch) vs oscar_write + oscar_rotate:
+            the same cache bytes and q_rot, flag 0 and 1; q_rot vs float64
   graph     decode captured once in a CUDA graph (capture fails on any host sync), replayed
             while seq_lens, tables and queries change; each replay equals an eager call
 
@@ -31,7 +33,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import torch  # noqa: E402
 
-from kernels_reference import check_write_case, int8_rounded_query, random_paged_state, write_case  # noqa: E402
+from kernels_reference import (check_write_case, int8_rounded_query, random_paged_state, rotate_and_write_case,  # noqa: E402
+                               write_case)
 from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
@@ -122,6 +125,23 @@ def check_write(report: list) -> None:
                            "config": variant, "bytes_differing_vs_torch": differing, "ok": True})
             print(f"write D={dim} G={group} N={n} prerotated={prerot} {variant}: ok (bytes differing vs torch path "
                   f"{differing:.1e}) {time.time() - t0:.1f}s", flush=True)
+
+
+def check_rotate_write(report: list) -> None:
+    """A captured decode step's first launch (oscar_rotate_and_write) at real sizes: the same cache bytes as
+    oscar_write with the same parts and flag, the same q_rot as oscar_rotate, q_rot against float64."""
+    for tokens, hkv, group, dim in ((1, 8, 4, 128), (8, 8, 4, 128), (64, 8, 4, 128), (5, 3, 3, 64), (33, 2, 8, 256)):
+        for flag_value in (0, 1):
+            separate, fused = (rotate_and_write_case(triton_ops, tokens, hkv, group, dim, flag_value, launch,
+                                                     seed=tokens + dim, device="cuda") for launch in (False, True))
+            equal = {name: bool(torch.equal(a, b))
+                     for name, a, b in zip(("int2", "window_k", "window_v", "q_rot"), separate[:4], fused[:4])}
+            err = rel(fused[3], fused[4])
+            ok = all(equal.values()) and err < 1e-5
+            report.append({"check": "rotate_write", "tokens": tokens, "hkv": hkv, "group": group, "dim": dim,
+                           "flag": flag_value, "equal": equal, "q_rot_rel_err": err, "ok": ok})
+            print(f"rotate_write N={tokens} Hkv={hkv} g={group} D={dim} flag={flag_value}: equal {equal}, q_rot rel "
+                  f"err {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
 
 
 def check_rotate(report: list) -> None:
@@ -360,7 +380,8 @@ def _check_graph(report: list, config, bs: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
-    parser.add_argument("--only", nargs="*", default=["graph", "prefill", "write", "decode", "int8", "rotate"])
+    parser.add_argument("--only", nargs="*",
+                        default=["graph", "prefill", "write", "decode", "int8", "rotate", "rotate_write"])
     parser.add_argument("--quick", action="store_true",
                         help="decode: only the default launch config (both unpack paths) on the G = D cases")
     args = parser.parse_args()
@@ -372,7 +393,7 @@ def main() -> int:
                 check_decode(report, args.quick)
             else:
                 {"write": check_write, "prefill": check_prefill, "graph": check_graph,
-                 "int8": check_decode_int8_keys, "rotate": check_rotate}[name](report)
+                 "int8": check_decode_int8_keys, "rotate": check_rotate, "rotate_write": check_rotate_write}[name](report)
         except Exception as error:  # keep going: one broken check must not hide the others
             failures += 1
             report.append({"check": name, "ok": False, "error": f"{type(error).__name__}: {error}"})

@@ -26,8 +26,9 @@ from triton.compiler import ASTSource  # noqa: E402
 from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E402
 from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
-from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, ROTATION_PRECISIONS,  # noqa: E402
-                                          WRITE_BLOCK_N, _plane_offsets)
+from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, INT2_MODES,  # noqa: E402
+                                          ROTATE_BLOCK_C, ROTATE_BLOCK_K, ROTATE_BLOCK_M_SMALL, ROTATE_PRECISION,
+                                          ROTATION_PRECISIONS, WRITE_BLOCK_K, WRITE_BLOCK_N, _plane_offsets)
 from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
 from vllm_oscar.quant import clip_threshold_index  # noqa: E402
 
@@ -37,25 +38,37 @@ SIGNATURE = {
     "rk_ptr": "*fp32", "rv_ptr": "*fp32", "stride_rh": "i32", "stride_rr": "i32",
     "cache_ptr": "*u8", "stride_cb": "i64", "stride_ch": "i32", "slot_ptr": "*i64", "wslot_ptr": "*i64",
     "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32", "stride_w2": "i32", "N": "i32",
+    "flag_ptr": "*i32",
 }
+#: The query rotation's runtime arguments (--query-group > 0: the decode step's first launch, oscar_rotate_and_write).
+QUERY_SIGNATURE = {"q_ptr": "*bf16", "stride_qn": "i32", "stride_qh": "i32", "q_out_ptr": "*fp32", "stride_qon": "i32",
+                   "stride_qoh": "i32"}
 
 
 def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float],
-                  clip_top: bool = False, rotation: str = "ieee", unroll: bool = True):
-    """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served)."""
+                  clip_top: bool = False, rotation: str = "ieee", unroll: bool = True, query_group: int = 0,
+                  int2_mode: int = 0, store_window: bool = True):
+    """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served); query_group > 0:
+    with the query rotation programs (QUERY_GROUP) of oscar_rotate_and_write."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
                      DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=True, BLOCK_N=WRITE_BLOCK_N,
-                     BLOCK_K=min(head_dim, 64), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
+                     BLOCK_K=min(head_dim, WRITE_BLOCK_K), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
                      FLOOR_V=False, ROT_PRECISION=rotation, UNROLL_REFIT=unroll,
                      CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
-                     CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS)
+                     CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
+                     INT2_MODE=int2_mode, STORE_WINDOW=store_window, QUERY_GROUP=query_group)
+    runtime = {**SIGNATURE, **QUERY_SIGNATURE}  # the query's arguments go unused at QUERY_GROUP 0
+    constants["WRITE_SIDES"] = 4 if store_window and int2_mode >= INT2_MODES["if_flag"] else 2
+    if query_group:
+        constants.update(Q_BLOCK_M=ROTATE_BLOCK_M_SMALL, Q_BLOCK_C=min(head_dim, ROTATE_BLOCK_C),
+                         Q_BLOCK_K=min(head_dim, ROTATE_BLOCK_K), Q_PRECISION=ROTATE_PRECISION)
     names = oscar_write_kernel.arg_names
-    signature = {**SIGNATURE, **{name: "constexpr" for name in constants}}
+    signature = {**runtime, **{name: "constexpr" for name in constants}}
     source = ASTSource(fn=oscar_write_kernel, signature=signature,
                        constexprs={(names.index(k),): v for k, v in constants.items()},
-                       attrs={(names.index(k),): [["tt.divisibility", 16]] for k in SIGNATURE if k != "N"})
+                       attrs={(names.index(k),): [["tt.divisibility", 16]] for k in runtime if k.endswith("_ptr")})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
@@ -70,11 +83,16 @@ def main() -> int:
     parser.add_argument("--rotation", choices=ROTATION_PRECISIONS, default=DEFAULT_WRITE.rotation_precision)
     parser.add_argument("--unroll", type=int, choices=(0, 1), default=int(DEFAULT_WRITE.unroll_refit),
                         help="1 = refit rounds unrolled, 0 = a loop (WriteConfig.unroll_refit)")
+    parser.add_argument("--query-group", type=int, default=0,
+                        help="> 0: with the query rotation programs of this GQA group (oscar_rotate_and_write)")
+    parser.add_argument("--int2", choices=tuple(INT2_MODES), default="always")
+    parser.add_argument("--store-window", type=int, choices=(0, 1), default=1)
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
     kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
-                           args.clip_search == "top", args.rotation, bool(args.unroll))
+                           args.clip_search == "top", args.rotation, bool(args.unroll), args.query_group,
+                           INT2_MODES[args.int2], bool(args.store_window))
     sass, registers, stack = read_compiled(kernel, args.dump)
     ops = collections.Counter(op for _, op in instructions(sass))
     common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))

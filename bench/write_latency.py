@@ -4,7 +4,11 @@ cold L2 (a 256 MB buffer zeroed before each write; the flush alone is timed too,
 
 Write launch variants (triton_ops.WriteConfig) at 1 / 8 / 32 new tokens, served refit 8 / 2 and clips
 0.96 / 0.92, Qwen3-8B (8 KV heads, D 128) and SmolLM2 (3 KV heads, D 64) geometry, blocks of 64:
-the default, the rotation on tensor cores (tf32x3), 2 and 8 warps, and the default without refit.
+the default, the rotation on tensor cores (tf32x3), 2 and 8 warps, and the default without refit. Then the
+launches of a captured decode step (attention/step.layer_step, flag 0: the INT2 part beside the attention):
+the side stream's INT2 part (side_int2), and the current stream's first launch, window copies plus the
+query rotation in one launch (first_fused, oscar_rotate_and_write) against the two launches it replaced
+(first_separate: the window-copy write, then oscar_rotate).
 
     python bench/write_latency.py [--json OUT]
 """
@@ -43,7 +47,7 @@ def main() -> int:
     print(f"L2 flush alone: {flush_us:.2f} us", flush=True)
     rows = []
     gen = torch.Generator().manual_seed(0)
-    for geometry, hkv, dim in (("qwen3-8b", 8, 128), ("smollm2-135m", 3, 64)):
+    for geometry, hkv, group, dim in (("qwen3-8b", 8, 4, 128), ("smollm2-135m", 3, 3, 64)):
         block_size = 64
         layout = PageLayout(dim, dim, block_size, torch.float16)
         cache = torch.zeros(layout.cache_shape(512, hkv), dtype=torch.uint8, device="cuda")
@@ -56,11 +60,21 @@ def main() -> int:
             value = torch.randn_like(key)
             slots = torch.arange(tokens, device="cuda") * 3
             window_slots = torch.arange(tokens, device="cuda")
+            query = torch.randn(tokens, hkv * group, dim, device="cuda", dtype=torch.bfloat16)
+            args = (key, value, rk, rv, 0.96, 0.92, cache, layout, slots, window_k, window_v, window_slots)
+            flag = torch.zeros(1, dtype=torch.int32, device="cuda")
             row = {"geometry": geometry, "tokens": tokens}
-            for name, config, refit in VARIANTS:
-                def write(config=config, refit=refit) -> None:
-                    triton_ops.oscar_write(key, value, rk, rv, 0.96, 0.92, cache, layout, slots, window_k, window_v,
-                                           window_slots, refit_iterations=refit, config=config)
+            launches = [(name, lambda config=config, refit=refit: triton_ops.oscar_write(
+                *args, refit_iterations=refit, config=config)) for name, config, refit in VARIANTS]
+            launches += [
+                ("side_int2", lambda: triton_ops.oscar_write(*args, refit_iterations=(8, 2), store_window=False,
+                                                             int2="unless_flag", flag=flag)),
+                ("first_fused", lambda: triton_ops.oscar_rotate_and_write(query, *args, refit_iterations=(8, 2),
+                                                                          int2="if_flag", flag=flag)),
+                ("first_separate", lambda: (triton_ops.oscar_write(*args, refit_iterations=(8, 2), int2="if_flag",
+                                                                   flag=flag), triton_ops.oscar_rotate(query, rk))),
+            ]
+            for name, write in launches:
 
                 def cold_write(write=write) -> None:
                     flush.zero_()

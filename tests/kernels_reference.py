@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from vllm_oscar.config import REFIT_SCALE_FLOOR, SCALE_EPS
+from vllm_oscar.config import GRID_REFIT_ITERATIONS, REFIT_SCALE_FLOOR, SCALE_EPS
 from vllm_oscar.kernels.layout import PageLayout, page_views
 from vllm_oscar.quant import rotation_from_covariance
 
@@ -342,6 +342,38 @@ def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, devic
                     **({} if launch is None else {"config": launch}))
     cache, window_k, window_v = cache.cpu(), window_k.cpu(), window_v.cpu()
     return layout, key, value, value_in, k_rot_m, v_rot_m, slots, window_slots, cache, window_k, window_v
+
+
+def rotate_and_write_case(ops, tokens, hkv, group, dim, flag_value, fused, seed, device="cpu"):
+    """A captured decode step's first launch on fresh rows (poisoned caches), fused
+    (ops.oscar_rotate_and_write) or as the two launches it replaces (ops.oscar_write with the same
+    parts, then ops.oscar_rotate): (INT2 pages, window K and V as int16 bits, q_rot, float64 q @ R_K),
+    on the CPU. Served refit, clips 0.96 / 0.92, the INT2 part where flag_value is non-zero."""
+    gen = torch.Generator().manual_seed(seed)
+    bs = 16
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    num_blocks = -(-tokens // bs) + 2
+    key, value = rows_with_outliers(tokens, hkv, dim, gen), rows_with_outliers(tokens, hkv, dim, gen)
+    query = rows_with_outliers(tokens, hkv * group, dim, gen)
+    k_rotation, v_rotation = random_rotations(hkv, dim, gen), random_rotations(hkv, dim, gen)
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:tokens]
+    window_slots = torch.randperm(num_blocks * bs, generator=gen)[:tokens]
+    window_slots[torch.rand(tokens, generator=gen) < 0.4] = -1
+    cache = torch.full(layout.cache_shape(num_blocks, hkv), POISON_BYTE, dtype=torch.uint8, device=device)
+    window_k = torch.full((num_blocks, bs, hkv, dim), float("nan"), dtype=torch.bfloat16, device=device)
+    window_v = window_k.clone()
+    args = (key.to(device), value.to(device), k_rotation.to(device), v_rotation.to(device), 0.96, 0.92, cache, layout,
+            slots.to(device), window_k, window_v, window_slots.to(device))
+    flag = torch.tensor([flag_value], dtype=torch.int32, device=device)
+    if fused:
+        q_rot = ops.oscar_rotate_and_write(query.to(device), *args, refit_iterations=GRID_REFIT_ITERATIONS,
+                                           int2="if_flag", flag=flag)
+    else:
+        ops.oscar_write(*args, refit_iterations=GRID_REFIT_ITERATIONS, int2="if_flag", flag=flag)
+        q_rot = ops.oscar_rotate(query.to(device), k_rotation.to(device))
+    expected_q = torch.einsum("nkgd,kde->nkge", query.double().view(tokens, hkv, group, dim), k_rotation.double())
+    return (cache.cpu(), window_k.view(torch.int16).cpu(), window_v.view(torch.int16).cpu(), q_rot.cpu(),
+            expected_q.reshape(tokens, hkv * group, dim))
 
 
 def check_written(layout, rows_rot, ratio, slots, cache, which, hkv):

@@ -72,8 +72,9 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
 
     In a CUDA-graph capture of a pure decode step the quantizing INT2 write (about a third of a
     small-batch decode step's GPU time) runs on a side stream beside the attention, which reads the
-    step's new tokens from their BF16 copies, written first on the current stream; the current stream
-    waits for the side stream before returning. The graph holds both orders, each launch predicated on
+    step's new tokens from their BF16 copies, written first on the current stream by the launch that
+    also rotates the queries (oscar_rotate_and_write); the current stream waits for the side stream
+    before returning. The graph holds both orders, each launch predicated on
     m.serial_write, so every replay takes the one its plan allows (1: the INT2 part on the current
     stream, before the attention). Eager steps (host-bound: a second launch costs more host time than it
     saves) write, then attend.
@@ -91,11 +92,13 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     main = torch.cuda.current_stream()
     side = _side_stream(caches.int2.device)
     side.wait_stream(main)
-    triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag", flag=m.serial_write)
+    q_rot = triton_ops.oscar_rotate_and_write(query[:m.num_actual_tokens], *args,
+                                              refit_iterations=config.refit_iterations, int2="if_flag",
+                                              flag=m.serial_write)
     with torch.cuda.stream(side):
         triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, store_window=False,
                                int2="unless_flag", flag=m.serial_write)
-    attend_step(m, query, rotations, caches, config, softmax_scale, output)
+    attend_step(m, query, rotations, caches, config, softmax_scale, output, query_rot=q_rot)
     main.wait_stream(side)
 
 
@@ -125,13 +128,15 @@ def _write_args(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_m
 
 
 def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations, caches: LayerCaches,
-                config: OscarConfig, softmax_scale: float, output: torch.Tensor) -> None:
+                config: OscarConfig, softmax_scale: float, output: torch.Tensor,
+                query_rot: Optional[torch.Tensor] = None) -> None:
     """Attention of the step's queries [>= N, Hq, D] into output [>= N, Hq, D] (rows [0, N) written),
-    each by the decode read rule; decodes through the split-K decode, the rest as chunked prefill."""
+    each by the decode read rule; decodes through the split-K decode, the rest as chunked prefill.
+    query_rot: the queries already rotated (fp32 [N, Hq, D], q @ R_K), else rotated here."""
     n, bd = m.num_actual_tokens, m.num_decodes
     sink, recent = config.sink_tokens, config.recent_tokens
     # float32 between the two rotations: no extra rounding of q or of the output.
-    q_rot = oscar_rotate(query[:n], rotations.k_rotation)
+    q_rot = oscar_rotate(query[:n], rotations.k_rotation) if query_rot is None else query_rot
     out_rot = torch.empty_like(q_rot)
     if bd:
         oscar_decode(q_rot[:bd], caches.int2, caches.window_k, caches.window_v, caches.layout, m.block_table[:bd],

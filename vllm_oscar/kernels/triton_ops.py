@@ -43,6 +43,11 @@ logger = logging.getLogger(f"vllm.{__name__}")
 MIN_TRITON_HEAD_DIM: int = 64
 #: Tokens per write program (tl.dot needs >= 16 rows).
 WRITE_BLOCK_N: int = 16
+#: Rows of R per step of the write's rotation dot. 32, not 64: at 64 the FMA dot of the window-copy programs
+#: (oscar_rotate_and_write) needs 255 registers and spills (offline SASS, sm_90, D 128: 255 registers + 320 B of
+#: stack at 64, 168 and none at 32); the full write's time did not depend on it (W5: 11.35 vs 11.22 us).
+#: One value for every write launch, so that all paths write the same bytes.
+WRITE_BLOCK_K: int = 32
 #: WriteConfig(clip_search="top") removes the row maximum at most this many times per row (the
 #: rounds are unrolled); a side whose clip keeps fewer values bisects (same threshold either way).
 CLIP_TOP_MAX_ROUNDS: int = 16
@@ -361,6 +366,57 @@ def oscar_write(
     part: "always", "never", "if_flag" = where the int32 flag [1] on the device is non-zero, "unless_flag"
     = where it is 0). Rotations are used in float32 (converted if not).
     """
+    _launch_write(None, None, key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout, slot_mapping,
+                  window_k, window_v, window_slot_mapping, value_prerotated, refit_iterations, refit_floor, config,
+                  store_window, int2, flag)
+
+
+def oscar_rotate_and_write(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_rotation: torch.Tensor,
+    v_rotation: Optional[torch.Tensor],
+    clip_k: float,
+    clip_v: float,
+    int2_cache: torch.Tensor,
+    layout: PageLayout,
+    slot_mapping: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    window_slot_mapping: torch.Tensor,
+    value_prerotated: bool = False,
+    refit_iterations: RefitIterations = 0,
+    refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
+    config: WriteConfig = DEFAULT_WRITE,
+    int2: str = "always",
+    flag: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """oscar_write(store_window=True, int2=int2, flag=flag) and oscar_rotate(query, k_rotation) in one launch.
+
+    query: [N, Hq, D] rows of the same N tokens as key / value, Hq a multiple of Hkv, unit stride on D.
+    Returns q_rot [N, Hq, D] float32 = query @ R_K per KV head, equal to oscar_rotate's (same tiles and
+    precision); the cache bytes equal oscar_write's. A captured decode step's first launch (attention/step.py).
+    """
+    check_rotate_args(query, k_rotation)
+    if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2] or query.shape[1] % key.shape[1]:
+        raise ValueError(f"query {tuple(query.shape)} must hold the same tokens and head size as key "
+                         f"{tuple(key.shape)}, with a multiple of its heads.")
+    q_rot = torch.empty(query.shape, dtype=torch.float32, device=query.device)
+    _check_last_dim_contiguous(query=query)
+    _launch_write(query, q_rot, key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout, slot_mapping,
+                  window_k, window_v, window_slot_mapping, value_prerotated, refit_iterations, refit_floor, config,
+                  True, int2, flag)
+    return q_rot
+
+
+def _launch_write(query: Optional[torch.Tensor], q_rot: Optional[torch.Tensor], key: torch.Tensor,
+                  value: torch.Tensor, k_rotation: torch.Tensor, v_rotation: Optional[torch.Tensor], clip_k: float,
+                  clip_v: float, int2_cache: torch.Tensor, layout: PageLayout, slot_mapping: torch.Tensor,
+                  window_k: torch.Tensor, window_v: torch.Tensor, window_slot_mapping: torch.Tensor,
+                  value_prerotated: bool, refit_iterations: RefitIterations, refit_floor: tuple[bool, bool],
+                  config: WriteConfig, store_window: bool, int2: str, flag: Optional[torch.Tensor]) -> None:
+    """oscar_write_kernel's launch, with the query rotation programs where query is given (into q_rot)."""
     if int2 not in INT2_MODES:
         raise ValueError(f"int2={int2!r}: choose one of {tuple(INT2_MODES)}.")
     if int2 in ("if_flag", "unless_flag") and (
@@ -379,9 +435,20 @@ def oscar_write(
         return
     rk = k_rotation.to(torch.float32).contiguous()
     rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
-    grid = (triton.cdiv(n, WRITE_BLOCK_N), hkv, 2)  # axis 2: K, V
+    # Axis 2: K, V (then the flagged INT2 part's K, V where the window copies need programs of their own; then the
+    # query's column blocks): triton_write's module docstring.
+    sides = 4 if store_window and int2 in ("if_flag", "unless_flag") else 2
+    tiles, write_sides, query_args = triton.cdiv(n, WRITE_BLOCK_N), sides, {}
+    if query is not None:
+        group = query.shape[1] // hkv
+        block_m, block_c = _rotate_blocks(n * group, d)
+        tiles, sides = max(tiles, triton.cdiv(n * group, block_m)), sides + d // block_c
+        query_args = dict(q_ptr=query, stride_qn=query.stride(0), stride_qh=query.stride(1), q_out_ptr=q_rot,
+                          stride_qon=q_rot.stride(0), stride_qoh=q_rot.stride(1), QUERY_GROUP=group, Q_BLOCK_M=block_m,
+                          Q_BLOCK_C=block_c, Q_BLOCK_K=min(d, ROTATE_BLOCK_K), Q_PRECISION=ROTATE_PRECISION,
+                          WRITE_SIDES=write_sides)
     clip_k_index, clip_v_index = clip_threshold_index(d, clip_k), clip_threshold_index(d, clip_v)
-    oscar_write_kernel[grid](
+    oscar_write_kernel[(tiles, hkv, sides)](
         key, value, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         rk, rv, rk.stride(0), rk.stride(1),
         int2_cache, int2_cache.stride(0), int2_cache.stride(1),
@@ -394,9 +461,10 @@ def oscar_write(
         CLIP_TOP_K=_clip_top(config, d, clip_k_index), CLIP_TOP_V=_clip_top(config, d, clip_v_index),
         ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
-        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, 64), EMU=_interpreting(),
+        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, WRITE_BLOCK_K), EMU=_interpreting(),
         REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]),
         STORE_WINDOW=store_window, INT2_MODE=INT2_MODES[int2], num_warps=config.num_warps or write_warps(d, n),
+        **query_args,
     )
 
 
@@ -749,6 +817,12 @@ ROTATE_BLOCK_K: int = 64
 ROTATE_PRECISION: str = "tf32x3"
 
 
+def _rotate_blocks(rows_per_rotation: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_C) of a rotation launch over rows_per_rotation rows (N x g) per rotation."""
+    block_m = ROTATE_BLOCK_M_SMALL if rows_per_rotation <= ROTATE_SMALL_ROWS else ROTATE_BLOCK_M_LARGE
+    return block_m, min(head_dim, ROTATE_BLOCK_C)
+
+
 def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``out[n, h] = x[n, h] @ R[h // g]`` (``@ R^T`` when inverse) in one launch; fp32 math.
@@ -766,8 +840,7 @@ def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
         return out
     rot = rotation.to(torch.float32).contiguous()
     group = heads // rot.shape[0]
-    block_m = ROTATE_BLOCK_M_SMALL if n * group <= ROTATE_SMALL_ROWS else ROTATE_BLOCK_M_LARGE
-    block_c = min(d, ROTATE_BLOCK_C)
+    block_m, block_c = _rotate_blocks(n * group, d)
     grid = (triton.cdiv(n * group, block_m), rot.shape[0], d // block_c)
     rotate_rows_kernel[grid](x, x.stride(0), x.stride(1), rot, rot.stride(0), rot.stride(1),
                              out, out.stride(0), out.stride(1), n, GROUP=group, D=d, BLOCK_M=block_m,

@@ -23,17 +23,12 @@ import triton.language as tl
 
 
 @triton.jit
-def rotate_rows_kernel(
-    x_ptr, stride_xn, stride_xh,
-    r_ptr, stride_rh, stride_rr,
-    out_ptr, stride_on, stride_oh,
-    n_tokens,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_C: tl.constexpr, INVERSE: tl.constexpr, PRECISION: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    r = tl.program_id(1)
-    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+def rotate_rows_block(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, out_ptr, stride_on, stride_oh,
+                      n_tokens, pid_m, r, pid_c, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, INVERSE: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (pid_m, r, pid_c) of rotate_rows_kernel's grid (module docstring); also run by
+    triton_rotate_write's kernel."""
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     flat = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     token = flat // GROUP
     head = r * GROUP + flat % GROUP
@@ -50,3 +45,17 @@ def rotate_rows_kernel(
         acc = tl.dot(x, m.to(tl.float32), acc, input_precision=PRECISION)
     out_rows = out_ptr + token.to(tl.int64)[:, None] * stride_on + head[:, None] * stride_oh
     tl.store(out_rows + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def rotate_rows_kernel(
+    x_ptr, stride_xn, stride_xh,
+    r_ptr, stride_rh, stride_rr,
+    out_ptr, stride_on, stride_oh,
+    n_tokens,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, INVERSE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    rotate_rows_block(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, out_ptr, stride_on, stride_oh,
+                      n_tokens, tl.program_id(0), tl.program_id(1), tl.program_id(2), GROUP, D, BLOCK_M, BLOCK_K,
+                      BLOCK_C, INVERSE, PRECISION)

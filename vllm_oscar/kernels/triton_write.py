@@ -30,6 +30,12 @@ INT2_ALWAYS, INT2_NEVER, INT2_IF_FLAG (only where the int32 at flag_ptr is non-z
 INT2_UNLESS_FLAG (only where it is 0). A captured decode graph holds both flag modes, one on each
 stream, and the metadata builder sets the flag per step (attention/step.py).
 
+The query in the same launch (QUERY_GROUP > 0, oscar_rotate_and_write): a captured decode step's
+first launch also rotates the step's queries, q_rot = q @ R_K (triton_rotate.rotate_rows_block,
+its grid's program (pid_m, h, c) as program (pid_m, h, 2 + c) here; axis 0 then spans the larger
+of the write tiles and the query row blocks, and programs past either return at once). The window
+copies then cost no launch of their own on the step's critical path (docs/notes/kernels.md W7).
+
 Rounding note: codes round half to even (floor(p + 0.5), minus 1 at an exact half with an
 odd result), as torch.round does on the CPU path.
 """
@@ -41,6 +47,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from vllm_oscar.kernels.triton_common import round_to
+from vllm_oscar.kernels.triton_rotate import rotate_rows_block
 
 #: INT2_MODE of oscar_write_kernel: whether a launch writes the INT2 part (module docstring).
 INT2_ALWAYS = tl.constexpr(0)
@@ -212,38 +219,19 @@ def _write_side(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, w_ptr,
                 EMU: tl.constexpr, BLOCK_K: tl.constexpr, ROTATE: tl.constexpr, PRECISION: tl.constexpr,
                 CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr, DO_CLIP: tl.constexpr,
                 CLIP_INDEX: tl.constexpr, CLIP_TOP: tl.constexpr, REFIT: tl.constexpr, FLOOR: tl.constexpr,
-                REFIT_UNROLL: tl.constexpr, STORE_WINDOW: tl.constexpr, INT2_MODE: tl.constexpr, flag_ptr):
+                REFIT_UNROLL: tl.constexpr, STORE_WINDOW: tl.constexpr, STORE_INT2: tl.constexpr):
     """One side (K or V) of BLOCK_N rows: rotate, copy into the window store (STORE_WINDOW), then clip,
-    quantize and store the INT2 part as INT2_MODE says (module docstring)."""
+    quantize and store the INT2 part (STORE_INT2)."""
     y = _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE,
                       PRECISION)
     if STORE_WINDOW:
         _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
-    if INT2_MODE == INT2_ALWAYS:
-        _clip_quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF, BS, D,
-                             G, SCALE_T, EPS, EMU, DO_CLIP, CLIP_INDEX, CLIP_TOP, REFIT, FLOOR, REFIT_UNROLL)
-    elif INT2_MODE != INT2_NEVER:
-        if INT2_MODE == INT2_IF_FLAG:
-            run = tl.load(flag_ptr) != 0
-        else:
-            run = tl.load(flag_ptr) == 0
-        if run:
-            _clip_quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF, BS,
-                                 D, G, SCALE_T, EPS, EMU, DO_CLIP, CLIP_INDEX, CLIP_TOP, REFIT, FLOOR, REFIT_UNROLL)
-
-
-@triton.jit
-def _clip_quantize_store(y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF: tl.constexpr,
-                         SCALE_OFF: tl.constexpr, ZERO_OFF: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
-                         G: tl.constexpr, SCALE_T: tl.constexpr, EPS: tl.constexpr, EMU: tl.constexpr,
-                         DO_CLIP: tl.constexpr, CLIP_INDEX: tl.constexpr, CLIP_TOP: tl.constexpr, REFIT: tl.constexpr,
-                         FLOOR: tl.constexpr, REFIT_UNROLL: tl.constexpr):
-    """The INT2 part of one side: clip the rotated rows y [BLOCK_N, D], quantize (refit against y), store."""
-    clipped = y
-    if DO_CLIP:
-        clipped = _clip(y, CLIP_INDEX, D, CLIP_TOP)
-    _quantize_store(clipped, y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF, BS, D,
-                    G, SCALE_T, EPS, EMU, REFIT, FLOOR, REFIT_UNROLL)
+    if STORE_INT2:
+        clipped = y
+        if DO_CLIP:
+            clipped = _clip(y, CLIP_INDEX, D, CLIP_TOP)
+        _quantize_store(clipped, y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF,
+                        BS, D, G, SCALE_T, EPS, EMU, REFIT, FLOOR, REFIT_UNROLL)
 
 
 @triton.jit
@@ -262,15 +250,76 @@ def oscar_write_kernel(
     REFIT_K: tl.constexpr = 0, REFIT_V: tl.constexpr = 0, FLOOR_K: tl.constexpr = False, FLOOR_V: tl.constexpr = False,
     CLIP_TOP_K: tl.constexpr = False, CLIP_TOP_V: tl.constexpr = False, ROT_PRECISION: tl.constexpr = "ieee",
     UNROLL_REFIT: tl.constexpr = True, STORE_WINDOW: tl.constexpr = True, INT2_MODE: tl.constexpr = INT2_ALWAYS,
+    q_ptr=None, stride_qn=0, stride_qh=0, q_out_ptr=None, stride_qon=0, stride_qoh=0,
+    QUERY_GROUP: tl.constexpr = 0, Q_BLOCK_M: tl.constexpr = 16, Q_BLOCK_C: tl.constexpr = 32,
+    Q_BLOCK_K: tl.constexpr = 64, Q_PRECISION: tl.constexpr = "tf32x3", WRITE_SIDES: tl.constexpr = 2,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
     REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid);
     FLOOR_K / FLOOR_V: that side's refit scale never below the clipped min/max scale; CLIP_TOP_K / CLIP_TOP_V:
     that side's clip threshold by maximum removal instead of bisection (_clip); ROT_PRECISION: the rotation dot's
     input precision (_rotated_rows); UNROLL_REFIT: the refit rounds unrolled (True) or a loop; STORE_WINDOW,
-    INT2_MODE, flag_ptr: which parts this launch writes (module docstring)."""
+    INT2_MODE, flag_ptr: which parts this launch writes (module docstring); QUERY_GROUP > 0: programs of
+    axis 2 >= 2 rotate the step's queries too (module docstring, "The query in the same launch")."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
+    side = tl.program_id(2)
+    if QUERY_GROUP > 0:
+        if side >= WRITE_SIDES:
+            if tile * Q_BLOCK_M < N * QUERY_GROUP:
+                rotate_rows_block(q_ptr, stride_qn, stride_qh, rk_ptr, stride_rh, stride_rr, q_out_ptr, stride_qon,
+                                  stride_qoh, N, tile, h, side - WRITE_SIDES, QUERY_GROUP, D, Q_BLOCK_M, Q_BLOCK_K,
+                                  Q_BLOCK_C, False, Q_PRECISION)
+            return
+    if tile * BLOCK_N >= N:  # axis 0 sized for the query rows
+        return
+    if INT2_MODE == INT2_IF_FLAG or INT2_MODE == INT2_UNLESS_FLAG:
+        if STORE_WINDOW:  # sides 0, 1: the window copies; 2, 3: the flagged INT2 part
+            if side < 2:
+                _write_tile(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh,
+                            stride_rr, cache_ptr, stride_cb, stride_ch, slot_ptr, wslot_ptr, wk_ptr, wv_ptr, stride_w0,
+                            stride_w1, stride_w2, N, tile, h, side, D, G, BS, SCALE_T, EPS, K_CODES, V_CODES, K_SCALE,
+                            K_ZERO, V_SCALE, V_ZERO, CLIP_K, CLIP_V, DO_CLIP_K, DO_CLIP_V, ROTATE_V, BLOCK_N, BLOCK_K,
+                            EMU, REFIT_K, REFIT_V, FLOOR_K, FLOOR_V, CLIP_TOP_K, CLIP_TOP_V, ROT_PRECISION,
+                            UNROLL_REFIT, True, False)
+                return
+            side -= 2
+        flag = tl.load(flag_ptr)
+        if INT2_MODE == INT2_IF_FLAG:
+            if flag == 0:
+                return
+        else:
+            if flag != 0:
+                return
+        _write_tile(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh, stride_rr,
+                    cache_ptr, stride_cb, stride_ch, slot_ptr, wslot_ptr, wk_ptr, wv_ptr, stride_w0, stride_w1,
+                    stride_w2, N, tile, h, side, D, G, BS, SCALE_T, EPS, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
+                    V_ZERO, CLIP_K, CLIP_V, DO_CLIP_K, DO_CLIP_V, ROTATE_V, BLOCK_N, BLOCK_K, EMU, REFIT_K, REFIT_V,
+                    FLOOR_K, FLOOR_V, CLIP_TOP_K, CLIP_TOP_V, ROT_PRECISION, UNROLL_REFIT, False, True)
+    else:
+        _write_tile(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh, stride_rr,
+                    cache_ptr, stride_cb, stride_ch, slot_ptr, wslot_ptr, wk_ptr, wv_ptr, stride_w0, stride_w1,
+                    stride_w2, N, tile, h, side, D, G, BS, SCALE_T, EPS, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
+                    V_ZERO, CLIP_K, CLIP_V, DO_CLIP_K, DO_CLIP_V, ROTATE_V, BLOCK_N, BLOCK_K, EMU, REFIT_K, REFIT_V,
+                    FLOOR_K, FLOOR_V, CLIP_TOP_K, CLIP_TOP_V, ROT_PRECISION, UNROLL_REFIT, STORE_WINDOW,
+                    INT2_MODE == INT2_ALWAYS)
+
+
+@triton.jit
+def _write_tile(
+    k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh, stride_rr,
+    cache_ptr, stride_cb, stride_ch, slot_ptr, wslot_ptr, wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2,
+    N, tile, h, side,
+    D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr, EPS: tl.constexpr,
+    K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
+    V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
+    CLIP_K: tl.constexpr, CLIP_V: tl.constexpr, DO_CLIP_K: tl.constexpr, DO_CLIP_V: tl.constexpr,
+    ROTATE_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMU: tl.constexpr,
+    REFIT_K: tl.constexpr, REFIT_V: tl.constexpr, FLOOR_K: tl.constexpr, FLOOR_V: tl.constexpr,
+    CLIP_TOP_K: tl.constexpr, CLIP_TOP_V: tl.constexpr, ROT_PRECISION: tl.constexpr, UNROLL_REFIT: tl.constexpr,
+    STORE_WINDOW: tl.constexpr, STORE_INT2: tl.constexpr,
+):
+    """BLOCK_N rows (tile) of KV head h, side 0 = K, 1 = V: the parts STORE_WINDOW / STORE_INT2 (module docstring)."""
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     slot = tl.load(slot_ptr + rows, mask=row_ok, other=-1)
@@ -278,13 +327,13 @@ def oscar_write_kernel(
     valid = row_ok & (slot >= 0)
     slot = tl.where(valid, slot, 0)
 
-    if tl.program_id(2) == 0:  # K and V in separate programs: the refit rounds of the two sides run in parallel
+    if side == 0:  # K and V in separate programs: the refit rounds of the two sides run in parallel
         _write_side(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, wk_ptr, stride_w0, stride_w1, stride_w2,
                     cache_ptr, stride_cb, stride_ch, rows, row_ok, slot, wslot, valid, h, D, G, BS, SCALE_T, EPS, EMU,
                     BLOCK_K, True, ROT_PRECISION, K_CODES, K_SCALE, K_ZERO, DO_CLIP_K, CLIP_K, CLIP_TOP_K, REFIT_K,
-                    FLOOR_K, REFIT_K if UNROLL_REFIT else 1, STORE_WINDOW, INT2_MODE, flag_ptr)
+                    FLOOR_K, REFIT_K if UNROLL_REFIT else 1, STORE_WINDOW, STORE_INT2)
     else:
         _write_side(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, wv_ptr, stride_w0, stride_w1, stride_w2,
                     cache_ptr, stride_cb, stride_ch, rows, row_ok, slot, wslot, valid, h, D, G, BS, SCALE_T, EPS, EMU,
                     BLOCK_K, ROTATE_V, ROT_PRECISION, V_CODES, V_SCALE, V_ZERO, DO_CLIP_V, CLIP_V, CLIP_TOP_V, REFIT_V,
-                    FLOOR_V, REFIT_V if UNROLL_REFIT else 1, STORE_WINDOW, INT2_MODE, flag_ptr)
+                    FLOOR_V, REFIT_V if UNROLL_REFIT else 1, STORE_WINDOW, STORE_INT2)
