@@ -28,7 +28,8 @@ from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, INT2_MODES,  # noqa: E402
                                           ROTATE_BLOCK_C, ROTATE_BLOCK_K, ROTATE_BLOCK_M_SMALL, ROTATE_PRECISION,
-                                          ROTATION_PRECISIONS, WRITE_BLOCK_K, WRITE_BLOCK_N, _plane_offsets)
+                                          ROTATION_PRECISIONS, WRITE_BLOCK_K, WRITE_BLOCK_N, WRITE_WINDOW_BLOCK_K,
+                                          _plane_offsets)
 from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
 from vllm_oscar.quant import clip_threshold_index  # noqa: E402
 
@@ -54,7 +55,7 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
                      DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=True, BLOCK_N=WRITE_BLOCK_N,
-                     BLOCK_K=min(head_dim, WRITE_BLOCK_K), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
+                     BLOCK_K=min(head_dim, WRITE_BLOCK_K), WINDOW_BLOCK_K=min(head_dim, WRITE_WINDOW_BLOCK_K), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
                      FLOOR_V=False, ROT_PRECISION=rotation, UNROLL_REFIT=unroll,
                      CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
                      CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,

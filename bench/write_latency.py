@@ -41,6 +41,8 @@ FLUSH_BYTES = 256 * 1024 * 1024
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32], help="new tokens per write")
+    parser.add_argument("--variants", nargs="+", help="only these launches (names as printed; default: all)")
     args = parser.parse_args()
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     flush_us = do_bench_cudagraph(flush.zero_, rep=50) * 1e3
@@ -50,31 +52,35 @@ def main() -> int:
     for geometry, hkv, group, dim in (("qwen3-8b", 8, 4, 128), ("smollm2-135m", 3, 3, 64)):
         block_size = 64
         layout = PageLayout(dim, dim, block_size, torch.float16)
-        cache = torch.zeros(layout.cache_shape(512, hkv), dtype=torch.uint8, device="cuda")
-        window_k = torch.zeros(64, block_size, hkv, dim, dtype=torch.bfloat16, device="cuda")
+        blocks = max(512, 3 * max(args.tokens) // block_size + 1)
+        cache = torch.zeros(layout.cache_shape(blocks, hkv), dtype=torch.uint8, device="cuda")
+        window_k = torch.zeros(max(64, max(args.tokens) // block_size + 1), block_size, hkv, dim, dtype=torch.bfloat16,
+                               device="cuda")
         window_v = torch.zeros_like(window_k)
         rk, rv = (torch.linalg.qr(torch.randn(hkv, dim, dim, generator=gen, dtype=torch.float64))[0]
                   .float().contiguous().cuda() for _ in range(2))
-        for tokens in (1, 8, 32):
+        for tokens in args.tokens:
             key = torch.randn(tokens, hkv, dim, device="cuda", dtype=torch.bfloat16)
             value = torch.randn_like(key)
             slots = torch.arange(tokens, device="cuda") * 3
             window_slots = torch.arange(tokens, device="cuda")
             query = torch.randn(tokens, hkv * group, dim, device="cuda", dtype=torch.bfloat16)
-            args = (key, value, rk, rv, 0.96, 0.92, cache, layout, slots, window_k, window_v, window_slots)
+            write_args = (key, value, rk, rv, 0.96, 0.92, cache, layout, slots, window_k, window_v, window_slots)
             flag = torch.zeros(1, dtype=torch.int32, device="cuda")
             row = {"geometry": geometry, "tokens": tokens}
             launches = [(name, lambda config=config, refit=refit: triton_ops.oscar_write(
-                *args, refit_iterations=refit, config=config)) for name, config, refit in VARIANTS]
+                *write_args, refit_iterations=refit, config=config)) for name, config, refit in VARIANTS]
             launches += [
-                ("side_int2", lambda: triton_ops.oscar_write(*args, refit_iterations=(8, 2), store_window=False,
+                ("side_int2", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), store_window=False,
                                                              int2="unless_flag", flag=flag)),
-                ("first_fused", lambda: triton_ops.oscar_rotate_and_write(query, *args, refit_iterations=(8, 2),
+                ("first_fused", lambda: triton_ops.oscar_rotate_and_write(query, *write_args, refit_iterations=(8, 2),
                                                                           int2="if_flag", flag=flag)),
-                ("first_separate", lambda: (triton_ops.oscar_write(*args, refit_iterations=(8, 2), int2="if_flag",
+                ("first_separate", lambda: (triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
                                                                    flag=flag), triton_ops.oscar_rotate(query, rk))),
             ]
             for name, write in launches:
+                if args.variants and name not in args.variants:
+                    continue
 
                 def cold_write(write=write) -> None:
                     flush.zero_()

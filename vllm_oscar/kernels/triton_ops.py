@@ -43,11 +43,13 @@ logger = logging.getLogger(f"vllm.{__name__}")
 MIN_TRITON_HEAD_DIM: int = 64
 #: Tokens per write program (tl.dot needs >= 16 rows).
 WRITE_BLOCK_N: int = 16
-#: Rows of R per step of the write's rotation dot. 32, not 64: at 64 the FMA dot of the window-copy programs
-#: (oscar_rotate_and_write) needs 255 registers and spills (offline SASS, sm_90, D 128: 255 registers + 320 B of
-#: stack at 64, 168 and none at 32); the full write's time did not depend on it (W5: 11.35 vs 11.22 us).
-#: One value for every write launch, so that all paths write the same bytes.
-WRITE_BLOCK_K: int = 32
+#: Rows of R per step of the write's rotation dot (fp32 FMAs, k in order: the K step does not change the
+#: bits on the GPU; the served_graph check compares graph and eager caches bit for bit). 64 in general, 32 in
+#: the window-copy programs of a flagged launch (oscar_rotate_and_write's): at 64 their FMA dot needs 255
+#: registers and spills (offline SASS, sm_90, D 128: 255 + 320 B of stack; 168, none at 32), while the full
+#: write at 32 was 6-8% slower at 4096-16384 tokens (H200, docs/perf/write_prefill_h200_w7_*.json).
+WRITE_BLOCK_K: int = 64
+WRITE_WINDOW_BLOCK_K: int = 32
 #: WriteConfig(clip_search="top") removes the row maximum at most this many times per row (the
 #: rounds are unrolled); a side whose clip keeps fewer values bisects (same threshold either way).
 CLIP_TOP_MAX_ROUNDS: int = 16
@@ -461,7 +463,8 @@ def _launch_write(query: Optional[torch.Tensor], q_rot: Optional[torch.Tensor], 
         CLIP_TOP_K=_clip_top(config, d, clip_k_index), CLIP_TOP_V=_clip_top(config, d, clip_v_index),
         ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
-        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, WRITE_BLOCK_K), EMU=_interpreting(),
+        ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, WRITE_BLOCK_K),
+        WINDOW_BLOCK_K=min(d, WRITE_WINDOW_BLOCK_K), EMU=_interpreting(),
         REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]),
         STORE_WINDOW=store_window, INT2_MODE=INT2_MODES[int2], num_warps=config.num_warps or write_warps(d, n),
         **query_args,

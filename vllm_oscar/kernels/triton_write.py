@@ -253,6 +253,7 @@ def oscar_write_kernel(
     q_ptr=None, stride_qn=0, stride_qh=0, q_out_ptr=None, stride_qon=0, stride_qoh=0,
     QUERY_GROUP: tl.constexpr = 0, Q_BLOCK_M: tl.constexpr = 16, Q_BLOCK_C: tl.constexpr = 32,
     Q_BLOCK_K: tl.constexpr = 64, Q_PRECISION: tl.constexpr = "tf32x3", WRITE_SIDES: tl.constexpr = 2,
+    WINDOW_BLOCK_K: tl.constexpr = 32,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
     REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid);
@@ -260,7 +261,8 @@ def oscar_write_kernel(
     that side's clip threshold by maximum removal instead of bisection (_clip); ROT_PRECISION: the rotation dot's
     input precision (_rotated_rows); UNROLL_REFIT: the refit rounds unrolled (True) or a loop; STORE_WINDOW,
     INT2_MODE, flag_ptr: which parts this launch writes (module docstring); QUERY_GROUP > 0: programs of
-    axis 2 >= 2 rotate the step's queries too (module docstring, "The query in the same launch")."""
+    axis 2 >= WRITE_SIDES rotate the step's queries too (module docstring, "The query in the same launch");
+    WINDOW_BLOCK_K: BLOCK_K of the window-copy programs of a flagged launch (fewer registers: no spills)."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     side = tl.program_id(2)
@@ -279,9 +281,9 @@ def oscar_write_kernel(
                 _write_tile(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh,
                             stride_rr, cache_ptr, stride_cb, stride_ch, slot_ptr, wslot_ptr, wk_ptr, wv_ptr, stride_w0,
                             stride_w1, stride_w2, N, tile, h, side, D, G, BS, SCALE_T, EPS, K_CODES, V_CODES, K_SCALE,
-                            K_ZERO, V_SCALE, V_ZERO, CLIP_K, CLIP_V, DO_CLIP_K, DO_CLIP_V, ROTATE_V, BLOCK_N, BLOCK_K,
-                            EMU, REFIT_K, REFIT_V, FLOOR_K, FLOOR_V, CLIP_TOP_K, CLIP_TOP_V, ROT_PRECISION,
-                            UNROLL_REFIT, True, False)
+                            K_ZERO, V_SCALE, V_ZERO, CLIP_K, CLIP_V, DO_CLIP_K, DO_CLIP_V, ROTATE_V, BLOCK_N,
+                            WINDOW_BLOCK_K, EMU, REFIT_K, REFIT_V, FLOOR_K, FLOOR_V, CLIP_TOP_K, CLIP_TOP_V,
+                            ROT_PRECISION, UNROLL_REFIT, True, False)
                 return
             side -= 2
         flag = tl.load(flag_ptr)
