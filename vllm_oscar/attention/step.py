@@ -17,7 +17,8 @@ import torch
 
 from vllm_oscar.attention.rotations import LayerRotations
 from vllm_oscar.config import OscarConfig
-from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_rotate, oscar_write
+from vllm_oscar.kernels import (PageLayout, oscar_decode, oscar_prefill, oscar_rotate, oscar_rotate_and_write,
+                                oscar_write)
 
 
 @dataclasses.dataclass
@@ -68,7 +69,8 @@ class LayerCaches:
 def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                slot_mapping: torch.Tensor, rotations: LayerRotations, caches: LayerCaches, config: OscarConfig,
                softmax_scale: float, output: torch.Tensor) -> None:
-    """One layer of one step: write the new K/V, then attend (write_step + attend_step).
+    """One layer of one step: write the new K/V, then attend (write_step + attend_step; the write and the
+    query rotation in one launch, oscar_rotate_and_write).
 
     In a CUDA-graph capture of a pure decode step the quantizing INT2 write (about a third of a
     small-batch decode step's GPU time) runs on a side stream beside the attention, which reads the
@@ -77,18 +79,18 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     before returning. The graph holds both orders, each launch predicated on
     m.serial_write, so every replay takes the one its plan allows (1: the INT2 part on the current
     stream, before the attention). Eager steps (host-bound: a second launch costs more host time than it
-    saves) write, then attend.
+    saves) write, then attend; their write launch rotates the queries too (one launch fewer per layer).
     """
     pure_decode = m.num_decodes > 0 and m.num_actual_tokens == m.num_decodes
     beside = (pure_decode and m.serial_write is not None and caches.int2.is_cuda
               and torch.cuda.is_current_stream_capturing())
-    if not beside:
-        write_step(m, key, value, slot_mapping, rotations, caches, config)
-        attend_step(m, query, rotations, caches, config, softmax_scale, output)
+    args = _write_args(m, key, value, slot_mapping, rotations, caches)
+    if not beside:  # the write and the query rotation in one launch, then the attention
+        q_rot = oscar_rotate_and_write(query[:m.num_actual_tokens], *args, refit_iterations=config.refit_iterations)
+        attend_step(m, query, rotations, caches, config, softmax_scale, output, query_rot=q_rot)
         return
     from vllm_oscar.kernels import triton_ops
 
-    args = _write_args(m, key, value, slot_mapping, rotations, caches)
     main = torch.cuda.current_stream()
     side = _side_stream(caches.int2.device)
     side.wait_stream(main)
