@@ -13,7 +13,6 @@ tensor arrives, so the CPU path needs no GPU toolchain.
 
 from __future__ import annotations
 
-import dataclasses
 from types import ModuleType
 from typing import Optional
 
@@ -152,7 +151,7 @@ def oscar_decode(
                              "on CPU leave int8_keys unset or false.")
         return torch_ops.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                       window_block_table, seq_lens, sink, recent, softmax_scale, out)
-    config = dataclasses.replace(impl.DEFAULT_DECODE, int8_keys=int8_keys, cuda_graph=cuda_graph)
+    config = impl.decode_config(int8_keys, cuda_graph)
     return impl.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
                              window_block_table, seq_lens, sink, recent, softmax_scale, out, max_seq_len, config)
 

@@ -329,6 +329,13 @@ def _tile_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: int
     return descriptors
 
 
+@functools.lru_cache(maxsize=None)
+def decode_config(int8_keys: Optional[bool], cuda_graph: bool) -> AttentionConfig:
+    """DEFAULT_DECODE with these two fields (one object per pair: built once, not per decode call)."""
+    return dataclasses.replace(DEFAULT_DECODE, int8_keys=int8_keys, cuda_graph=cuda_graph)
+
+
+@functools.lru_cache(maxsize=None)
 def _plane_offsets(layout: PageLayout) -> dict[str, int]:
     return {
         "K_CODES": layout.plane_offset("k_codes"),
