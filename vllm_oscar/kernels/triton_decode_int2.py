@@ -25,14 +25,14 @@ so the softmax works on BT * GP elements and the V MMAs have the channels on the
 V codes are read as int16 byte pairs and unpacked into even- and odd-channel planes
 (Xe_p, Xo_p; triton_common.unpack_pair_plane) so that their MMA operand comes by a
 transposed ldmatrix; the output store interleaves the two. Bias/factor removal as in
-triton_common. Scales and offsets are folded with softmax_scale * log2(e) per token. The
+triton_common. softmax_scale * log2(e) (and s_q) multiply the logits once, in the softmax's FFMA. The
 online softmax rescales lazily (RESCALE_SLACK). One warp per program (no cross-warp
 reductions); docs/notes/kernels.md V5-V6 has the SASS counts behind each choice.
 
 INT8_K (opt-in, D >= 128): the key path as an int8 MMA with int32 accumulation: codes are
 exact int8 (one and.b32 per four), the query is rounded per head row to int8 with the
-absmax scale s_q (q ~= s_q * q8, also in the offset term), logits = s_k s_q (code . q8) +
-z_k s_q sum(q8). scripts/int8_query_error.py measures what the query rounding costs.
+absmax scale s_q (q ~= s_q * q8, also in the offset term), logits = s_q (s_k (code . q8) +
+z_k sum(q8)). scripts/int8_query_error.py measures what the query rounding costs.
 """
 
 from __future__ import annotations
@@ -177,28 +177,30 @@ def _prefetch_tile(head_base, bt_row, stride_cb, t0, int2_end, live, BS: tl.cons
 
 
 @triton.jit
-def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo,
                       BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
                       INT8_K: tl.constexpr, MASKED: tl.constexpr = True):
-    """[BT, GP] fp32 logits (log2 units) of one loaded INT2 tile; -inf where not ok (MASKED=False: ok is
-    all true, no mask applied)."""
-    ks = ks.to(tl.float32) * qk_scale
-    kz = kz.to(tl.float32) * qk_scale
+    """[BT, GP] fp32 logits of one loaded INT2 tile before their per-column scale: logits (log2 units) =
+    x * l_scale[None, :] (int2_split_kernel's prologue), applied where the softmax subtracts the running max
+    (one FFMA in place of the FADD), so the loop multiplies no per-token or per-element scale. -inf where not
+    ok (MASKED=False: ok is all true, no mask applied)."""
+    ks = ks.to(tl.float32)
+    kz = kz.to(tl.float32)
     if INT8_K:
         iraw = int8_mma(plane_codes_int8(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.int32), EMU)
         iraw = int8_mma(plane_codes_int8(kc, 1, MODE), q1, iraw, EMU)
         iraw = int8_mma(plane_codes_int8(kc, 2, MODE), q2, iraw, EMU)
         iraw = int8_mma(plane_codes_int8(kc, 3, MODE), q3, iraw, EMU)
-        logits = ks[:, None] * (iraw.to(tl.float32) * s_q[None, :]) + kz[:, None] * qo[None, :]
+        x = ks[:, None] * iraw.to(tl.float32) + kz[:, None] * qo[None, :]
     else:
         raw = mma(unpack_plane(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.float32), EMU)
         raw = mma(unpack_plane(kc, 1, MODE), q1, raw, EMU)
         raw = mma(unpack_plane(kc, 2, MODE), q2, raw, EMU)
         raw = mma(unpack_plane(kc, 3, MODE), q3, raw, EMU)
-        logits = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
+        x = ks[:, None] * (raw - qb[None, :]) + kz[:, None] * qo[None, :]
     if MASKED:
-        logits = tl.where(ok[:, None], logits, float("-inf"))
-    return logits
+        x = tl.where(ok[:, None], x, float("-inf"))
+    return x
 
 
 @triton.jit
@@ -217,15 +219,14 @@ def _int2_tile_values(p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, 
 
 
 @triton.jit
-def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
                m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr,
                MASKED: tl.constexpr):
     """One INT2 tile's logits, lazy online-softmax update and V accumulation (the loaded tile as
     _load_tile returns it; state as int2_split_kernel keeps it). Returns the updated state."""
-    logits = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale, BLOCK_T, GP, MODE, EMU, INT8_K,
-                               MASKED)
-    tile_max = tl.max(logits, axis=0)
+    x = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, BLOCK_T, GP, MODE, EMU, INT8_K, MASKED)
+    tile_max = tl.max(x, axis=0) * l_scale  # l_scale > 0: the max of the scaled logits
     if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
         m_new = tl.maximum(m_i, tile_max)
         alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
@@ -241,7 +242,7 @@ def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, s_q, qk_scale
         acc3e *= alpha[None, :]
         acc3o *= alpha[None, :]
         m_i = m_new
-    p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+    p = tl.exp2(x * l_scale[None, :] - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
     l_i += tl.sum(p, axis=0)
     sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
         p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, MODE, EMU)
@@ -351,8 +352,8 @@ def int2_split_kernel(
         q2 = _to_int8(f2, inv_s)
         q3 = _to_int8(f3, inv_s)
         qb = tl.zeros([GP], tl.float32)
-        qo = s_q * (tl.sum(q0.to(tl.float32), axis=0) + tl.sum(q1.to(tl.float32), axis=0)
-                    + tl.sum(q2.to(tl.float32), axis=0) + tl.sum(q3.to(tl.float32), axis=0))
+        qo = (tl.sum(q0.to(tl.float32), axis=0) + tl.sum(q1.to(tl.float32), axis=0)
+              + tl.sum(q2.to(tl.float32), axis=0) + tl.sum(q3.to(tl.float32), axis=0))
     else:
         s_q = tl.full([GP], 1.0, tl.float32)
         q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
@@ -361,6 +362,7 @@ def int2_split_kernel(
         q3, qb3, qo3 = _query_plane(q_row, cols, jok, 3, Q, MODE, EMU)
         qb = qb0 + qb1 + qb2 + qb3
         qo = qo0 + qo1 + qo2 + qo3
+    l_scale = s_q * qk_scale  # logits = x * l_scale (_int2_tile_logits)
 
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
@@ -382,7 +384,7 @@ def int2_split_kernel(
             kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile_tma(
                 kc_desc, vc_desc, ks_desc, kz_desc, vs_desc, vz_desc, region, t0 % BS, BLOCK_T, Q)
             m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
-                kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+                kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                 BLOCK_T, GP, MODE, EMU, INT8_K, False)
     elif pid < NSPLIT:
@@ -394,7 +396,7 @@ def int2_split_kernel(
                 head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
                 K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK, not FULL_TILES)
             m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
-                kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, s_q, qk_scale,
+                kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                 BLOCK_T, GP, MODE, EMU, INT8_K, not FULL_TILES)
     else:
@@ -425,8 +427,8 @@ def int2_split_kernel(
                 kc, ks, kz, vc, vs, vz, _ = _load_tile(
                     head_base, bt_row, stride_cb, t0, offs_w, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
                     K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
-                logits = tl.where(no_copy[:, None], _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, s_q,
-                                                                      qk_scale, WIN_BT, GP, MODE, EMU, INT8_K), logits)
+                x = _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, WIN_BT, GP, MODE, EMU, INT8_K)
+                logits = tl.where(no_copy[:, None], x * l_scale[None, :], logits)
             m_i = tl.max(logits, axis=0)
             p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
             l_i = tl.sum(p, axis=0)
