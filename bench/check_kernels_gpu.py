@@ -10,7 +10,7 @@ Checks (each prints one line and goes into the JSON report):
             the dense reference with the query rounded to int8 per row
   prefill   oscar_prefill vs a dense float64 reference (causal chunk + cached prefix)
   rotate    oscar_rotate (one launch) vs float64: decode rows and prefill chunks, both directions
-  rotate_write  oscar_rotate_and_write (a captured decode step's first launch) vs oscar_write + oscar_rotate:
+  rotate_write  oscar_write with a query (a layer step's first launch) vs oscar_write + oscar_rotate:
             the same cache bytes and q_rot, flag 0 and 1; q_rot vs float64
   graph     decode captured once in a CUDA graph (capture fails on any host sync), replayed
             while seq_lens, tables and queries change; each replay equals an eager call
@@ -128,7 +128,7 @@ def check_write(report: list) -> None:
 
 
 def check_rotate_write(report: list) -> None:
-    """A captured decode step's first launch (oscar_rotate_and_write) at real sizes: the same cache bytes as
+    """A captured decode step's first launch (oscar_write with a query) at real sizes: the same cache bytes as
     oscar_write with the same parts and flag, the same q_rot as oscar_rotate, q_rot against float64."""
     for tokens, hkv, group, dim in ((1, 8, 4, 128), (8, 8, 4, 128), (64, 8, 4, 128), (5, 3, 3, 64), (33, 2, 8, 256)):
         for flag_value in (0, 1):

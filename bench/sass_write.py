@@ -41,7 +41,8 @@ SIGNATURE = {
     "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32", "stride_w2": "i32", "N": "i32",
     "flag_ptr": "*i32",
 }
-#: The query rotation's runtime arguments (--query-group > 0: the decode step's first launch, oscar_rotate_and_write).
+#: The query rotation's runtime arguments (--query-group > 0: a layer step's first launch: oscar_write
+#: with a query).
 QUERY_SIGNATURE = {"q_ptr": "*bf16", "stride_qn": "i32", "stride_qh": "i32", "q_out_ptr": "*fp32", "stride_qon": "i32",
                    "stride_qoh": "i32"}
 
@@ -50,7 +51,7 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
                   clip_top: bool = False, rotation: str = "ieee", unroll: bool = True, query_group: int = 0,
                   int2_mode: int = 0, store_window: bool = True):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served); query_group > 0:
-    with the query rotation programs (QUERY_GROUP) of oscar_rotate_and_write."""
+    with the query rotation programs (QUERY_GROUP) of oscar_write with a query."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
@@ -85,7 +86,7 @@ def main() -> int:
     parser.add_argument("--unroll", type=int, choices=(0, 1), default=int(DEFAULT_WRITE.unroll_refit),
                         help="1 = refit rounds unrolled, 0 = a loop (WriteConfig.unroll_refit)")
     parser.add_argument("--query-group", type=int, default=0,
-                        help="> 0: with the query rotation programs of this GQA group (oscar_rotate_and_write)")
+                        help="> 0: with the query rotation programs of this GQA group (oscar_write with a query)")
     parser.add_argument("--int2", choices=tuple(INT2_MODES), default="always")
     parser.add_argument("--store-window", type=int, choices=(0, 1), default=1)
     parser.add_argument("--top", type=int, default=14)

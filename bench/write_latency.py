@@ -7,7 +7,7 @@ Write launch variants (triton_ops.WriteConfig) at 1 / 8 / 32 new tokens, served 
 the default, the rotation on tensor cores (tf32x3), 2 and 8 warps, and the default without refit. Then the
 launches of a captured decode step (attention/step.layer_step, flag 0: the INT2 part beside the attention):
 the side stream's INT2 part (side_int2), and the current stream's first launch, window copies plus the
-query rotation in one launch (first_fused, oscar_rotate_and_write) against the two launches it replaced
+query rotation in one launch (first_fused, oscar_write with a query) against the two launches it replaced
 (first_separate: the window-copy write, then oscar_rotate).
 
     python bench/write_latency.py [--json OUT]
@@ -73,7 +73,7 @@ def main() -> int:
             launches += [
                 ("side_int2", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), store_window=False,
                                                              int2="unless_flag", flag=flag)),
-                ("first_fused", lambda: triton_ops.oscar_rotate_and_write(query, *write_args, refit_iterations=(8, 2),
+                ("first_fused", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), query=query,
                                                                           int2="if_flag", flag=flag)),
                 ("first_separate", lambda: (triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
                                                                    flag=flag), triton_ops.oscar_rotate(query, rk))),

@@ -346,9 +346,10 @@ def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, devic
 
 def rotate_and_write_case(ops, tokens, hkv, group, dim, flag_value, fused, seed, device="cpu"):
     """A captured decode step's first launch on fresh rows (poisoned caches), fused
-    (ops.oscar_rotate_and_write) or as the two launches it replaces (ops.oscar_write with the same
+    (ops.oscar_write with query) or as the two launches it replaces (ops.oscar_write with the same
     parts, then ops.oscar_rotate): (INT2 pages, window K and V as int16 bits, q_rot, float64 q @ R_K),
-    on the CPU. Served refit, clips 0.96 / 0.92, the INT2 part where flag_value is non-zero."""
+    on the CPU. Served refit, clips 0.96 / 0.92; flag_value: the INT2 part only where it is non-zero
+    (triton_ops' flagged launch), None: the plain write (any ops module)."""
     gen = torch.Generator().manual_seed(seed)
     bs = 16
     layout = PageLayout(dim, dim, bs, torch.float16)
@@ -364,12 +365,12 @@ def rotate_and_write_case(ops, tokens, hkv, group, dim, flag_value, fused, seed,
     window_v = window_k.clone()
     args = (key.to(device), value.to(device), k_rotation.to(device), v_rotation.to(device), 0.96, 0.92, cache, layout,
             slots.to(device), window_k, window_v, window_slots.to(device))
-    flag = torch.tensor([flag_value], dtype=torch.int32, device=device)
+    parts = {} if flag_value is None else dict(int2="if_flag", flag=torch.tensor([flag_value], dtype=torch.int32,
+                                                                                  device=device))
     if fused:
-        q_rot = ops.oscar_rotate_and_write(query.to(device), *args, refit_iterations=GRID_REFIT_ITERATIONS,
-                                           int2="if_flag", flag=flag)
+        q_rot = ops.oscar_write(*args, refit_iterations=GRID_REFIT_ITERATIONS, query=query.to(device), **parts)
     else:
-        ops.oscar_write(*args, refit_iterations=GRID_REFIT_ITERATIONS, int2="if_flag", flag=flag)
+        ops.oscar_write(*args, refit_iterations=GRID_REFIT_ITERATIONS, **parts)
         q_rot = ops.oscar_rotate(query.to(device), k_rotation.to(device))
     expected_q = torch.einsum("nkgd,kde->nkge", query.double().view(tokens, hkv, group, dim), k_rotation.double())
     return (cache.cpu(), window_k.view(torch.int16).cpu(), window_v.view(torch.int16).cpu(), q_rot.cpu(),

@@ -17,6 +17,7 @@ from kernels_reference import (
     ref_quantize,
     ref_unpack,
     relative_error,
+    rotate_and_write_case,
     rows_with_outliers,
     write_case,
 )
@@ -124,6 +125,22 @@ def test_write_refit_per_side() -> None:
     assert same(views[(0, 3)][0], views[0][0]) and same(views[(0, 3)][1], views[3][1])
     assert same(views[(3, 0)][0], views[3][0]) and same(views[(3, 0)][1], views[0][1])
     assert not same(views[0][1], views[3][1])
+
+
+def test_write_with_query_on_cpu_returns_the_rotated_query_and_writes_the_same_cache() -> None:
+    """kernels.oscar_write(query=...) on CPU: the cache bytes and window rows of the plain write, and q @ R_K
+    against float64 (None without a query)."""
+    for fused in (False, True):
+        cache, window_k, window_v, q_rot, expected_q = rotate_and_write_case(kernels, 9, 2, 3, 64, None, fused, seed=4)
+        if not fused:
+            separate = (cache, window_k, window_v, q_rot)
+    assert all(torch.equal(a, b) for a, b in zip(separate, (cache, window_k, window_v, q_rot)))
+    assert q_rot.dtype == torch.float32 and relative_error(q_rot, expected_q) < 1e-6
+    layout = PageLayout(64, 64, 16, torch.float16)
+    rows = torch.randn(2, 1, 64, dtype=torch.bfloat16)
+    window = torch.zeros(1, 16, 1, 64, dtype=torch.bfloat16)
+    assert kernels.oscar_write(rows, rows, torch.eye(64)[None], torch.eye(64)[None], 0.96, 0.92, layout.allocate(1, 1),
+                               layout, torch.arange(2), window, window.clone(), torch.full((2,), -1)) is None
 
 
 def test_rotate_rows_gqa_and_inverse() -> None:

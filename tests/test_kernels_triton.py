@@ -129,8 +129,8 @@ def test_triton_write_parts_and_flag_modes_write_exactly_their_part() -> None:
 
 
 @pytest.mark.parametrize("dim, hkv, group, tokens", [(64, 2, 3, 7), (128, 2, 4, 20), (64, 3, 1, 33)])
-def test_triton_rotate_and_write_equals_the_write_and_the_query_rotation(dim, hkv, group, tokens) -> None:
-    """A captured decode step's first launch (oscar_rotate_and_write): the cache bytes of oscar_write with the
+def test_triton_write_with_query_equals_the_write_and_the_query_rotation(dim, hkv, group, tokens) -> None:
+    """A captured decode step's first launch (oscar_write with query): the cache bytes of oscar_write with the
     same parts and flag, and the rotated queries of oscar_rotate, whether the query rows need more programs
     than the write tiles (GQA 4, 20 tokens), fewer, or as many; q_rot against float64."""
     for flag_value in (0, 1):
@@ -143,15 +143,15 @@ def test_triton_rotate_and_write_equals_the_write_and_the_query_rotation(dim, hk
         assert relative_error(fused[3].double(), fused[4]) < 1e-6
 
 
-def test_triton_rotate_and_write_rejects_a_query_of_other_tokens() -> None:
+def test_triton_write_rejects_a_query_of_other_tokens() -> None:
     layout = PageLayout(64, 64, 16, torch.float16)
     rows = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
     rotation = torch.eye(64).expand(2, 64, 64).contiguous()
     window = torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="same tokens"):
-        triton_ops.oscar_rotate_and_write(torch.zeros(3, 4, 64, dtype=torch.bfloat16), rows, rows, rotation, rotation,
-                                          0.96, 0.92, layout.allocate(2, 2), layout, torch.arange(4), window,
-                                          window.clone(), torch.full((4,), -1))
+        triton_ops.oscar_write(rows, rows, rotation, rotation, 0.96, 0.92, layout.allocate(2, 2), layout,
+                               torch.arange(4), window, window.clone(), torch.full((4,), -1),
+                               query=torch.zeros(3, 4, 64, dtype=torch.bfloat16))
 
 
 def test_triton_write_rejects_bad_parts() -> None:

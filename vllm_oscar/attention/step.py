@@ -17,8 +17,7 @@ import torch
 
 from vllm_oscar.attention.rotations import LayerRotations
 from vllm_oscar.config import OscarConfig
-from vllm_oscar.kernels import (PageLayout, oscar_decode, oscar_prefill, oscar_rotate, oscar_rotate_and_write,
-                                oscar_write)
+from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_rotate, oscar_write
 
 
 @dataclasses.dataclass
@@ -70,12 +69,12 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
                slot_mapping: torch.Tensor, rotations: LayerRotations, caches: LayerCaches, config: OscarConfig,
                softmax_scale: float, output: torch.Tensor) -> None:
     """One layer of one step: write the new K/V, then attend (write_step + attend_step; the write and the
-    query rotation in one launch, oscar_rotate_and_write).
+    query rotation in one launch: oscar_write(query=...)).
 
     In a CUDA-graph capture of a pure decode step the quantizing INT2 write (about a third of a
     small-batch decode step's GPU time) runs on a side stream beside the attention, which reads the
     step's new tokens from their BF16 copies, written first on the current stream by the launch that
-    also rotates the queries (oscar_rotate_and_write); the current stream waits for the side stream
+    also rotates the queries (oscar_write with query); the current stream waits for the side stream
     before returning. The graph holds both orders, each launch predicated on
     m.serial_write, so every replay takes the one its plan allows (1: the INT2 part on the current
     stream, before the attention). Eager steps (host-bound: a second launch costs more host time than it
@@ -86,7 +85,7 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
               and torch.cuda.is_current_stream_capturing())
     args = _write_args(m, key, value, slot_mapping, rotations, caches)
     if not beside:  # the write and the query rotation in one launch, then the attention
-        q_rot = oscar_rotate_and_write(query[:m.num_actual_tokens], *args, refit_iterations=config.refit_iterations)
+        q_rot = oscar_write(*args, refit_iterations=config.refit_iterations, query=query[:m.num_actual_tokens])
         attend_step(m, query, rotations, caches, config, softmax_scale, output, query_rot=q_rot)
         return
     from vllm_oscar.kernels import triton_ops
@@ -94,9 +93,8 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     main = torch.cuda.current_stream()
     side = _side_stream(caches.int2.device)
     side.wait_stream(main)
-    q_rot = triton_ops.oscar_rotate_and_write(query[:m.num_actual_tokens], *args,
-                                              refit_iterations=config.refit_iterations, int2="if_flag",
-                                              flag=m.serial_write)
+    q_rot = triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag",
+                                   flag=m.serial_write, query=query[:m.num_actual_tokens])
     with torch.cuda.stream(side):
         triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, store_window=False,
                                int2="unless_flag", flag=m.serial_write)

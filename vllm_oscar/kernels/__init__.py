@@ -1,8 +1,8 @@
 """OSCAR kernels: fused INT2 write, paged decode, prefill over a cached prefix.
 
 Public ops (contract: docs/design.md, "Kernel API"): ``oscar_write``, ``oscar_decode``,
-``oscar_prefill``, ``oscar_rotate`` (q @ R_K, out_rot @ R_V^T), ``oscar_rotate_and_write`` (the write
-and q @ R_K in one launch), plus ``rotate_rows`` (the torch rotation) and the page layout.
+``oscar_prefill``, ``oscar_rotate`` (q @ R_K, out_rot @ R_V^T; ``oscar_write(query=...)`` does q @ R_K
+in the write's launch), plus ``rotate_rows`` (the torch rotation) and the page layout.
 
 Dispatch is by platform, decided by the device of the cache tensor: CUDA tensors run the
 Triton kernels (vllm_oscar.kernels.triton_ops), CPU tensors run the plain-torch
@@ -51,19 +51,22 @@ def oscar_write(
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
     refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
-) -> None:
+    query: Optional[torch.Tensor] = None,
+) -> Optional[torch.Tensor]:
     """Write new K/V rows: INT2 into the paged cache, rotated BF16 copies into the window store.
 
     CUDA -> Triton kernel, CPU -> torch. ``refit_iterations``: least-squares grid refit
     rounds, one int or a (K, V) pair (the backend passes OscarConfig.refit_iterations;
     0 = clipped min/max grid). ``refit_floor``: (keys, values) refit never narrower than
     the clipped min/max grid (default: the served setting, config.REFIT_SCALE_FLOOR).
-    Arguments: torch_ops.oscar_write.
+    ``query``: [N, Hq, D] query rows of the same tokens: then also returns q_rot = query @ R_K
+    (float32, as ``oscar_rotate``), on CUDA from the same launch (a layer step's first launch);
+    else returns None. Arguments: torch_ops.oscar_write.
     """
     impl = implementation_for(int2_cache)
-    impl.oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
-                     slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated,
-                     refit_iterations=refit_iterations, refit_floor=refit_floor)
+    return impl.oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
+                            slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated,
+                            refit_iterations=refit_iterations, refit_floor=refit_floor, query=query)
 
 
 def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
@@ -82,39 +85,6 @@ def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
         out.copy_(rotated)
         return out
     return impl.oscar_rotate(x, rotation, inverse=inverse, out=out)
-
-
-def oscar_rotate_and_write(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_rotation: torch.Tensor,
-    v_rotation: Optional[torch.Tensor],
-    clip_k: float,
-    clip_v: float,
-    int2_cache: torch.Tensor,
-    layout: PageLayout,
-    slot_mapping: torch.Tensor,
-    window_k: torch.Tensor,
-    window_v: torch.Tensor,
-    window_slot_mapping: torch.Tensor,
-    value_prerotated: bool = False,
-    refit_iterations: RefitIterations = 0,
-    refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
-) -> torch.Tensor:
-    """``oscar_write(key, value, ...)`` and ``oscar_rotate(query, k_rotation)``: returns q_rot, float32
-    [N, Hq, D], for the query rows [N, Hq, D] of the same N tokens. CUDA -> one Triton launch (the write's
-    programs and the rotation's side by side: a layer step's first launch), CPU -> the two torch ops.
-    """
-    impl = implementation_for(int2_cache)
-    if impl is torch_ops:
-        impl.oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout, slot_mapping,
-                         window_k, window_v, window_slot_mapping, value_prerotated,
-                         refit_iterations=refit_iterations, refit_floor=refit_floor)
-        return rotate_rows(query, k_rotation, out_dtype=torch.float32)
-    return impl.oscar_rotate_and_write(query, key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
-                                       slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated,
-                                       refit_iterations=refit_iterations, refit_floor=refit_floor)
 
 
 def oscar_decode(
@@ -203,7 +173,6 @@ __all__ = [
     "oscar_decode",
     "oscar_prefill",
     "oscar_rotate",
-    "oscar_rotate_and_write",
     "oscar_write",
     "page_views",
     "rotate_rows",

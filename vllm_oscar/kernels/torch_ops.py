@@ -64,7 +64,8 @@ def oscar_write(
     value_prerotated: bool = False,
     refit_iterations: RefitIterations = 0,
     refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
-) -> None:
+    query: Optional[torch.Tensor] = None,
+) -> Optional[torch.Tensor]:
     """Rotate, clip, quantize and pack new K/V rows into the INT2 cache; copy window rows.
 
     Args:
@@ -85,6 +86,9 @@ def oscar_write(
         refit_floor: (keys, values): whether that side's refit may not narrow the grid below
             the clipped min/max scale (quant.refit_grid scale_floor); the served quantizer's
             setting by default (config.REFIT_SCALE_FLOOR: keys floored, values free).
+        query: [N, Hq, D] query rows of the same tokens, or None.
+    Returns:
+        q_rot = query @ R_K per KV head (float32 [N, Hq, D]) when query is given, else None.
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
@@ -112,6 +116,7 @@ def oscar_write(
             raise ValueError(f"window_slot_mapping addresses slot {int(slots.max())} but the window store has {window_k.shape[0] * bs}.")
         window_k[slots // bs, slots % bs] = k_rot[in_window].to(window_k.dtype)
         window_v[slots // bs, slots % bs] = v_rot[in_window].to(window_v.dtype)
+    return None if query is None else rotate_rows(query, k_rotation, out_dtype=torch.float32)
 
 
 def _dequantized(views: PageViews, which: str, blocks: torch.Tensor, length: int, layout: PageLayout) -> torch.Tensor:

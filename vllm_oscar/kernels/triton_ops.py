@@ -45,7 +45,7 @@ MIN_TRITON_HEAD_DIM: int = 64
 WRITE_BLOCK_N: int = 16
 #: Rows of R per step of the write's rotation dot (fp32 FMAs, k in order: the K step does not change the
 #: bits on the GPU; the served_graph check compares graph and eager caches bit for bit). 64 in general, 32 in
-#: the window-copy programs of a flagged launch (oscar_rotate_and_write's): at 64 their FMA dot needs 255
+#: the window-copy programs of a flagged launch (oscar_write with a query): at 64 their FMA dot needs 255
 #: registers and spills (offline SASS, sm_90, D 128: 255 + 320 B of stack; 168, none at 32), while the full
 #: write at 32 was 6-8% slower at 4096-16384 tokens (H200, docs/perf/write_prefill_h200_w7_*.json).
 WRITE_BLOCK_K: int = 64
@@ -367,65 +367,25 @@ def oscar_write(
     store_window: bool = True,
     int2: str = "always",
     flag: Optional[torch.Tensor] = None,
-) -> None:
+    query: Optional[torch.Tensor] = None,
+) -> Optional[torch.Tensor]:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
     Arguments as torch_ops.oscar_write, plus config (launch knobs, WriteConfig) and the parts this launch
     writes (triton_write's module docstring): store_window (the BF16 window copies) and int2 (the INT2
     part: "always", "never", "if_flag" = where the int32 flag [1] on the device is non-zero, "unless_flag"
-    = where it is 0). Rotations are used in float32 (converted if not).
+    = where it is 0). Rotations are used in float32 (converted if not). query: [N, Hq, D] rows of the same
+    tokens (Hq a multiple of Hkv, unit stride on D): the same launch also rotates them and returns q_rot
+    [N, Hq, D] float32 = query @ R_K per KV head, as oscar_rotate computes it (same tiles and precision).
     """
-    _launch_write(None, None, key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout, slot_mapping,
-                  window_k, window_v, window_slot_mapping, value_prerotated, refit_iterations, refit_floor, config,
-                  store_window, int2, flag)
-
-
-def oscar_rotate_and_write(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_rotation: torch.Tensor,
-    v_rotation: Optional[torch.Tensor],
-    clip_k: float,
-    clip_v: float,
-    int2_cache: torch.Tensor,
-    layout: PageLayout,
-    slot_mapping: torch.Tensor,
-    window_k: torch.Tensor,
-    window_v: torch.Tensor,
-    window_slot_mapping: torch.Tensor,
-    value_prerotated: bool = False,
-    refit_iterations: RefitIterations = 0,
-    refit_floor: tuple[bool, bool] = REFIT_SCALE_FLOOR,
-    config: WriteConfig = DEFAULT_WRITE,
-    int2: str = "always",
-    flag: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """oscar_write(store_window=True, int2=int2, flag=flag) and oscar_rotate(query, k_rotation) in one launch.
-
-    query: [N, Hq, D] rows of the same N tokens as key / value, Hq a multiple of Hkv, unit stride on D.
-    Returns q_rot [N, Hq, D] float32 = query @ R_K per KV head, equal to oscar_rotate's (same tiles and
-    precision); the cache bytes equal oscar_write's. A captured decode step's first launch (attention/step.py).
-    """
-    check_rotate_args(query, k_rotation)
-    if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2] or query.shape[1] % key.shape[1]:
-        raise ValueError(f"query {tuple(query.shape)} must hold the same tokens and head size as key "
-                         f"{tuple(key.shape)}, with a multiple of its heads.")
-    q_rot = torch.empty(query.shape, dtype=torch.float32, device=query.device)
-    _check_last_dim_contiguous(query=query)
-    _launch_write(query, q_rot, key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout, slot_mapping,
-                  window_k, window_v, window_slot_mapping, value_prerotated, refit_iterations, refit_floor, config,
-                  True, int2, flag)
-    return q_rot
-
-
-def _launch_write(query: Optional[torch.Tensor], q_rot: Optional[torch.Tensor], key: torch.Tensor,
-                  value: torch.Tensor, k_rotation: torch.Tensor, v_rotation: Optional[torch.Tensor], clip_k: float,
-                  clip_v: float, int2_cache: torch.Tensor, layout: PageLayout, slot_mapping: torch.Tensor,
-                  window_k: torch.Tensor, window_v: torch.Tensor, window_slot_mapping: torch.Tensor,
-                  value_prerotated: bool, refit_iterations: RefitIterations, refit_floor: tuple[bool, bool],
-                  config: WriteConfig, store_window: bool, int2: str, flag: Optional[torch.Tensor]) -> None:
-    """oscar_write_kernel's launch, with the query rotation programs where query is given (into q_rot)."""
+    q_rot = None
+    if query is not None:
+        check_rotate_args(query, k_rotation)
+        if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2] or query.shape[1] % key.shape[1]:
+            raise ValueError(f"query {tuple(query.shape)} must hold the same tokens and head size as key "
+                             f"{tuple(key.shape)}, with a multiple of its heads.")
+        _check_last_dim_contiguous(query=query)
+        q_rot = torch.empty(query.shape, dtype=torch.float32, device=query.device)
     if int2 not in INT2_MODES:
         raise ValueError(f"int2={int2!r}: choose one of {tuple(INT2_MODES)}.")
     if int2 in ("if_flag", "unless_flag") and (
@@ -441,7 +401,7 @@ def _launch_write(query: Optional[torch.Tensor], q_rot: Optional[torch.Tensor], 
         raise ValueError(f"window_k and window_v must have the same strides; got {window_k.stride()} and {window_v.stride()}.")
     n, hkv, d = key.shape
     if n == 0:
-        return
+        return q_rot
     rk = k_rotation.to(torch.float32).contiguous()
     rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
     # Axis 2: K, V (then the flagged INT2 part's K, V where the window copies need programs of their own; then the
@@ -476,6 +436,7 @@ def _launch_write(query: Optional[torch.Tensor], q_rot: Optional[torch.Tensor], 
         STORE_WINDOW=store_window, INT2_MODE=INT2_MODES[int2], num_warps=config.num_warps or write_warps(d, n),
         **query_args,
     )
+    return q_rot
 
 
 def _unpack_mode(config: AttentionConfig) -> int:

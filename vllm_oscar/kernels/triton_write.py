@@ -30,7 +30,7 @@ INT2_ALWAYS, INT2_NEVER, INT2_IF_FLAG (only where the int32 at flag_ptr is non-z
 INT2_UNLESS_FLAG (only where it is 0). A captured decode graph holds both flag modes, one on each
 stream, and the metadata builder sets the flag per step (attention/step.py).
 
-The query in the same launch (QUERY_GROUP > 0, oscar_rotate_and_write): a captured decode step's
+The query in the same launch (QUERY_GROUP > 0, triton_ops.oscar_write with a query): a captured decode step's
 first launch also rotates the step's queries, q_rot = q @ R_K (triton_rotate.rotate_rows_block,
 its grid's program (pid_m, h, c) as program (pid_m, h, 2 + c) here; axis 0 then spans the larger
 of the write tiles and the query row blocks, and programs past either return at once). The window
