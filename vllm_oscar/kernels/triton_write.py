@@ -1,14 +1,15 @@
 """Triton write kernel: rotate, clip, quantize and pack new K/V rows; copy window rows.
 
 One launch per layer step (the refit adds REFIT passes over the rows held in registers,
-no memory traffic). Grid: (cdiv(N, BLOCK_N), Hkv, 2); a program takes BLOCK_N tokens
+no memory traffic). Grid: (cdiv(N, BLOCK_N), Hkv, 2) (more below: Parts, the query); a program takes BLOCK_N tokens
 of one KV head and one side (axis 2: 0 = K, 1 = V, so the two sides' refit rounds run in
 parallel programs) and does:
 
     y      = x @ R[h]                    tl.dot, fp32 operands, IEEE precision, K-tiled
     window store[wslot] = y              (rotated, unclipped; where wslot >= 0)
     tau    = |y|_(CLIP_INDEX)            exact order statistic ("higher" quantile), found by
-                                         bisection on the float bit patterns (32 steps)
+                                         bisection on the float bit patterns (32 steps) or by
+                                         removing the row maximum (CLIP_TOP, _clip)
     y      = clamp(y, -tau, tau)
     scale  = max(max_g - min_g, eps) / 3 -> storage dtype; offset = min_g -> storage dtype
     code   = clamp(round((y - offset) / scale), 0, 3)            (rounded scale/offset)
@@ -28,13 +29,18 @@ beside the attention, which reads the step's new tokens from their BF16 copies):
 writes the window copies; INT2_MODE says whether the clip / quantize / store above runs:
 INT2_ALWAYS, INT2_NEVER, INT2_IF_FLAG (only where the int32 at flag_ptr is non-zero) or
 INT2_UNLESS_FLAG (only where it is 0). A captured decode graph holds both flag modes, one on each
-stream, and the metadata builder sets the flag per step (attention/step.py).
+stream, and the metadata builder sets the flag per step (attention/step.py). A flagged program reads
+the flag first and returns at once where its part does not run (a branch around the INT2 part made
+the compiler spill: W7); a flagged launch that also stores windows gives the copies programs of their
+own: axis 2 is then 0, 1 = K, V window copies (R stepped by WINDOW_BLOCK_K rows), 2, 3 = K, V INT2
+part (WRITE_SIDES = 4).
 
-The query in the same launch (QUERY_GROUP > 0, triton_ops.oscar_write with a query): a captured decode step's
+The query in the same launch (QUERY_GROUP > 0, triton_ops.oscar_write with a query): a layer step's
 first launch also rotates the step's queries, q_rot = q @ R_K (triton_rotate.rotate_rows_block,
-its grid's program (pid_m, h, c) as program (pid_m, h, 2 + c) here; axis 0 then spans the larger
-of the write tiles and the query row blocks, and programs past either return at once). The window
-copies then cost no launch of their own on the step's critical path (docs/notes/kernels.md W7).
+its grid's program (pid_m, h, c) as program (pid_m, h, WRITE_SIDES + c) here; axis 0 then spans the
+larger of the write tiles and the query row blocks, and programs past either return at once). The
+window copies then cost no launch of their own on a captured decode step's critical path, and an eager
+step one launch fewer (docs/notes/kernels.md W7).
 
 Rounding note: codes round half to even (floor(p + 0.5), minus 1 at an exact half with an
 odd result), as torch.round does on the CPU path.
