@@ -7,10 +7,14 @@
 #     OUT=/tmp/k bash bench/kernels_gpu.sh            # ~5-6 min on the H200
 #     STEPS="check write" OUT=/tmp/k bash bench/kernels_gpu.sh
 #     BLOCK_SIZE=16 STEPS="tune table" OUT=/tmp/k bash bench/kernels_gpu.sh   # vLLM's blocks of 16 (default 64, OSCAR's on CUDA)
+#     STEPS="check served" OUT=/tmp/k bash bench/kernels_gpu.sh                # served decode steps (check + time)
+# CHECKS: the checks of the check step (default without `write`, whose real-size variants take ~6 min: add it when
+# the write's INT2 math changes).
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:?set OUT to a folder for the results}"
 STEPS="${STEPS:-check tune table}"
+CHECKS="${CHECKS:-decode int8 graph rotate_write}"
 GEOMETRIES="qwen3-8b smollm2-135m"
 BLOCK_SIZE="${BLOCK_SIZE:-64}"
 
@@ -23,7 +27,8 @@ step() {  # name, command...: run, log to $OUT/<name>.log, report the exit code,
 
 for s in $STEPS; do
   case $s in
-    check) step check python bench/check_kernels_gpu.py --only write decode int8 graph --quick --json "$OUT/check.json" ;;
+    check) step check python bench/check_kernels_gpu.py --only $CHECKS --quick --json "$OUT/check.json" ;;
+    served) step served python bench/served_graph.py --calls 20 --json "$OUT/served.json" ;;
     write) step write python -m vllm_oscar.cli bench decode --geometry $GEOMETRIES --contexts 4096 --batches 8 \
              --write-tokens 8 32 256 4096 --write-refit 8/2 --write-clip bisect top --write-rotation ieee tf32x3 \
              --write-unroll 1 0 --reps 10 --json "$OUT/write.json" ;;
@@ -33,7 +38,7 @@ for s in $STEPS; do
     table) step table python -m vllm_oscar.cli bench decode --geometry $GEOMETRIES --config-from "$OUT/tune.json" \
              --contexts 4096 16384 32768 65536 131072 --batches 1 8 32 64 --write-tokens 32 4096 --write-refit 8/2 \
              --block-size "$BLOCK_SIZE" --reps 10 --json "$OUT/decode.json" --png "$OUT/decode.png" ;;
-    *) echo "[kernels_gpu] unknown step $s (check, write, tune, table)"; exit 2 ;;
+    *) echo "[kernels_gpu] unknown step $s (check, write, tune, table, served)"; exit 2 ;;
   esac
 done
 grep -h "FAIL\|ALL OK" "$OUT/check.log" 2>/dev/null | tail -3
