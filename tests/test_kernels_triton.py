@@ -128,11 +128,12 @@ def test_triton_write_parts_and_flag_modes_write_exactly_their_part() -> None:
         assert torch.equal(cache, full_cache if writes else poisoned[0]), (mode, flag)
 
 
-@pytest.mark.parametrize("dim, hkv, group, tokens", [(64, 2, 3, 7), (128, 2, 4, 20), (64, 3, 1, 33)])
+@pytest.mark.parametrize("dim, hkv, group, tokens", [(64, 2, 3, 7), (128, 2, 4, 20), (64, 3, 1, 33), (64, 1, 4, 70)])
 def test_triton_write_with_query_equals_the_write_and_the_query_rotation(dim, hkv, group, tokens) -> None:
     """A captured decode step's first launch (oscar_write with query): the cache bytes of oscar_write with the
     same parts and flag, and the rotated queries of oscar_rotate, whether the query rows need more programs
-    than the write tiles (GQA 4, 20 tokens), fewer, or as many; q_rot against float64."""
+    than the write tiles (GQA 4, 20 tokens), fewer, or as many, and past ROTATE_SMALL_ROWS (280 rows: the
+    rotation in a launch of its own); q_rot against float64."""
     for flag_value in (0, 1):
         separate, fused = (rotate_and_write_case(triton_ops, tokens, hkv, group, dim, flag_value, launch, seed=dim + tokens)
                            for launch in (False, True))

@@ -375,8 +375,9 @@ def oscar_write(
     writes (triton_write's module docstring): store_window (the BF16 window copies) and int2 (the INT2
     part: "always", "never", "if_flag" = where the int32 flag [1] on the device is non-zero, "unless_flag"
     = where it is 0). Rotations are used in float32 (converted if not). query: [N, Hq, D] rows of the same
-    tokens (Hq a multiple of Hkv, unit stride on D): the same launch also rotates them and returns q_rot
-    [N, Hq, D] float32 = query @ R_K per KV head, as oscar_rotate computes it (same tiles and precision).
+    tokens (Hq a multiple of Hkv, unit stride on D): also returns q_rot [N, Hq, D] float32 = query @ R_K per
+    KV head, as oscar_rotate computes it (same tiles and precision), from the same launch where the rows are
+    decode-sized (N x Hq / Hkv <= ROTATE_SMALL_ROWS), else from an oscar_rotate launch after the write.
     """
     q_rot = None
     if query is not None:
@@ -384,6 +385,13 @@ def oscar_write(
         if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2] or query.shape[1] % key.shape[1]:
             raise ValueError(f"query {tuple(query.shape)} must hold the same tokens and head size as key "
                              f"{tuple(key.shape)}, with a multiple of its heads.")
+        if query.shape[0] * (query.shape[1] // key.shape[1]) > ROTATE_SMALL_ROWS:
+            # Prefill-sized: the rotation's programs would run at the write kernel's register count and
+            # occupancy, and one launch more costs little beside a chunk's GPU time.
+            oscar_write(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout, slot_mapping, window_k,
+                        window_v, window_slot_mapping, value_prerotated, refit_iterations, refit_floor, config,
+                        store_window, int2, flag)
+            return oscar_rotate(query, k_rotation)
         _check_last_dim_contiguous(query=query)
         q_rot = torch.empty(query.shape, dtype=torch.float32, device=query.device)
     if int2 not in INT2_MODES:
