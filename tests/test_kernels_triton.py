@@ -144,15 +144,17 @@ def test_triton_write_with_query_equals_the_write_and_the_query_rotation(dim, hk
         assert relative_error(fused[3].double(), fused[4]) < 1e-6
 
 
-def test_triton_write_rejects_a_query_of_other_tokens() -> None:
+@pytest.mark.parametrize("ops", [triton_ops, torch_ops], ids=["triton", "torch"])
+def test_write_rejects_a_query_of_other_tokens(ops) -> None:
     layout = PageLayout(64, 64, 16, torch.float16)
     rows = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
     rotation = torch.eye(64).expand(2, 64, 64).contiguous()
     window = torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="same tokens"):
-        triton_ops.oscar_write(rows, rows, rotation, rotation, 0.96, 0.92, layout.allocate(2, 2), layout,
-                               torch.arange(4), window, window.clone(), torch.full((4,), -1),
-                               query=torch.zeros(3, 4, 64, dtype=torch.bfloat16))
+    for query, message in ((torch.zeros(3, 4, 64, dtype=torch.bfloat16), "same tokens"),
+                           (torch.zeros(4, 3, 64, dtype=torch.bfloat16), r"rotation heads \(2\) must divide")):
+        with pytest.raises(ValueError, match=message):
+            ops.oscar_write(rows, rows, rotation, rotation, 0.96, 0.92, layout.allocate(2, 2), layout,
+                            torch.arange(4), window, window.clone(), torch.full((4,), -1), query=query)
 
 
 def test_triton_write_rejects_bad_parts() -> None:

@@ -109,6 +109,15 @@ def check_rotate_args(x: torch.Tensor, rotation: torch.Tensor, out: torch.Tensor
         check_same_device(x=x, rotation=rotation)
 
 
+def check_write_query(query: torch.Tensor, key: torch.Tensor, k_rotation: torch.Tensor) -> None:
+    """The query rows [N, Hq, D] that oscar_write rotates beside the write: rows of the key's N tokens and
+    head size, Hq a multiple of the key's heads (and a valid x for k_rotation)."""
+    check_rotate_args(query, k_rotation)
+    if _shape(query)[0] != _shape(key)[0] or _shape(query)[2] != _shape(key)[2] or query.shape[1] % key.shape[1]:
+        raise ValueError(f"query {tuple(query.shape)} must hold the same tokens and head size as key "
+                         f"{tuple(key.shape)}, with a multiple of its heads.")
+
+
 def check_window_sizes(sink: int, recent: int) -> None:
     """sink and recent are Python ints >= 0."""
     for name, value in (("sink", sink), ("recent", recent)):

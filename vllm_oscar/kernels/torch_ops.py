@@ -21,6 +21,7 @@ from vllm_oscar.kernels.checks import (
     check_attention_common,
     check_prefill_extra,
     check_write_args,
+    check_write_query,
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
@@ -92,6 +93,8 @@ def oscar_write(
     """
     check_write_args(key, value, k_rotation, v_rotation, clip_k, clip_v, int2_cache, layout,
                      slot_mapping, window_k, window_v, window_slot_mapping, value_prerotated)
+    if query is not None:
+        check_write_query(query, key, k_rotation)
     refit_k, refit_v = refit_pair(refit_iterations)
     k_rot = rotate_rows(key, k_rotation, out_dtype=torch.float32)
     v_rot = value.to(torch.float32) if value_prerotated else rotate_rows(value, v_rotation, out_dtype=torch.float32)

@@ -22,7 +22,8 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_oscar.config import INT8_MMA_MIN_HEAD_DIM, REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
-from vllm_oscar.kernels.checks import check_attention_common, check_prefill_extra, check_rotate_args, check_write_args
+from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
+                                      check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -381,10 +382,7 @@ def oscar_write(
     """
     q_rot = None
     if query is not None:
-        check_rotate_args(query, k_rotation)
-        if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2] or query.shape[1] % key.shape[1]:
-            raise ValueError(f"query {tuple(query.shape)} must hold the same tokens and head size as key "
-                             f"{tuple(key.shape)}, with a multiple of its heads.")
+        check_write_query(query, key, k_rotation)
         if query.shape[0] * (query.shape[1] // key.shape[1]) > ROTATE_SMALL_ROWS:
             # Prefill-sized: the rotation's programs would run at the write kernel's register count and
             # occupancy, and one launch more costs little beside a chunk's GPU time.
