@@ -29,6 +29,14 @@ triton_common. softmax_scale * log2(e) (and s_q) multiply the logits once, in th
 online softmax rescales lazily (RESCALE_SLACK). One warp per program (no cross-warp
 reductions); docs/notes/kernels.md V5-V6 has the SASS counts behind each choice.
 
+Column sums by the tensor cores (V29): the V weights' sums over positions, sw = sum_t w_t (to remove
+BIAS) and zw = sum_t p_t z_v,t (the offset term), come from one more MMA per tile, ones [16, BT] @ w'
+[BT, NC], whose every row is the column sums of w', instead of in-lane trees plus shuffles. ZW_COLS
+(GP <= 4, where a [BT, GP] tile leaves half of the MMA's N = 8 unused): the tile has NC = 2 GP
+columns, column GP + j a copy of head j (same query, so the same logits and p), and w' carries
+bf16(p z_v) there, so that the same MMA sums the offset term too; the extra columns' V accumulators
+are never stored. Otherwise (NC = GP) zw is summed per tile as before.
+
 INT8_K (opt-in, D >= 128): the key path as an int8 MMA with int32 accumulation: codes are
 exact int8 (one and.b32 per four), the query is rounded per head row to int8 with the
 absmax scale s_q (q ~= s_q * q8, also in the offset term), logits = s_q (s_k (code . q8) +
@@ -52,6 +60,11 @@ RESCALE_SLACK: tl.constexpr = tl.constexpr(8.0)
 INT8_QUERY_MAX: tl.constexpr = tl.constexpr(127.0)
 #: Bytes per L2 prefetch request (one cache line).
 PREFETCH_LINE: tl.constexpr = tl.constexpr(128)
+#: Narrowest N of the MMA instruction (m16n8k16 / m16n8k32): a [BT, GP] tile with GP < 8 fills an N = 8
+#: accumulator anyway, so the columns GP..2 GP - 1 cost nothing (ZW_COLS, module docstring).
+MMA_MIN_N: tl.constexpr = tl.constexpr(8)
+#: Rows of the all-ones operand whose MMA with the V weights sums them over the tile's positions.
+SUM_ROWS: tl.constexpr = tl.constexpr(16)
 
 
 @triton.jit
@@ -204,34 +217,52 @@ def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo,
 
 
 @triton.jit
-def _int2_tile_values(p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                      MODE: tl.constexpr, EMU: tl.constexpr):
-    """Accumulate p [BT, GP] (fp32, 0 where unused) times one loaded tile of INT2 V: sw += sum(w),
-    zw += sum(p * offset), acc^T += codes^T @ w with w = bf16(p * scale). Returns the updated sums."""
-    w = round_to(p * vs.to(tl.float32)[:, None], tl.bfloat16, EMU)
-    sw += tl.sum(w.to(tl.float32), axis=0)
-    zw += tl.sum(p * vz.to(tl.float32)[:, None], axis=0)
+def _int2_tile_values(p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                      GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, ZW_COLS: tl.constexpr):
+    """Accumulate p [BT, NC] (fp32, 0 where unused) times one loaded tile of INT2 V: acc^T += codes^T @ w with
+    w = bf16(p * scale) in columns < GP, sums [SUM_ROWS, NC] += ones @ w (column sums of w; module
+    docstring), and the offset term: ZW_COLS: w = bf16(p * offset) in columns >= GP (summed by the same
+    MMA), else zw [NC] += sum(p * offset). Returns the updated state."""
+    if ZW_COLS:
+        upper = tl.arange(0, p.shape[1]) >= GP
+        w = round_to(p * tl.where(upper[None, :], vz.to(tl.float32)[:, None], vs.to(tl.float32)[:, None]),
+                     tl.bfloat16, EMU)
+    else:
+        w = round_to(p * vs.to(tl.float32)[:, None], tl.bfloat16, EMU)
+        zw += tl.sum(p * vz.to(tl.float32)[:, None], axis=0)
+    sums = mma(tl.full([SUM_ROWS, p.shape[0]], 1.0, tl.bfloat16), w, sums, EMU)
     acc0e, acc0o = accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
     acc1e, acc1o = accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
     acc2e, acc2o = accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
     acc3e, acc3o = accumulate_plane(vc, w, acc3e, acc3o, 3, MODE, EMU)
-    return sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
+    return sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
+
+
+@triton.jit
+def _weight_sums(sums, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
+    """(sw, zw) [NC] at the end of a program: sw_j = sum of head j's V weights (every row of sums is the
+    same column sums), zw_j = sum of p z_v (ZW_COLS: moved from column GP + j)."""
+    total = tl.max(sums, axis=0)
+    if ZW_COLS:
+        c = tl.arange(0, total.shape[0])
+        zw = tl.sum(tl.where(c[None, :] == c[:, None] + GP, total[None, :], 0.0), axis=1)
+    return total, zw
 
 
 @triton.jit
 def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
-               m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-               BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr,
-               MASKED: tl.constexpr):
+               m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+               BLOCK_T: tl.constexpr, GP: tl.constexpr, NC: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
+               INT8_K: tl.constexpr, MASKED: tl.constexpr, ZW_COLS: tl.constexpr):
     """One INT2 tile's logits, lazy online-softmax update and V accumulation (the loaded tile as
     _load_tile returns it; state as int2_split_kernel keeps it). Returns the updated state."""
-    x = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, BLOCK_T, GP, MODE, EMU, INT8_K, MASKED)
+    x = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, BLOCK_T, NC, MODE, EMU, INT8_K, MASKED)
     tile_max = tl.max(x, axis=0) * l_scale  # l_scale > 0: the max of the scaled logits
     if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
         m_new = tl.maximum(m_i, tile_max)
         alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
         l_i *= alpha
-        sw *= alpha
+        sums *= alpha[None, :]
         zw *= alpha
         acc0e *= alpha[None, :]
         acc0o *= alpha[None, :]
@@ -244,9 +275,9 @@ def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
         m_i = m_new
     p = tl.exp2(x * l_scale[None, :] - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
     l_i += tl.sum(p, axis=0)
-    sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
-        p, vc, vs, vz, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, MODE, EMU)
-    return m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
+    sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
+        p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, GP, MODE, EMU, ZW_COLS)
+    return m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
 
 
 @triton.jit
@@ -304,6 +335,8 @@ def int2_split_kernel(
     (FULL_TILES, tiles inside one cache block): the splits load their tiles through the tensor descriptors
     kc_desc..vz_desc (None otherwise), software-pipelined TMA_STAGES deep."""
     Q: tl.constexpr = D // 4
+    ZW_COLS: tl.constexpr = 2 * GP <= MMA_MIN_N  # the offset sums in spare MMA columns (module docstring)
+    NC: tl.constexpr = 2 * GP if ZW_COLS else GP  # tile columns
     if TRIGGER_DEPENDENTS:  # the merge, launched with programmatic dependent launch, may start now (it
         gdc_launch_dependents()  # waits for this kernel's completion before reading any partial)
     b = tl.program_id(0)
@@ -331,9 +364,10 @@ def int2_split_kernel(
     lo = tl.minimum(pid * per_split, n_tiles)
     hi = tl.minimum(lo + per_split, n_tiles)
 
-    j = tl.arange(0, GP)
-    jok = j < GROUP
-    head = h * GROUP + j
+    j = tl.arange(0, NC)
+    jok = j % GP < GROUP  # columns of a real head (ZW_COLS: column GP + i repeats head i)
+    jst = jok & (j < GP)  # the columns stored
+    head = h * GROUP + j % GP
     cols = tl.arange(0, Q)
     q_row = q_ptr + b.to(tl.int64) * stride_qb + head * stride_qh
     if INT8_K:
@@ -351,11 +385,11 @@ def int2_split_kernel(
         q1 = _to_int8(f1, inv_s)
         q2 = _to_int8(f2, inv_s)
         q3 = _to_int8(f3, inv_s)
-        qb = tl.zeros([GP], tl.float32)
+        qb = tl.zeros([NC], tl.float32)
         qo = (tl.sum(q0.to(tl.float32), axis=0) + tl.sum(q1.to(tl.float32), axis=0)
               + tl.sum(q2.to(tl.float32), axis=0) + tl.sum(q3.to(tl.float32), axis=0))
     else:
-        s_q = tl.full([GP], 1.0, tl.float32)
+        s_q = tl.full([NC], 1.0, tl.float32)
         q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
         q1, qb1, qo1 = _query_plane(q_row, cols, jok, 1, Q, MODE, EMU)
         q2, qb2, qo2 = _query_plane(q_row, cols, jok, 2, Q, MODE, EMU)
@@ -364,12 +398,12 @@ def int2_split_kernel(
         qo = qo0 + qo1 + qo2 + qo3
     l_scale = s_q * qk_scale  # logits = x * l_scale (_int2_tile_logits)
 
-    m_i = tl.full([GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GP], tl.float32)
-    sw = tl.zeros([GP], tl.float32)
-    zw = tl.zeros([GP], tl.float32)
+    m_i = tl.full([NC], float("-inf"), tl.float32)
+    l_i = tl.zeros([NC], tl.float32)
+    sums = tl.zeros([SUM_ROWS, NC], tl.float32)
+    zw = tl.zeros([NC], tl.float32)
     pairs = tl.arange(0, Q // 2)
-    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = zero_accumulators(Q // 2, GP)
+    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = zero_accumulators(Q // 2, NC)
     head_base = cache_ptr + h * stride_ch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
@@ -383,10 +417,10 @@ def int2_split_kernel(
             region = tl.load(bt_row + t0 // BS) * heads + h
             kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile_tma(
                 kc_desc, vc_desc, ks_desc, kz_desc, vs_desc, vz_desc, region, t0 % BS, BLOCK_T, Q)
-            m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
+            m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
-                m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                BLOCK_T, GP, MODE, EMU, INT8_K, False)
+                m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, ZW_COLS)
     elif pid < NSPLIT:
         for i in range(lo, hi):
             if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
@@ -395,10 +429,10 @@ def int2_split_kernel(
             kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile(
                 head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
                 K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK, not FULL_TILES)
-            m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
+            m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
-                m_i, l_i, sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                BLOCK_T, GP, MODE, EMU, INT8_K, not FULL_TILES)
+                m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                BLOCK_T, GP, NC, MODE, EMU, INT8_K, not FULL_TILES, ZW_COLS)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
@@ -414,7 +448,7 @@ def int2_split_kernel(
             no_copy = ok & ~copy  # INT2: window positions without a copy, and (FULL_TILES) the edge tiles
             rows = tl.where(copy, wblk, 0).to(tl.int64) * stride_w0 + (s % BS) * stride_w1 + h * stride_w2
             raw = mma(tl.load(wk_ptr + rows[:, None] + cols[None, :], mask=copy[:, None], other=0.0),
-                      _window_query_plane(q_row, cols, jok, 0, Q, WIN_T, EMU), tl.zeros([WIN_BT, GP], tl.float32), EMU)
+                      _window_query_plane(q_row, cols, jok, 0, Q, WIN_T, EMU), tl.zeros([WIN_BT, NC], tl.float32), EMU)
             raw = mma(tl.load(wk_ptr + rows[:, None] + Q + cols[None, :], mask=copy[:, None], other=0.0),
                       _window_query_plane(q_row, cols, jok, 1, Q, WIN_T, EMU), raw, EMU)
             raw = mma(tl.load(wk_ptr + rows[:, None] + 2 * Q + cols[None, :], mask=copy[:, None], other=0.0),
@@ -427,7 +461,7 @@ def int2_split_kernel(
                 kc, ks, kz, vc, vs, vz, _ = _load_tile(
                     head_base, bt_row, stride_cb, t0, offs_w, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
                     K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
-                x = _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, WIN_BT, GP, MODE, EMU, INT8_K)
+                x = _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, WIN_BT, NC, MODE, EMU, INT8_K)
                 logits = tl.where(no_copy[:, None], x * l_scale[None, :], logits)
             m_i = tl.max(logits, axis=0)
             p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
@@ -441,16 +475,17 @@ def int2_split_kernel(
                 kc, ks, kz, vc, vs, vz, _ = _load_tile(
                     head_base, bt_row, stride_cb, t0, offs_w, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
                     K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
-                sw, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
-                    tl.where(no_copy[:, None], p, 0.0), vc, vs, vz, sw, zw,
-                    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, MODE, EMU)
+                sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
+                    tl.where(no_copy[:, None], p, 0.0), vc, vs, vz, sums, zw,
+                    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, GP, MODE, EMU, ZW_COLS)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
+    sw, zw = _weight_sums(sums, zw, GP, ZW_COLS)
     bias = BIAS * sw[None, :]
-    _store_plane(o_row, acc0e, acc0o, bias, zw, inv_l, pairs, jok, 0, Q, MODE)
-    _store_plane(o_row, acc1e, acc1o, bias, zw, inv_l, pairs, jok, 1, Q, MODE)
-    _store_plane(o_row, acc2e, acc2o, bias, zw, inv_l, pairs, jok, 2, Q, MODE)
-    _store_plane(o_row, acc3e, acc3o, bias, zw, inv_l, pairs, jok, 3, Q, MODE)
+    _store_plane(o_row, acc0e, acc0o, bias, zw, inv_l, pairs, jst, 0, Q, MODE)
+    _store_plane(o_row, acc1e, acc1o, bias, zw, inv_l, pairs, jst, 1, Q, MODE)
+    _store_plane(o_row, acc2e, acc2o, bias, zw, inv_l, pairs, jst, 2, Q, MODE)
+    _store_plane(o_row, acc3e, acc3o, bias, zw, inv_l, pairs, jst, 3, Q, MODE)
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-    tl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=jok)
+    tl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=jst)
