@@ -29,9 +29,9 @@ triton_common. softmax_scale * log2(e) (and s_q) multiply the logits once, in th
 online softmax rescales lazily (RESCALE_SLACK). One warp per program (no cross-warp
 reductions); docs/notes/kernels.md V5-V6 has the SASS counts behind each choice.
 
-Column sums by the tensor cores (V29): the V weights' sums over positions, sw = sum_t w_t (to remove
-BIAS) and zw = sum_t p_t z_v,t (the offset term), come from one more MMA per tile, ones [16, BT] @ w'
-[BT, NC], whose every row is the column sums of w', instead of in-lane trees plus shuffles. ZW_COLS
+Column sums by the tensor cores (V29, SUMS_MMA: the bf16-key path): the V weights' sums over positions,
+sw = sum_t w_t (to remove BIAS) and zw = sum_t p_t z_v,t (the offset term), come from one more MMA per tile,
+ones [16, BT] @ w' [BT, NC], whose every row is the column sums of w', instead of in-lane trees plus shuffles. ZW_COLS
 (GP <= 4, where a [BT, GP] tile leaves half of the MMA's N = 8 unused): the tile has NC = 2 GP
 columns, column GP + j a copy of head j (same query, so the same logits and p), and w' carries
 bf16(p z_v) there, so that the same MMA sums the offset term too; the extra columns' V accumulators
@@ -218,11 +218,12 @@ def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo,
 
 @triton.jit
 def _int2_tile_values(p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                      GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, ZW_COLS: tl.constexpr):
+                      GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, SUMS_MMA: tl.constexpr,
+                      ZW_COLS: tl.constexpr):
     """Accumulate p [BT, NC] (fp32, 0 where unused) times one loaded tile of INT2 V: acc^T += codes^T @ w with
-    w = bf16(p * scale) in columns < GP, sums [SUM_ROWS, NC] += ones @ w (column sums of w; module
-    docstring), and the offset term: ZW_COLS: w = bf16(p * offset) in columns >= GP (summed by the same
-    MMA), else zw [NC] += sum(p * offset). Returns the updated state."""
+    w = bf16(p * scale) in columns < GP; the column sums of w into sums (SUMS_MMA: [SUM_ROWS, NC] += ones @ w,
+    module docstring; else [1, NC] += sum(w)); the offset term: ZW_COLS: w = bf16(p * offset) in columns >= GP
+    (summed by the same MMA), else zw [NC] += sum(p * offset). Returns the updated state."""
     if ZW_COLS:
         upper = tl.arange(0, p.shape[1]) >= GP
         w = round_to(p * tl.where(upper[None, :], vz.to(tl.float32)[:, None], vs.to(tl.float32)[:, None]),
@@ -230,7 +231,10 @@ def _int2_tile_values(p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e
     else:
         w = round_to(p * vs.to(tl.float32)[:, None], tl.bfloat16, EMU)
         zw += tl.sum(p * vz.to(tl.float32)[:, None], axis=0)
-    sums = mma(tl.full([SUM_ROWS, p.shape[0]], 1.0, tl.bfloat16), w, sums, EMU)
+    if SUMS_MMA:
+        sums = mma(tl.full([SUM_ROWS, p.shape[0]], 1.0, tl.bfloat16), w, sums, EMU)
+    else:
+        sums += tl.sum(w.to(tl.float32), axis=0)[None, :]
     acc0e, acc0o = accumulate_plane(vc, w, acc0e, acc0o, 0, MODE, EMU)
     acc1e, acc1o = accumulate_plane(vc, w, acc1e, acc1o, 1, MODE, EMU)
     acc2e, acc2o = accumulate_plane(vc, w, acc2e, acc2o, 2, MODE, EMU)
@@ -240,7 +244,7 @@ def _int2_tile_values(p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e
 
 @triton.jit
 def _weight_sums(sums, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
-    """(sw, zw) [NC] at the end of a program: sw_j = sum of head j's V weights (every row of sums is the
+    """(sw, zw) [NC] at the end of a program: sw_j = sum of head j's V weights (every row of sums holds the
     same column sums), zw_j = sum of p z_v (ZW_COLS: moved from column GP + j)."""
     total = tl.max(sums, axis=0)
     if ZW_COLS:
@@ -253,7 +257,7 @@ def _weight_sums(sums, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
 def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
                m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                BLOCK_T: tl.constexpr, GP: tl.constexpr, NC: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
-               INT8_K: tl.constexpr, MASKED: tl.constexpr, ZW_COLS: tl.constexpr):
+               INT8_K: tl.constexpr, MASKED: tl.constexpr, SUMS_MMA: tl.constexpr, ZW_COLS: tl.constexpr):
     """One INT2 tile's logits, lazy online-softmax update and V accumulation (the loaded tile as
     _load_tile returns it; state as int2_split_kernel keeps it). Returns the updated state."""
     x = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, BLOCK_T, NC, MODE, EMU, INT8_K, MASKED)
@@ -276,7 +280,8 @@ def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
     p = tl.exp2(x * l_scale[None, :] - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
     l_i += tl.sum(p, axis=0)
     sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
-        p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, GP, MODE, EMU, ZW_COLS)
+        p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, GP, MODE, EMU, SUMS_MMA,
+        ZW_COLS)
     return m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
 
 
@@ -335,7 +340,10 @@ def int2_split_kernel(
     (FULL_TILES, tiles inside one cache block): the splits load their tiles through the tensor descriptors
     kc_desc..vz_desc (None otherwise), software-pipelined TMA_STAGES deep."""
     Q: tl.constexpr = D // 4
-    ZW_COLS: tl.constexpr = 2 * GP <= MMA_MIN_N  # the offset sums in spare MMA columns (module docstring)
+    # The column sums by MMA (module docstring) where they were measured faster: the bf16-key path (SmolLM2
+    # geometry 2-5% at B >= 8); on the int8-key path (Qwen3-8B) they were 0-3% slower (docs/notes/kernels.md V29).
+    SUMS_MMA: tl.constexpr = not INT8_K
+    ZW_COLS: tl.constexpr = SUMS_MMA and 2 * GP <= MMA_MIN_N  # the offset sums in spare MMA columns
     NC: tl.constexpr = 2 * GP if ZW_COLS else GP  # tile columns
     if TRIGGER_DEPENDENTS:  # the merge, launched with programmatic dependent launch, may start now (it
         gdc_launch_dependents()  # waits for this kernel's completion before reading any partial)
@@ -400,7 +408,7 @@ def int2_split_kernel(
 
     m_i = tl.full([NC], float("-inf"), tl.float32)
     l_i = tl.zeros([NC], tl.float32)
-    sums = tl.zeros([SUM_ROWS, NC], tl.float32)
+    sums = tl.zeros([SUM_ROWS if SUMS_MMA else 1, NC], tl.float32)
     zw = tl.zeros([NC], tl.float32)
     pairs = tl.arange(0, Q // 2)
     acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = zero_accumulators(Q // 2, NC)
@@ -420,7 +428,7 @@ def int2_split_kernel(
             m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, ZW_COLS)
+                BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, SUMS_MMA, ZW_COLS)
     elif pid < NSPLIT:
         for i in range(lo, hi):
             if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
@@ -432,7 +440,7 @@ def int2_split_kernel(
             m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                BLOCK_T, GP, NC, MODE, EMU, INT8_K, not FULL_TILES, ZW_COLS)
+                BLOCK_T, GP, NC, MODE, EMU, INT8_K, not FULL_TILES, SUMS_MMA, ZW_COLS)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
@@ -477,7 +485,7 @@ def int2_split_kernel(
                     K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
                 sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
                     tl.where(no_copy[:, None], p, 0.0), vc, vs, vz, sums, zw,
-                    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, GP, MODE, EMU, ZW_COLS)
+                    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, GP, MODE, EMU, SUMS_MMA, ZW_COLS)
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
