@@ -17,7 +17,8 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
          against one graph replay, each with the host's step preparation (window plan, input copies),
          and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
 
-    python bench/served_graph.py [--json OUT] [--only check time]
+    python bench/served_graph.py [--json OUT] [--only check time] [--contexts 4096 --batches 1 8
+                                 --max-model-len 131072]
     python bench/served_graph.py --profile CONTEXT BATCH   (cProfile of eager steps)
     python bench/served_graph.py --kernels CONTEXT BATCH   (GPU time per kernel of a graph replay)
 """
@@ -31,6 +32,7 @@ import math
 import os
 import sys
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -252,11 +254,14 @@ def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60,
           f"{worst_err:.1e}, caches equal {caches_equal} {'ok' if ok else 'FAIL'}", flush=True)
 
 
-def time_steps(report: list, calls: int) -> None:
-    """Wall time per decode step, all 36 layers' attention: eager against one graph replay."""
-    for context in (4096, 32768):
-        for batch in (1, 8):
-            served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=context + 4 * calls + 64,
+def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
+               max_model_len: Optional[int] = None) -> None:
+    """Wall time per decode step, all 36 layers' attention: eager against one graph replay. The graph is
+    captured for max_model_len (default: just above the context), as vLLM captures for the model's."""
+    for context in contexts:
+        for batch in batches:
+            served = ServedAttention(layers=36, hq=32, hkv=8, dim=128,
+                                     max_model_len=max(max_model_len or 0, context + 4 * calls + 64),
                                      max_requests=batch, device=torch.device("cuda"), seed=2)
             for request in range(batch):
                 served.prefill(request, context - 7 * request)
@@ -280,11 +285,13 @@ def time_steps(report: list, calls: int) -> None:
                 graph.replay()
             torch.cuda.synchronize()
             replay_ms = (time.perf_counter() - start) / calls * 1e3
-            row = {"context": context, "batch": batch, "layers": 36, "eager_ms": timings["eager"],
+            row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
+                   "eager_ms": timings["eager"],
                    "graph_ms": timings["graph"], "replay_only_ms": replay_ms,
                    "speedup": min(timings["eager"]) / min(timings["graph"])}
             report.append({"time": "served_step", **row})
-            print(f"served step, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}: eager "
+            print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
+                  f"batch {batch}: eager "
                   f"{' / '.join(f'{t:.2f}' for t in timings['eager'])} ms, graph "
                   f"{' / '.join(f'{t:.2f}' for t in timings['graph'])} ms ({row['speedup']:.1f}x; replay alone "
                   f"{replay_ms:.2f} ms)", flush=True)
@@ -359,6 +366,10 @@ def main() -> int:
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--only", nargs="*", default=["check", "time"])
     parser.add_argument("--calls", type=int, default=30, help="decode steps per timed run")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768], help="time: contexts")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="time: batch sizes")
+    parser.add_argument("--max-model-len", type=int,
+                        help="time: capture the graphs for this many positions (a long-context deployment)")
     parser.add_argument("--profile", nargs=2, type=int, metavar=("CONTEXT", "BATCH"),
                         help="instead: cProfile eager decode steps at this context and batch")
     parser.add_argument("--rotate-precision", choices=["ieee", "tf32x3"],
@@ -384,7 +395,7 @@ def main() -> int:
             print(f"served_graph: ERROR {type(error).__name__}: {error}", flush=True)
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
-        time_steps(report, args.calls)
+        time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len)
     for context, batch in args.kernels or []:
         profile_kernels(context, batch, args.calls, report)
     if args.json:

@@ -286,6 +286,42 @@ def test_triton_decode_padding_rows_read_nothing() -> None:
     assert torch.equal(got[1:].float(), torch.zeros_like(got[1:].float()))
 
 
+def test_triton_decode_splits_sized_for_a_longer_context_walk_at_least_min_tiles(monkeypatch) -> None:
+    """A launch sized for a much longer context (a captured graph's max_model_len) has more split programs
+    than the short contexts it serves have tiles: each used split still walks >= min_tiles_per_split tiles,
+    the rest stay empty (lse -inf), and the merge, which skips empty partials, matches float64."""
+    gen = torch.Generator().manual_seed(23)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    lens, sink, recent, block_t = [300, 97, 40], 8, 24, 16
+    state = random_paged_state(lens, 2, layout, sink, recent, gen)
+    query = torch.randn(len(lens), 8, 64, generator=gen).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(64)
+    seen = {}
+
+    def merge(part, lse, *args, **kwargs):
+        seen["lse"] = lse.clone()
+        return merge_partials(part, lse, *args, **kwargs)
+
+    merge_partials = triton_ops._merge_partials
+    monkeypatch.setattr(triton_ops, "_merge_partials", merge)
+    config = triton_ops.AttentionConfig(block_t=block_t, window_block_t=16)
+    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                  state.window_block_table, state.seq_lens, sink, recent, scale, max_seq_len=4096,
+                                  config=config)
+    expected = ref_decode(state, query.double(), sink, recent, scale)
+    for row in range(len(lens)):
+        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
+    nsplit = triton_ops.decode_split_count(query, state.cache, state.window_k, state.window_v, layout,
+                                           state.block_table, state.window_block_table, state.seq_lens, sink,
+                                           recent, scale, max_seq_len=4096, config=config)
+    assert nsplit >= 64  # sized for 4096 positions: far more splits than these requests have tiles
+    used = torch.isfinite(seen["lse"][:, :, :nsplit]).sum(dim=-1)  # [B, Hq] non-empty split partials
+    for row, length in enumerate(lens):
+        int2_end = max(sink, length - recent)
+        whole_tiles = max(0, int2_end // block_t - math.ceil(sink / block_t))  # the splits' whole tiles
+        assert int(used[row].max()) == math.ceil(whole_tiles / config.min_tiles_per_split), f"request {row}"
+
+
 @pytest.mark.parametrize("query_scale", [0.5, 8.0, 40.0])
 def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
     """One split walks 14 tiles of pure INT2 history; the query scale sets how often a tile's

@@ -457,9 +457,9 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
                  out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
                  EMU: tl.constexpr, BLOCK_D: tl.constexpr = None, WAIT_PRIOR: tl.constexpr = False,
                  ZERO_EMPTY: tl.constexpr = False):
-    """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials (rows whose
-    partials are all empty, lse -inf, are not written; ZERO_EMPTY: they get zeros, as a decode row of
-    seq_len 0 (a CUDA graph's padding) must, whose partials are all finite zeros).
+    """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials; an empty partial
+    (lse -inf, weight 0) is not read. Rows whose partials are all empty are not written (ZERO_EMPTY: they
+    get zeros, as a decode row of seq_len 0, a CUDA graph's padding, must).
 
     Grid (B, Hq, D / BLOCK_D): program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D)
     (BLOCK_D None = D: one program per head; a [NSP, D] fp32 tile spills past ~128 partials).
@@ -479,7 +479,7 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
     else:
         cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     parts = tl.load(part_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + idx[:, None] * stride_ps + cols[None, :],
-                    mask=(idx < NS)[:, None], other=0.0)
+                    mask=(lse > float("-inf"))[:, None], other=0.0)  # empty partials (weight 0) are not read
     total = tl.sum(weight, axis=0)
     out = tl.sum(parts * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, round_to(out, out_ptr.dtype.element_ty, EMU),

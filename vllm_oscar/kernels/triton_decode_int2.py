@@ -326,12 +326,14 @@ def int2_split_kernel(
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
     FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, TMA_STAGES: tl.constexpr = 0,
+    MIN_TILES: tl.constexpr = 1,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
 
     Programs 0..NSPLIT-1 split the pure INT2 range; program NSPLIT + w takes window tile w (WIN_BT
-    positions; smaller than BLOCK_T so that the BF16 tiles do not raise the kernel's register count):
+    positions; smaller than BLOCK_T so that the BF16 tiles do not raise the kernel's register count); a split
+    walks at least MIN_TILES tiles, so at short contexts the splits past the last one are empty:
     tiles 0..NSINK-1 of the sink [0, sink_end), then tiles of the recent window [int2_end, length) (with
     FULL_TILES: [0, head_end) and [tail_start, length), see the module docstring). A window position reads
     its BF16 copy (window_k/window_v at window_block_table) and, where its block has no copy (table entry
@@ -368,7 +370,10 @@ def int2_split_kernel(
         n_tiles = tl.where(int2_end > sink_end, tl.cdiv(int2_end - first, BLOCK_T), 0)
         head_end = sink_end
         tail_start = int2_end
-    per_split = tl.cdiv(n_tiles, NSPLIT)
+    # At least MIN_TILES per split: NSPLIT is sized for the longest context a launch may see (a captured graph's
+    # max_model_len), so a shorter one uses fewer, longer splits; the rest stay empty (lse -inf, which the merge
+    # skips without reading their outputs).
+    per_split = tl.maximum(tl.cdiv(n_tiles, NSPLIT), MIN_TILES)
     lo = tl.minimum(pid * per_split, n_tiles)
     hi = tl.minimum(lo + per_split, n_tiles)
 

@@ -748,6 +748,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
         TRIGGER_DEPENDENTS=merge_pdl, TMA_STAGES=tma_stages,
+        MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if config.num_splits:
         nsplit = config.num_splits
