@@ -35,7 +35,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from vllm_oscar.config import DEFAULT_SINK_TOKENS, GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
-from vllm_oscar.kernels.triton_ops import _plane_offsets  # noqa: E402
+from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT, _plane_offsets  # noqa: E402
 
 #: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types, as the launcher
 #: specialises them for the served caches (read from the H200's compile with
@@ -46,7 +46,7 @@ SIGNATURE = {
     "stride_ch": "i32", "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32",
     "stride_w2": "i32", "bt_ptr": "*i32", "wbt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32", "part_ptr": "*fp32",
     "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32", "stride_lb": "i32",
-    "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32",
+    "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32", "NSPLIT_SHORT": "i32",
 }
 #: The plane descriptors of AttentionConfig.tma_stages (None, i.e. constexpr, without it).
 DESCRIPTOR_ARGS = ("kc_desc", "vc_desc", "ks_desc", "kz_desc", "vs_desc", "vz_desc")
@@ -72,6 +72,7 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
+                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0,
                      **({} if tma_stages else dict.fromkeys(DESCRIPTOR_ARGS)), **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **descriptors, **{name: "constexpr" for name in constants}}

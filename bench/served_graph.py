@@ -26,6 +26,7 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -368,6 +369,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=30, help="decode steps per timed run")
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768], help="time: contexts")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="time: batch sizes")
+    parser.add_argument("--long-splits", action="store_true",
+                        help="decode with AttentionConfig.long_splits (opt-in), for comparisons")
     parser.add_argument("--max-model-len", type=int,
                         help="time: capture the graphs for this many positions (a long-context deployment)")
     parser.add_argument("--profile", nargs=2, type=int, metavar=("CONTEXT", "BATCH"),
@@ -377,10 +380,13 @@ def main() -> int:
     parser.add_argument("--kernels", nargs=2, type=int, action="append", metavar=("CONTEXT", "BATCH"),
                         help="also: GPU time per kernel of graph replays at this context and batch (repeatable)")
     args = parser.parse_args()
-    if args.rotate_precision:
+    if args.rotate_precision or args.long_splits:
         from vllm_oscar.kernels import triton_ops
 
-        triton_ops.ROTATE_PRECISION = args.rotate_precision
+        if args.rotate_precision:
+            triton_ops.ROTATE_PRECISION = args.rotate_precision
+        if args.long_splits:  # decode_config builds the served configs from DEFAULT_DECODE
+            triton_ops.DEFAULT_DECODE = dataclasses.replace(triton_ops.DEFAULT_DECODE, long_splits=True)
     if args.profile:
         profile_eager(*args.profile, calls=args.calls, top=45)
         return 0

@@ -362,6 +362,45 @@ def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv,
             assert error < relative_error(got[row], bf16_path[row]), f"request {row}"
 
 
+@pytest.mark.parametrize("long_splits", [False, True])
+def test_triton_decode_long_splits_only_where_a_pair_is_long(monkeypatch, long_splits) -> None:
+    """AttentionConfig.long_splits: the grid holds LONG_SPLIT_PROGRAMS_PER_SM split programs per SM (here one SM,
+    so 32 / 4 pairs = 8) where the plan's context is long; the 700-position request uses all 8 (its 4 one-wave
+    splits would walk >= LONG_SPLIT_TILES tiles each), the 200-position one keeps the one-wave 4 (3 tiles each;
+    all 8 would give 6 splits of 2), the extra programs stay empty, and both match float64 (int8 keys: the
+    int8-query reference)."""
+    monkeypatch.setattr(triton_ops, "_device_sms", lambda device: 1)
+    monkeypatch.setattr(triton_ops, "LONG_SPLIT_TILES", 4)
+    gen = torch.Generator().manual_seed(41)
+    layout = PageLayout(128, 128, 16, torch.float16)
+    lens, block_t = [700, 200], 16
+    state = random_paged_state(lens, 2, layout, 0, 0, gen)
+    query = (3.0 * torch.randn(len(lens), 4, 128, generator=gen)).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(128)
+    seen = {}
+
+    def merge(part, lse, *args, **kwargs):
+        seen["lse"] = lse.clone()
+        return merge_partials(part, lse, *args, **kwargs)
+
+    merge_partials = triton_ops._merge_partials
+    monkeypatch.setattr(triton_ops, "_merge_partials", merge)
+    config = triton_ops.AttentionConfig(block_t=block_t, int8_keys=True, long_splits=long_splits)
+    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                  state.window_block_table, state.seq_lens, 0, 0, scale, max_seq_len=max(lens),
+                                  config=config)
+    expected = ref_decode(state, int8_rounded_query(query), 0, 0, scale)
+    for row in range(len(lens)):
+        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
+    nsplit = triton_ops.decode_split_count(query, state.cache, state.window_k, state.window_v, layout,
+                                           state.block_table, state.window_block_table, state.seq_lens, 0, 0,
+                                           scale, max_seq_len=max(lens), config=config)
+    assert nsplit == (8 if long_splits else 4)
+    used = torch.isfinite(seen["lse"][:, :, :nsplit]).sum(dim=-1)  # [B, Hq] non-empty split partials
+    assert used[0].tolist() == [8 if long_splits else 4] * 4
+    assert used[1].tolist() == [4] * 4
+
+
 def decode_small_head(config) -> None:
     """oscar_decode on one 40-token request, head_dim 64, with ``config``."""
     gen = torch.Generator().manual_seed(3)

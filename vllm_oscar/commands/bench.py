@@ -112,6 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "loads; auto = the default: 3 stages where they apply at head_dim >= 128, since the "
                              "benchmark times CUDA-graph replays (AttentionConfig.tma_stages and cuda_graph; > 0 "
                              "needs --block-size a multiple of the tile)")
+    parser.add_argument("--long-splits", nargs="+", default=["0"], choices=("0", "1"),
+                        help="tune: 1 = size the grid for more split programs, used by (request, KV head) pairs whose "
+                             "splits would be long (AttentionConfig.long_splits, opt-in)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
 
 
@@ -143,13 +146,13 @@ def tune_configs(args: argparse.Namespace) -> list:
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
-                            tma_stages=_auto(tma, int), cuda_graph=True)
-            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma in itertools.product(
+                            tma_stages=_auto(tma, int), long_splits=ls == "1", cuda_graph=True)
+            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
                 args.programs_per_sm, args.min_tiles, args.int8_keys, args.max_registers, args.prefetch,
                 args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl,
-                args.tma_stages)]
+                args.tma_stages, args.long_splits)]
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list:
@@ -239,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
-                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']}: {line}",
+                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']} ls={c['long_splits']}: {line}",
                       flush=True)
                 rows.append(r)
         report["tune"] = rows

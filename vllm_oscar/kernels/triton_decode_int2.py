@@ -6,7 +6,9 @@ query of a decode reads from INT2); program (b, h, NSPLIT + w) takes window tile
 positions of the sink, then of the recent window). The split index is the slowest grid axis, so
 every split program is dispatched before any window program (the splits are sized to fill whole
 waves, the short window programs fill in behind them); WINDOWS_FIRST dispatches the window programs
-first instead (the partial index pid stays split k / NSPLIT + w either way). FULL_TILES: the splits walk
+first instead (the partial index pid stays split k / NSPLIT + w either way). NSPLIT_SHORT < NSPLIT
+(AttentionConfig.long_splits): splits NSPLIT_SHORT.. serve only pairs whose splits would be long
+(LONG_TILES) and are dispatched after the window programs. FULL_TILES: the splits walk
 only the whole BLOCK_T tiles inside the INT2 range, with no masks (fewer registers and instructions);
 the sink programs then cover [0, head_end) and the recent programs [tail_start, L), which add the
 partial INT2 tiles at the two edges, read as INT2 by position (never from a BF16 copy of their block).
@@ -305,7 +307,7 @@ def _window_values(wv_rows, copy, pw, acc_even, acc_odd, cols, P: tl.constexpr, 
 
 #: Arguments left unspecialised, so that one compiled kernel serves every split count (they
 #: only address the partial outputs).
-SPLIT_RUNTIME_ARGS = ["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"]
+SPLIT_RUNTIME_ARGS = ["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT", "NSPLIT_SHORT"]
 
 
 @triton.jit(do_not_specialize=SPLIT_RUNTIME_ARGS)
@@ -322,11 +324,11 @@ def int2_split_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, WIN_BT: tl.constexpr, WIN_SAME_BLOCK: tl.constexpr,
-    NSPLIT, NSINK: tl.constexpr,
+    NSPLIT, NSPLIT_SHORT, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
     FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, TMA_STAGES: tl.constexpr = 0,
-    MIN_TILES: tl.constexpr = 1,
+    MIN_TILES: tl.constexpr = 1, LONG_TILES: tl.constexpr = 0,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -351,12 +353,13 @@ def int2_split_kernel(
         gdc_launch_dependents()  # waits for this kernel's completion before reading any partial)
     b = tl.program_id(0)
     h = tl.program_id(1)
+    windows = tl.num_programs(2) - NSPLIT
+    slot = tl.program_id(2)
     if WINDOWS_FIRST:  # grid slots 0..windows-1 take the window tiles, the rest the splits
-        windows = tl.num_programs(2) - NSPLIT
-        slot = tl.program_id(2)
         pid = tl.where(slot < windows, NSPLIT + slot, slot - windows)
-    else:
-        pid = tl.program_id(2)
+    else:  # the first NSPLIT_SHORT splits, the window tiles, then the splits that only long contexts use
+        pid = tl.where(slot < NSPLIT_SHORT, slot,
+                       tl.where(slot < NSPLIT_SHORT + windows, NSPLIT + slot - NSPLIT_SHORT, slot - windows))
     length = tl.load(seq_ptr + b)
     sink_end = tl.minimum(sink, length)
     int2_end = tl.maximum(sink_end, length - recent)
@@ -373,7 +376,10 @@ def int2_split_kernel(
     # At least MIN_TILES per split: NSPLIT is sized for the longest context a launch may see (a captured graph's
     # max_model_len), so a shorter one uses fewer, longer splits; the rest stay empty (lse -inf, which the merge
     # skips without reading their outputs).
-    per_split = tl.maximum(tl.cdiv(n_tiles, NSPLIT), MIN_TILES)
+    # NSPLIT_SHORT < NSPLIT (LONG_TILES > 0): a pair uses all NSPLIT splits only where NSPLIT_SHORT splits would
+    # each walk >= LONG_TILES tiles (the launch's grid was sized for a context that long), else NSPLIT_SHORT.
+    used = tl.where(n_tiles >= LONG_TILES * NSPLIT_SHORT, NSPLIT, NSPLIT_SHORT) if LONG_TILES > 0 else NSPLIT
+    per_split = tl.maximum(tl.cdiv(n_tiles, used), MIN_TILES)
     lo = tl.minimum(pid * per_split, n_tiles)
     hi = tl.minimum(lo + per_split, n_tiles)
 

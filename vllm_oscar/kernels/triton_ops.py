@@ -144,6 +144,12 @@ SHORT_SPLIT_TILES: int = 4
 #: this many programs per SM even when more are resident (H200, docs/notes/kernels.md V22: Qwen3-8B
 #: B=1, blocks of 64 whose kernel holds 16 per SM: 32K 0.0172 ms at 251 splits, 0.0155 at 185).
 SMALL_MERGE_PROGRAMS_PER_SM: int = 12
+#: AttentionConfig.long_splits (opt-in, not yet timed as built): the grid holds LONG_SPLIT_PROGRAMS_PER_SM split
+#: programs per SM, of which a (request, KV head) pair uses all only where the one-wave split count would leave
+#: each split >= LONG_SPLIT_TILES tiles. H200, host-sized (docs/notes/kernels.md K1): Qwen3-8B (int8 keys) 1-5%
+#: faster at >= 32K B >= 8 with 32 per SM, 3-11% slower where the splits are shorter; SmolLM2 no gain.
+LONG_SPLIT_TILES: int = 64
+LONG_SPLIT_PROGRAMS_PER_SM: int = 32
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
@@ -246,7 +252,11 @@ class AttentionConfig:
     kernel saves where the launch is not graph-captured (docs/notes/kernels.md V26). None (the default):
     GRAPH_TMA_STAGES for a cuda_graph launch where TMA applies and pays (whole tiles in a cache block,
     head_dim >= GRAPH_TMA_MIN_HEAD_DIM, compute capability >= 9.0, at most one (request, KV head) pair
-    per SM: graph_tma_stages), else 0; cuda_graph: the launch will
+    per SM: graph_tma_stages), else 0; long_splits (opt-in; built, CPU-tested, not yet timed in this form):
+    with the int8-key split kernel, size the grid for LONG_SPLIT_PROGRAMS_PER_SM split programs per SM where
+    max_seq_len's splits would be long, and let each (request, KV head) use them all only where its own context
+    makes its one-wave splits walk >= LONG_SPLIT_TILES tiles (so a graph captured for max_model_len keeps one
+    wave's splits at short contexts; docs/notes/kernels.md K1); cuda_graph: the launch will
     be captured into a CUDA graph and replayed without host work (the vLLM backend's full decode graphs
     and the benchmark's replays; its warm-up must use the same config, so that nothing compiles during
     the capture).
@@ -273,6 +283,7 @@ class AttentionConfig:
     prefill_int2_apart: Optional[bool] = None
     merge_pdl: Optional[bool] = None
     tma_stages: Optional[int] = None
+    long_splits: bool = False
     cuda_graph: bool = False
 
 
@@ -576,6 +587,7 @@ class _DecodePlan:
 
     split_int2: bool  # the INT2 split kernel (else the general kernel)
     num_splits: int
+    short_splits: int  # splits a pair uses unless its context is long (= num_splits without long_splits)
     total: int  # partials per (request, head): splits + window tiles
     nsink: int
     meta: dict  # _common_meta
@@ -764,12 +776,20 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                        _cached_descriptors(int2_cache, layout, tma_block_t))
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
-                per_sm = _programs_per_sm(int2_split_kernel, probe_args, {**split_consts, "NSPLIT": 1}, dtypes, device)
+                per_sm = _programs_per_sm(int2_split_kernel, probe_args,
+                                          {**split_consts, "NSPLIT": 1, "NSPLIT_SHORT": 1}, dtypes, device)
             if batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device):  # a small merge
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
-    return _DecodePlan(split_int2, nsplit, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl)
+    short = nsplit
+    if config.long_splits and split_int2 and int8_keys and not config.num_splits:
+        longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
+                               config.min_tiles_per_split, windows)
+        if longer > nsplit and triton.cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
+            nsplit = longer
+            split_consts["LONG_TILES"] = LONG_SPLIT_TILES
+    return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl)
 
 
 def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
@@ -872,7 +892,8 @@ def oscar_decode(
     if split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
         args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
                            lse, sink, recent, softmax_scale, _cached_descriptors(int2_cache, layout, plan.tma_block_t))
-        int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, **plan.split_consts)
+        int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
+                                               **plan.split_consts)
     else:
         attention_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
