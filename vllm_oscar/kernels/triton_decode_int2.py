@@ -353,13 +353,16 @@ def int2_split_kernel(
         gdc_launch_dependents()  # waits for this kernel's completion before reading any partial)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    windows = tl.num_programs(2) - NSPLIT
     slot = tl.program_id(2)
     if WINDOWS_FIRST:  # grid slots 0..windows-1 take the window tiles, the rest the splits
+        windows = tl.num_programs(2) - NSPLIT
         pid = tl.where(slot < windows, NSPLIT + slot, slot - windows)
-    else:  # the first NSPLIT_SHORT splits, the window tiles, then the splits that only long contexts use
+    elif LONG_TILES > 0:  # the first NSPLIT_SHORT splits, the window tiles, then the splits only long pairs use
+        windows = tl.num_programs(2) - NSPLIT
         pid = tl.where(slot < NSPLIT_SHORT, slot,
                        tl.where(slot < NSPLIT_SHORT + windows, NSPLIT + slot - NSPLIT_SHORT, slot - windows))
+    else:
+        pid = slot
     length = tl.load(seq_ptr + b)
     sink_end = tl.minimum(sink, length)
     int2_end = tl.maximum(sink_end, length - recent)
