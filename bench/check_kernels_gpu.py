@@ -229,6 +229,20 @@ def check_decode(report: list, quick: bool = False) -> None:
             ok = max(errors) < TOLERANCE
             report.append({"check": "decode", "case": name, "config": variant, "rel_errors": errors, "ok": ok})
             print(f"decode {name} {variant}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
+        # long_splits (opt-in) with a low long-split threshold, so that the long pairs of these cases use the
+        # extended grid and the short ones the one-wave count (docs/notes/kernels.md K1).
+        threshold, triton_ops.LONG_SPLIT_TILES = triton_ops.LONG_SPLIT_TILES, 2
+        try:
+            out = torch.full_like(query, float("nan"))
+            triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                    state.window_block_table, state.seq_lens, sink, recent, scale, out=out,
+                                    max_seq_len=max(lens), config=triton_ops.AttentionConfig(long_splits=True))
+        finally:
+            triton_ops.LONG_SPLIT_TILES = threshold
+        errors = [rel(out[b], expected[b]) for b in range(len(lens))]
+        ok = max(errors) < TOLERANCE
+        report.append({"check": "decode_long_splits", "case": name, "rel_errors": errors, "ok": ok})
+        print(f"decode {name} long_splits: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
         # Splits sized for a context 8x longer (a captured graph's max_model_len): most splits stay empty.
         out = torch.full_like(query, float("nan"))
         triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
