@@ -286,6 +286,25 @@ def test_triton_decode_padding_rows_read_nothing() -> None:
     assert torch.equal(got[1:].float(), torch.zeros_like(got[1:].float()))
 
 
+def decode_split_usage(monkeypatch, state, query, sink, recent, scale, max_seq_len, config):
+    """oscar_decode's output, its split count and the non-empty split partials per (request, query head) [B, Hq]
+    (from the log-sum-exps the merge receives: an empty split's is -inf)."""
+    seen = {}
+    merge_partials = triton_ops._merge_partials
+
+    def merge(part, lse, *args, **kwargs):
+        seen["lse"] = lse.clone()
+        return merge_partials(part, lse, *args, **kwargs)
+
+    monkeypatch.setattr(triton_ops, "_merge_partials", merge)
+    layout = state.layout
+    args = (query, state.cache, state.window_k, state.window_v, layout, state.block_table, state.window_block_table,
+            state.seq_lens, sink, recent, scale)
+    got = triton_ops.oscar_decode(*args, max_seq_len=max_seq_len, config=config)
+    nsplit = triton_ops.decode_split_count(*args, max_seq_len=max_seq_len, config=config)
+    return got, nsplit, torch.isfinite(seen["lse"][:, :, :nsplit]).sum(dim=-1)
+
+
 def test_triton_decode_splits_sized_for_a_longer_context_walk_at_least_min_tiles(monkeypatch) -> None:
     """A launch sized for a much longer context (a captured graph's max_model_len) has more split programs
     than the short contexts it serves have tiles: each used split still walks >= min_tiles_per_split tiles,
@@ -296,26 +315,12 @@ def test_triton_decode_splits_sized_for_a_longer_context_walk_at_least_min_tiles
     state = random_paged_state(lens, 2, layout, sink, recent, gen)
     query = torch.randn(len(lens), 8, 64, generator=gen).to(torch.bfloat16)
     scale = 1.0 / math.sqrt(64)
-    seen = {}
-
-    def merge(part, lse, *args, **kwargs):
-        seen["lse"] = lse.clone()
-        return merge_partials(part, lse, *args, **kwargs)
-
-    merge_partials = triton_ops._merge_partials
-    monkeypatch.setattr(triton_ops, "_merge_partials", merge)
     config = triton_ops.AttentionConfig(block_t=block_t, window_block_t=16)
-    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                  state.window_block_table, state.seq_lens, sink, recent, scale, max_seq_len=4096,
-                                  config=config)
+    got, nsplit, used = decode_split_usage(monkeypatch, state, query, sink, recent, scale, 4096, config)
     expected = ref_decode(state, query.double(), sink, recent, scale)
     for row in range(len(lens)):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
-    nsplit = triton_ops.decode_split_count(query, state.cache, state.window_k, state.window_v, layout,
-                                           state.block_table, state.window_block_table, state.seq_lens, sink,
-                                           recent, scale, max_seq_len=4096, config=config)
     assert nsplit >= 64  # sized for 4096 positions: far more splits than these requests have tiles
-    used = torch.isfinite(seen["lse"][:, :, :nsplit]).sum(dim=-1)  # [B, Hq] non-empty split partials
     for row, length in enumerate(lens):
         int2_end = max(sink, length - recent)
         whole_tiles = max(0, int2_end // block_t - math.ceil(sink / block_t))  # the splits' whole tiles
@@ -377,26 +382,12 @@ def test_triton_decode_long_splits_only_where_a_pair_is_long(monkeypatch, long_s
     state = random_paged_state(lens, 2, layout, 0, 0, gen)
     query = (3.0 * torch.randn(len(lens), 4, 128, generator=gen)).to(torch.bfloat16)
     scale = 1.0 / math.sqrt(128)
-    seen = {}
-
-    def merge(part, lse, *args, **kwargs):
-        seen["lse"] = lse.clone()
-        return merge_partials(part, lse, *args, **kwargs)
-
-    merge_partials = triton_ops._merge_partials
-    monkeypatch.setattr(triton_ops, "_merge_partials", merge)
     config = triton_ops.AttentionConfig(block_t=block_t, int8_keys=True, long_splits=long_splits)
-    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                  state.window_block_table, state.seq_lens, 0, 0, scale, max_seq_len=max(lens),
-                                  config=config)
+    got, nsplit, used = decode_split_usage(monkeypatch, state, query, 0, 0, scale, max(lens), config)
     expected = ref_decode(state, int8_rounded_query(query), 0, 0, scale)
     for row in range(len(lens)):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
-    nsplit = triton_ops.decode_split_count(query, state.cache, state.window_k, state.window_v, layout,
-                                           state.block_table, state.window_block_table, state.seq_lens, 0, 0,
-                                           scale, max_seq_len=max(lens), config=config)
     assert nsplit == (8 if long_splits else 4)
-    used = torch.isfinite(seen["lse"][:, :, :nsplit]).sum(dim=-1)  # [B, Hq] non-empty split partials
     assert used[0].tolist() == [8 if long_splits else 4] * 4
     assert used[1].tolist() == [4] * 4
 
