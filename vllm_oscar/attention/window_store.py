@@ -47,13 +47,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from vllm_oscar.intmath import cdiv
+
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
 logger = logging.getLogger(f"vllm.{__name__}")
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative ints."""
-    return -(-a // b)
 
 
 def window_capacity_blocks(max_num_seqs: int, max_num_batched_tokens: int, block_size: int,

@@ -22,6 +22,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_oscar.config import INT8_MMA_MIN_HEAD_DIM, REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
+from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
@@ -424,16 +425,15 @@ def oscar_write(
     # Axis 2: K, V (then the flagged INT2 part's K, V where the window copies need programs of their own; then the
     # query's column blocks): triton_write's module docstring.
     sides = 4 if store_window and int2 in ("if_flag", "unless_flag") else 2
-    tiles, write_sides, query_args = triton.cdiv(n, WRITE_BLOCK_N), sides, {}
+    tiles, write_sides, query_args = cdiv(n, WRITE_BLOCK_N), sides, {}
     if query is not None:
         group = query.shape[1] // hkv
         block_m, block_c = _rotate_blocks(n * group, d)
-        tiles, sides = max(tiles, triton.cdiv(n * group, block_m)), sides + d // block_c
+        tiles, sides = max(tiles, cdiv(n * group, block_m)), sides + d // block_c
         query_args = dict(q_ptr=query, stride_qn=query.stride(0), stride_qh=query.stride(1), q_out_ptr=q_rot,
                           stride_qon=q_rot.stride(0), stride_qoh=q_rot.stride(1), QUERY_GROUP=group, Q_BLOCK_M=block_m,
                           Q_BLOCK_C=block_c, Q_BLOCK_K=min(d, ROTATE_BLOCK_K), Q_PRECISION=ROTATE_PRECISION,
                           WRITE_SIDES=write_sides)
-    clip_k_index, clip_v_index = clip_threshold_index(d, clip_k), clip_threshold_index(d, clip_v)
     oscar_write_kernel[(tiles, hkv, sides)](
         key, value, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         rk, rv, rk.stride(0), rk.stride(1),
@@ -441,6 +441,23 @@ def oscar_write(
         slot_mapping, window_slot_mapping,
         window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
         n, slot_mapping if flag is None else flag,
+        **_write_constants(layout, float(clip_k), float(clip_v), config, bool(value_prerotated), refit_k, refit_v,
+                           bool(refit_floor[0]), bool(refit_floor[1]), bool(store_window), int2,
+                           config.num_warps or write_warps(d, n), _interpreting()),
+        **query_args,
+    )
+    return q_rot
+
+
+@functools.lru_cache(maxsize=256)
+def _write_constants(layout: PageLayout, clip_k: float, clip_v: float, config: WriteConfig, value_prerotated: bool,
+                     refit_k: int, refit_v: int, floor_k: bool, floor_v: bool, store_window: bool, int2: str,
+                     num_warps: int, emulated: bool) -> dict:
+    """oscar_write_kernel's constexprs and num_warps for one write geometry and choice of parts (built once, not
+    per layer step: a served model asks for a handful of combinations)."""
+    d = layout.head_dim
+    clip_k_index, clip_v_index = clip_threshold_index(d, clip_k), clip_threshold_index(d, clip_v)
+    return dict(
         D=d, G=layout.group_size, BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], EPS=SCALE_EPS,
         **_plane_offsets(layout),
         CLIP_K=clip_k_index, CLIP_V=clip_v_index,
@@ -448,12 +465,10 @@ def oscar_write(
         ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, WRITE_BLOCK_K),
-        WINDOW_BLOCK_K=min(d, WRITE_WINDOW_BLOCK_K), EMU=_interpreting(),
-        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=bool(refit_floor[0]), FLOOR_V=bool(refit_floor[1]),
-        STORE_WINDOW=store_window, INT2_MODE=INT2_MODES[int2], num_warps=config.num_warps or write_warps(d, n),
-        **query_args,
+        WINDOW_BLOCK_K=min(d, WRITE_WINDOW_BLOCK_K), EMU=emulated,
+        REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=floor_k, FLOOR_V=floor_v,
+        STORE_WINDOW=store_window, INT2_MODE=INT2_MODES[int2], num_warps=num_warps,
     )
-    return q_rot
 
 
 def _unpack_mode(config: AttentionConfig) -> int:
@@ -476,7 +491,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     sms = _device_sms(device)
     pairs = batch * num_kv_heads
     wanted = programs_per_sm * sms // pairs
-    tiles = triton.cdiv(max_seq_len, block_t)
+    tiles = cdiv(max_seq_len, block_t)
     splits = max(1, min(wanted, max(1, tiles // min_tiles_per_split), MAX_SPLITS))
     wave = programs_per_sm * sms
     if splits * SHORT_SPLIT_TILES > tiles and pairs * (splits + window_programs) > wave:
@@ -572,7 +587,7 @@ def _merge_block_d(config: AttentionConfig, head_dim: int) -> int:
 def _common_meta(layout: PageLayout, group: int, window_k: torch.Tensor, config: AttentionConfig) -> dict:
     block_t = resolved_block_t(config)
     return dict(
-        GROUP=group, GP=triton.next_power_of_2(group), D=layout.head_dim, G=layout.group_size,
+        GROUP=group, GP=next_power_of_2(group), D=layout.head_dim, G=layout.group_size,
         BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype], **_plane_offsets(layout),
         BLOCK_T=block_t, SAME_BLOCK=layout.block_size % block_t == 0,
         MODE=_unpack_mode(config), WIN_T=TL_DTYPES[window_k.dtype], EMU=_interpreting(),
@@ -637,7 +652,7 @@ def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     """_plan_decode of an earlier call with the same shapes, dtypes, layout, windows, tiles of max_seq_len and
     config (what the plan depends on: max_seq_len only sizes the split count, by its tiles), else a new one:
     a served step, whose max_seq_len grows by one, skips the planning's host work within a tile."""
-    tiles = triton.cdiv(max_seq_len, resolved_block_t(config))
+    tiles = cdiv(max_seq_len, resolved_block_t(config))
     key = (tuple(query_rot.shape), query_rot.dtype, query_rot.device, tuple(int2_cache.shape[1:]), int2_cache.dtype,
            int2_cache.is_contiguous(), window_k.dtype, layout, sink, recent, tiles, config, _interpreting())
     found = _PLANS.get(key)
@@ -659,7 +674,7 @@ def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, co
     merge_d = _merge_block_d(config, d)
     merge_kernel[(rows, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-        out, out.stride(0), out.stride(1), NS=slots, NSP=triton.next_power_of_2(slots), D=d, EMU=emulated,
+        out, out.stride(0), out.stride(1), NS=slots, NSP=next_power_of_2(slots), D=d, EMU=emulated,
         BLOCK_D=None if merge_d == d else merge_d, WAIT_PRIOR=pdl, ZERO_EMPTY=zero_empty,
         **({"launch_pdl": True} if pdl else {}),
     )
@@ -712,11 +727,11 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     window_t = _window_block_t(config, block_t) if split_int2 else block_t
     full_tiles = split_int2 if config.full_tiles is None else config.full_tiles
     if split_int2 and full_tiles:  # windows extended by the edge tiles of the INT2 range
-        nsink = triton.cdiv(triton.cdiv(sink, block_t) * block_t, window_t)
-        windows = nsink + triton.cdiv(recent + block_t - 1, window_t) + 1
+        nsink = cdiv(cdiv(sink, block_t) * block_t, window_t)
+        windows = nsink + cdiv(recent + block_t - 1, window_t) + 1
     else:
-        nsink = triton.cdiv(sink, window_t)
-        windows = nsink + triton.cdiv(recent, window_t) + 1
+        nsink = cdiv(sink, window_t)
+        windows = nsink + cdiv(recent, window_t) + 1
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
     int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
@@ -786,7 +801,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.long_splits and split_int2 and int8_keys and not config.num_splits:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
                                config.min_tiles_per_split, windows)
-        if longer > nsplit and triton.cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
+        if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
     return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl)
@@ -839,7 +854,7 @@ def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
     rot = rotation.to(torch.float32).contiguous()
     group = heads // rot.shape[0]
     block_m, block_c = _rotate_blocks(n * group, d)
-    grid = (triton.cdiv(n * group, block_m), rot.shape[0], d // block_c)
+    grid = (cdiv(n * group, block_m), rot.shape[0], d // block_c)
     rotate_rows_kernel[grid](x, x.stride(0), x.stride(1), rot, rot.stride(0), rot.stride(1),
                              out, out.stride(0), out.stride(1), n, GROUP=group, D=d, BLOCK_M=block_m,
                              BLOCK_K=min(d, ROTATE_BLOCK_K), BLOCK_C=block_c, INVERSE=inverse,
@@ -989,7 +1004,7 @@ def oscar_prefill(
                          f"block_t <= {PREFILL_MAX_BLOCK_T} (the default prefill config uses 32).")
     rows = _tile_size("prefill_rows", config.prefill_rows, PREFILL_ROWS)
     block_m = max(1, rows // meta["GP"])
-    tiles = triton.cdiv(max_query_len, block_m)
+    tiles = cdiv(max_query_len, block_m)
     device = query_rot.device
     programs = tiles * batch * hkv
     # a query at position t reads INT2 only at [sink, t - recent]: a cached prefix longer than the
