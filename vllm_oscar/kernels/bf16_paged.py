@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_oscar.intmath import next_power_of_2
 from vllm_oscar.kernels.triton_attention import LOG2E, merge_kernel
 from vllm_oscar.kernels.triton_ops import decode_splits
 
@@ -94,7 +95,7 @@ def bf16_paged_decode(
     part = torch.empty(batch, hq, nsplit, d, dtype=torch.float32, device=query.device)
     lse = torch.empty(batch, hq, nsplit, dtype=torch.float32, device=query.device)
     group = hq // hkv
-    gp = triton.next_power_of_2(group)
+    gp = next_power_of_2(group)
     bf16_decode_kernel[(nsplit, batch, hkv)](
         query, query.stride(0), query.stride(1),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -106,6 +107,6 @@ def bf16_paged_decode(
     )
     merge_kernel[(batch, hq)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-        out, out.stride(0), out.stride(1), NS=nsplit, NSP=triton.next_power_of_2(nsplit), D=d, EMU=False,
+        out, out.stride(0), out.stride(1), NS=nsplit, NSP=next_power_of_2(nsplit), D=d, EMU=False,
     )
     return out
