@@ -254,7 +254,8 @@ class AttentionConfig:
     GRAPH_TMA_STAGES for a cuda_graph launch where TMA applies and pays (whole tiles in a cache block,
     head_dim >= GRAPH_TMA_MIN_HEAD_DIM, compute capability >= 9.0, at most one (request, KV head) pair
     per SM: graph_tma_stages), else 0; long_splits (opt-in; built, CPU-tested, not yet timed in this form):
-    with the int8-key split kernel, size the grid for LONG_SPLIT_PROGRAMS_PER_SM split programs per SM where
+    with the int8-key split kernel and a merge of at least as many programs as SMs (not batch 1), size the grid
+    for LONG_SPLIT_PROGRAMS_PER_SM split programs per SM where
     max_seq_len's splits would be long, and let each (request, KV head) use them all only where its own context
     makes its one-wave splits walk >= LONG_SPLIT_TILES tiles (so a graph captured for max_model_len keeps one
     wave's splits at short contexts; docs/notes/kernels.md K1); cuda_graph: the launch will
@@ -777,6 +778,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         TRIGGER_DEPENDENTS=merge_pdl, TMA_STAGES=tma_stages,
         MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
+    # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
+    small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
     if config.num_splits:
         nsplit = config.num_splits
     else:
@@ -793,12 +796,12 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
                 per_sm = _programs_per_sm(int2_split_kernel, probe_args,
                                           {**split_consts, "NSPLIT": 1, "NSPLIT_SHORT": 1}, dtypes, device)
-            if batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device):  # a small merge
+            if small_merge:
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
     short = nsplit
-    if config.long_splits and split_int2 and int8_keys and not config.num_splits:
+    if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
                                config.min_tiles_per_split, windows)
         if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
