@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from vllm_oscar.kernels.triton_common import mma, plane_factor, round_to, scaled_codes
 
@@ -456,7 +456,7 @@ def attention_kernel(
 def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                  out_ptr, stride_ob, stride_oh, NS: tl.constexpr, NSP: tl.constexpr, D: tl.constexpr,
                  EMU: tl.constexpr, BLOCK_D: tl.constexpr = None, WAIT_PRIOR: tl.constexpr = False,
-                 ZERO_EMPTY: tl.constexpr = False):
+                 ZERO_EMPTY: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False):
     """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials; an empty partial
     (lse -inf, weight 0) is not read. Rows whose partials are all empty are not written (ZERO_EMPTY: they
     get zeros, as a decode row of seq_len 0, a CUDA graph's padding, must).
@@ -464,7 +464,10 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
     Grid (B, Hq, D / BLOCK_D): program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D)
     (BLOCK_D None = D: one program per head; a [NSP, D] fp32 tile spills past ~128 partials).
     WAIT_PRIOR (a launch with programmatic dependent launch): wait for the kernel that wrote the
-    partials to finish (griddepcontrol.wait) before reading anything."""
+    partials to finish (griddepcontrol.wait) before reading anything. TRIGGER_DEPENDENTS: let the next launch
+    (the output rotation, launched with programmatic dependent launch) start as this one begins."""
+    if TRIGGER_DEPENDENTS:
+        gdc_launch_dependents()
     if WAIT_PRIOR:
         gdc_wait()
     b = tl.program_id(0)

@@ -145,10 +145,10 @@ SHORT_SPLIT_TILES: int = 4
 #: this many programs per SM even when more are resident (H200, docs/notes/kernels.md V22: Qwen3-8B
 #: B=1, blocks of 64 whose kernel holds 16 per SM: 32K 0.0172 ms at 251 splits, 0.0155 at 185).
 SMALL_MERGE_PROGRAMS_PER_SM: int = 12
-#: AttentionConfig.long_splits (opt-in, not yet timed as built): the grid holds LONG_SPLIT_PROGRAMS_PER_SM split
-#: programs per SM, of which a (request, KV head) pair uses all only where the one-wave split count would leave
-#: each split >= LONG_SPLIT_TILES tiles. H200, host-sized (docs/notes/kernels.md K1): Qwen3-8B (int8 keys) 1-5%
-#: faster at >= 32K B >= 8 with 32 per SM, 3-11% slower where the splits are shorter; SmolLM2 no gain.
+#: AttentionConfig.long_splits (opt-in): the grid holds LONG_SPLIT_PROGRAMS_PER_SM split programs per SM, of which a
+#: (request, KV head) pair uses all only where the one-wave split count would leave each split >= LONG_SPLIT_TILES
+#: tiles. H200, Qwen3-8B (int8 keys), graph replays with TMA loads (docs/notes/kernels.md K1, session 14): 1-4%
+#: faster at >= 64K and B >= 32, 4-5% slower at 64K-128K and B 8-16, 4K unchanged: not a default.
 LONG_SPLIT_TILES: int = 64
 LONG_SPLIT_PROGRAMS_PER_SM: int = 32
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
@@ -241,7 +241,8 @@ class AttentionConfig:
     wave (docs/notes/kernels.md P2); merge_pdl: the merge of the partials is launched with programmatic
     dependent launch (Hopper and later): the decode split programs let it start as they begin and it
     waits (griddepcontrol.wait) for their kernel to finish, so its launch overlaps their tail instead of
-    following it. None = on for GPUs of compute capability >= 9.0 (the only ones with griddepcontrol),
+    following it; likewise the merge lets the next launch (the output rotation, oscar_rotate) start early
+    (docs/notes/kernels.md H5). None = on for GPUs of compute capability >= 9.0 (the only ones with griddepcontrol),
     off elsewhere and under the interpreter; True on an older GPU raises (docs/notes/kernels.md V19:
     up to 8% faster at batch 1 and small batches, the same elsewhere); tma_stages: > 0 = the whole-tile
     INT2 splits load their tiles by tensor-memory-accelerator copies (tensor descriptors over the cache's
@@ -253,7 +254,7 @@ class AttentionConfig:
     kernel saves where the launch is not graph-captured (docs/notes/kernels.md V26). None (the default):
     GRAPH_TMA_STAGES for a cuda_graph launch where TMA applies and pays (whole tiles in a cache block,
     head_dim >= GRAPH_TMA_MIN_HEAD_DIM, compute capability >= 9.0, at most one (request, KV head) pair
-    per SM: graph_tma_stages), else 0; long_splits (opt-in; built, CPU-tested, not yet timed in this form):
+    per SM: graph_tma_stages), else 0; long_splits (opt-in; timed on the H200: +-5%, LONG_SPLIT_TILES):
     with the int8-key split kernel and a merge of at least as many programs as SMs (not batch 1), size the grid
     for LONG_SPLIT_PROGRAMS_PER_SM split programs per SM where
     max_seq_len's splits would be long, and let each (request, KV head) use them all only where its own context
@@ -676,9 +677,17 @@ def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, co
     merge_kernel[(rows, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=slots, NSP=next_power_of_2(slots), D=d, EMU=emulated,
-        BLOCK_D=None if merge_d == d else merge_d, WAIT_PRIOR=pdl, ZERO_EMPTY=zero_empty,
+        BLOCK_D=None if merge_d == d else merge_d, WAIT_PRIOR=pdl, ZERO_EMPTY=zero_empty, TRIGGER_DEPENDENTS=pdl,
         **({"launch_pdl": True} if pdl else {}),
     )
+
+
+@functools.lru_cache(maxsize=16)
+def pdl_supported(device: torch.device) -> bool:
+    """Whether launches on ``device`` can use programmatic dependent launch (griddepcontrol): a CUDA GPU of compute
+    capability >= PDL_MIN_CAPABILITY, kernels not built by the interpreter."""
+    return (device.type == "cuda" and not _interpreting()
+            and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY)
 
 
 def _merge_pdl(config: AttentionConfig, emulated: bool, device: torch.device) -> bool:
@@ -845,7 +854,9 @@ def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
 
     x: [N, H, D] float rows, unit stride on D; rotation: [Hr, D, D] float (made fp32), Hr dividing H;
     out: [N, H, D] float, unit stride on D (default: a new fp32 tensor); it may be a view of a larger
-    output (the layer's output rows). Safe under CUDA-graph capture (no host synchronisation).
+    output (the layer's output rows). Safe under CUDA-graph capture (no host synchronisation). Launched with
+    programmatic dependent launch where it exists (pdl_supported): after the decode's merge, which lets it start
+    early, it waits for the merge to finish before reading.
     """
     check_rotate_args(x, rotation, out)
     n, heads, d = x.shape
@@ -858,10 +869,11 @@ def oscar_rotate(x: torch.Tensor, rotation: torch.Tensor, inverse: bool = False,
     group = heads // rot.shape[0]
     block_m, block_c = _rotate_blocks(n * group, d)
     grid = (cdiv(n * group, block_m), rot.shape[0], d // block_c)
+    pdl = pdl_supported(x.device)
     rotate_rows_kernel[grid](x, x.stride(0), x.stride(1), rot, rot.stride(0), rot.stride(1),
                              out, out.stride(0), out.stride(1), n, GROUP=group, D=d, BLOCK_M=block_m,
                              BLOCK_K=min(d, ROTATE_BLOCK_K), BLOCK_C=block_c, INVERSE=inverse,
-                             PRECISION=ROTATE_PRECISION)
+                             PRECISION=ROTATE_PRECISION, WAIT_PRIOR=pdl, **({"launch_pdl": True} if pdl else {}))
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
@@ -54,8 +55,11 @@ def rotate_rows_kernel(
     out_ptr, stride_on, stride_oh,
     n_tokens,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_C: tl.constexpr, INVERSE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_C: tl.constexpr, INVERSE: tl.constexpr, PRECISION: tl.constexpr, WAIT_PRIOR: tl.constexpr = False,
 ):
+    """WAIT_PRIOR (a launch with programmatic dependent launch): wait for the kernel before it to finish first."""
+    if WAIT_PRIOR:
+        gdc_wait()
     rotate_rows_block(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, out_ptr, stride_on, stride_oh,
                       n_tokens, tl.program_id(0), tl.program_id(1), tl.program_id(2), GROUP, D, BLOCK_M, BLOCK_K,
                       BLOCK_C, INVERSE, PRECISION)
