@@ -57,10 +57,13 @@ def _orthogonal(hkv: int, dim: int, gen: torch.Generator) -> torch.Tensor:
 
 
 class ServedAttention:
-    """The attention of ``layers`` layers of a served model, as one worker holds it."""
+    """The attention of ``layers`` layers of a served model, as one worker holds it. The block table spans
+    max_model_len (the captured graphs are sized for it, as vLLM's); the cache holds cache_positions per request
+    (default max_model_len), as vLLM sizes its cache by memory rather than by max_model_len x requests."""
 
     def __init__(self, layers: int, hq: int, hkv: int, dim: int, max_model_len: int, max_requests: int,
-                 device: torch.device, block_size: int = GPU_DECODE_BLOCK_SIZE, seed: int = 0) -> None:
+                 device: torch.device, block_size: int = GPU_DECODE_BLOCK_SIZE, seed: int = 0,
+                 cache_positions: Optional[int] = None) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.hq, self.hkv, self.dim, self.bs, self.device = hq, hkv, dim, block_size, device
         self.config = OscarConfig()
@@ -68,7 +71,7 @@ class ServedAttention:
         self.max_tokens = max(max_requests, PREFILL_CHUNK)
         self.layout = PageLayout(dim, dim, block_size, self.config.scale_dtype)
         self.max_blocks = -(-max_model_len // block_size)
-        num_blocks = 1 + max_requests * self.max_blocks
+        num_blocks = 1 + max_requests * -(-(cache_positions or max_model_len) // block_size)
         capacity = window_capacity_blocks(max_requests, self.max_tokens, block_size, self.config.sink_tokens,
                                           self.config.recent_tokens)
         self.manager = WindowBlockManager(capacity, block_size, self.config.sink_tokens, self.config.recent_tokens)
@@ -261,9 +264,9 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
     captured for max_model_len (default: just above the context), as vLLM captures for the model's."""
     for context in contexts:
         for batch in batches:
-            served = ServedAttention(layers=36, hq=32, hkv=8, dim=128,
-                                     max_model_len=max(max_model_len or 0, context + 4 * calls + 64),
-                                     max_requests=batch, device=torch.device("cuda"), seed=2)
+            positions = context + 4 * calls + 64  # what the timed steps write, whatever the graph is sized for
+            served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
+                                     max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
             for request in range(batch):
                 served.prefill(request, context - 7 * request)
             graph = served.capture(batch)
