@@ -8,12 +8,16 @@
 #     OUT=/tmp/b bash bench/ncu_breakdown.sh
 #     CASES="qwen3-8b:131072:32:--tma-stages=3,--prefetch=0" OUT=/tmp/b bash bench/ncu_breakdown.sh
 #
+#     KERNEL=. CASES="qwen3-8b:131072:32:--sdpa" OUT=/tmp/b bash bench/ncu_breakdown.sh   # the cuDNN baseline
+#
 # CASES: geometry:context:batch[:extra profile_decode.py flags, comma-separated] (blocks of 64 always).
+# KERNEL: the profiled kernels' name regex (default int2_split_kernel).
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:?set OUT to a folder for the results}"
 CASES="${CASES:-qwen3-8b:131072:32 qwen3-8b:131072:32:--tma-stages=3,--prefetch=0 qwen3-8b:131072:32:--prefetch=0 smollm2-135m:32768:64}"
 NCU="${NCU:-ncu}"
+KERNEL="${KERNEL:-int2_split_kernel}"
 BREAKDOWNS="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed"
 BREAKDOWNS="$BREAKDOWNS,breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed"
 BREAKDOWNS="$BREAKDOWNS,breakdown:l1tex__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -32,7 +36,7 @@ for c in $CASES; do
   for group in breakdowns pipes; do
     metrics=$BREAKDOWNS; [ "$group" = pipes ] && metrics=$PIPES
     echo "[ncu_breakdown] $name $group at ${SECONDS} s"
-    "$NCU" --clock-control none --kernel-name regex:int2_split_kernel --launch-skip 2 --launch-count 1 \
+    "$NCU" --clock-control none --kernel-name "regex:$KERNEL" --launch-skip 2 --launch-count 1 \
       --metrics "$metrics" --csv python bench/profile_decode.py "${flags[@]}" > "$OUT/${name}_$group.csv" 2>&1 \
       || echo "[ncu_breakdown] $name $group: ncu failed (see the CSV)"
   done

@@ -45,6 +45,9 @@ def main() -> int:
                         help="AttentionConfig.merge_pdl (default: on for compute capability >= 9.0)")
     parser.add_argument("--tma-stages", type=int, default=0,
                         help="AttentionConfig.tma_stages (0 = plain loads, the default)")
+    parser.add_argument("--sdpa", action="store_true",
+                        help="run the BF16 baseline instead: cuDNN scaled_dot_product_attention on contiguous K/V of "
+                             "the same geometry (for comparing profiler metrics with OSCAR's kernels)")
     parser.add_argument("--dump-compiled", metavar="DIR",
                         help="write registers, spills, specialisation, PTX and cubin of every compiled "
                              "int2_split_kernel here")
@@ -54,6 +57,8 @@ def main() -> int:
     device = torch.device("cuda")
     hq, hkv, dim = GEOMETRIES[args.geometry]
     gen = torch.Generator(device=device).manual_seed(args.context * 131 + args.batch)
+    if args.sdpa:
+        return profile_sdpa(args.geometry, args.context, args.batch, args.calls, device, gen)
     case = make_oscar_case(args.batch, args.context, hq, hkv, dim, args.block_size, 1, device, gen)
     config = triton_ops.AttentionConfig(
         block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
@@ -79,6 +84,31 @@ def main() -> int:
           f"times graph replays)")
     if args.dump_compiled:
         dump_compiled(args.dump_compiled)
+    return 0
+
+
+def profile_sdpa(geometry: str, context: int, batch: int, calls: int, device: torch.device,
+                 gen: torch.Generator) -> int:
+    """The benchmark's BF16 baseline for one case: cuDNN SDPA, q [B, Hq, 1, D], k/v [B, Hkv, L, D] bf16."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    hq, hkv, dim = GEOMETRIES[geometry]
+    k = torch.randn(batch, hkv, context, dim, device=device, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, hq, 1, dim, device=device, dtype=torch.bfloat16, generator=gen)
+
+    def attend() -> None:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    attend()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        attend()
+    torch.cuda.synchronize()
+    print(f"cuDNN SDPA {geometry} context {context} batch {batch}: {calls} calls, "
+          f"{(time.perf_counter() - start) / calls * 1e3:.3f} ms per call (wall)")
     return 0
 
 

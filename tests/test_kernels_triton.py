@@ -8,6 +8,7 @@ while its tests run, so other tests in the same process are unaffected.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -412,6 +413,39 @@ def test_triton_decode_window_tile_sizes(window_block_t) -> None:
     """Window programs of 16 and 64 positions (the default is 32), some blocks without a BF16 copy."""
     run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 2, seed=31 + window_block_t,
                window_block_t=window_block_t)
+
+
+def test_triton_decode_default_window_tile_follows_head_dim_context_and_pairs(monkeypatch) -> None:
+    """The default window tile is WIDE_WINDOW_BLOCK_T only at head_dim <= 64, launches sized for contexts <= 16K
+    and (request, KV head) pairs >= half the SMs (4 SMs here, so that 2 pairs qualify); the decode it plans
+    matches float64 (ragged, a request shorter than the windows, blocks without a BF16 copy)."""
+    monkeypatch.setattr(triton_ops, "_device_sms", lambda device: 4)
+    gen = torch.Generator().manual_seed(57)
+    layout = PageLayout(64, 64, 64, torch.float16)
+    lens, sink, recent = [300, 61], 20, 70
+    state = random_paged_state(lens, 1, layout, sink, recent, gen, drop_window_blocks=1)
+    query = torch.randn(len(lens), 3, 64, generator=gen).to(torch.bfloat16)
+    args = (query, state.cache, state.window_k, state.window_v, layout, state.block_table, state.window_block_table,
+            state.seq_lens, sink, recent, 0.125)
+    config = triton_ops.AttentionConfig(block_t=64, num_splits=2)
+
+    def window_tile(*plan_args, max_seq_len=1024, plan_config=config) -> int:
+        return triton_ops._plan_decode(*plan_args, 0.125, max_seq_len, plan_config).split_consts["WIN_BT"]
+
+    assert window_tile(*args[:-1]) == triton_ops.WIDE_WINDOW_BLOCK_T == 64
+    assert window_tile(*args[:-1], max_seq_len=triton_ops.WIDE_WINDOW_MAX_CONTEXT + 1) == triton_ops.WINDOW_BLOCK_T
+    assert window_tile(query[:1], *args[1:5], state.block_table[:1], state.window_block_table[:1],
+                       state.seq_lens[:1], sink, recent) == triton_ops.WINDOW_BLOCK_T  # 1 pair < 4 SMs / 2
+    assert window_tile(*args[:-1], plan_config=dataclasses.replace(config, window_block_t=16)) == 16
+    wide_head = PageLayout(128, 128, 64, torch.float16)
+    wide_state = random_paged_state(lens, 1, wide_head, sink, recent, gen)
+    assert window_tile(torch.randn(2, 3, 128, generator=gen).to(torch.bfloat16), wide_state.cache,
+                       wide_state.window_k, wide_state.window_v, wide_head, wide_state.block_table,
+                       wide_state.window_block_table, wide_state.seq_lens, sink, recent) == triton_ops.WINDOW_BLOCK_T
+    got = triton_ops.oscar_decode(*args, max_seq_len=1024, config=config)
+    expected = ref_decode(state, query.double(), sink, recent, 0.125)
+    for row in range(len(lens)):
+        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
 
 
 @pytest.mark.parametrize("windows_first", [True, False])

@@ -164,6 +164,18 @@ GRAPH_TMA_MIN_HEAD_DIM: int = 128
 #: a 64-position BF16 tile raised the whole kernel to 196 registers (offline SASS, Triton 3.6), 32 keeps
 #: it at the split loop's own 167.
 WINDOW_BLOCK_T: int = 32
+#: Wider window tiles (positions per window program) where they cost no registers and the windows are much of the
+#: work: head_dim <= WIDE_WINDOW_MAX_HEAD_DIM (at 64 the kernel keeps 128 registers with either tile, offline SASS;
+#: at 128 the wide tile takes it to 156), a launch sized for contexts <= WIDE_WINDOW_MAX_CONTEXT (the 320 window
+#: positions are >= 2% of the positions, but ~1/3 of the bytes at 4K) and (request, KV head) pairs >= SMs x
+#: WIDE_WINDOW_MIN_PAIRS_PER_SM (half as many window programs then leave room in the wave; with fewer pairs the
+#: longer window program sets the time). H200, SmolLM2-135M geometry, blocks of 64, graph replays
+#: (docs/notes/kernels.md V35): 4K B=32 -8%, B=64 -3%; 4K B=8 / B=16 +4% / +2% (hence the pair floor); 16K equal;
+#: 32K-128K B >= 32 +1% (hence the context cap).
+WIDE_WINDOW_BLOCK_T: int = 64
+WIDE_WINDOW_MAX_HEAD_DIM: int = 64
+WIDE_WINDOW_MAX_CONTEXT: int = 16384
+WIDE_WINDOW_MIN_PAIRS_PER_SM: float = 0.5
 #: Channels per merge program (min(head_dim, MERGE_BLOCK_D)). H200 tune 2026-11-29 20:20 UTC
 #: (docs/perf/tune_h200_w2_merge_window.json): 32 beat one program per head in 17 of 18 cases, most at batch 1
 #: and long contexts (Qwen3-8B 32K B=1 0.0230 -> 0.0205 ms), where the per-head [partials, D] tile spilled.
@@ -220,7 +232,8 @@ class AttentionConfig:
     0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change. None =
     PREFETCH_TILES with the PTX unpack and plain tile loads, 0 otherwise (with TMA tile loads too);
     window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
-    None = min(block_t, WINDOW_BLOCK_T)); merge_block_d: channels per merge program (a power of two
+    None = min(block_t, WINDOW_BLOCK_T), or WIDE_WINDOW_BLOCK_T at small head_dim, short contexts and many
+    (request, KV head) pairs); merge_block_d: channels per merge program (a power of two
     >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)); windows_first: dispatch the
     window-tile programs of the INT2 split launch before its split programs. None = first when they
     number at most one per SM (batch 1: they then start beside the splits instead of trailing them as
@@ -576,9 +589,15 @@ def resolved_block_t(config: AttentionConfig) -> int:
     return _tile_size("block_t", config.block_t, DECODE_BLOCK_T)
 
 
-def _window_block_t(config: AttentionConfig, block_t: int) -> int:
-    """config.window_block_t, or min(block_t, WINDOW_BLOCK_T); a power of two >= 16."""
-    return _tile_size("window_block_t", config.window_block_t, min(block_t, WINDOW_BLOCK_T))
+def _window_block_t(config: AttentionConfig, block_t: int, head_dim: int, pairs: int, max_seq_len: int,
+                    sms: int) -> int:
+    """config.window_block_t, or the default: min(block_t, WIDE_WINDOW_BLOCK_T) where the wide-window rule holds
+    (head_dim, context and (request, KV head) pairs, see WIDE_WINDOW_BLOCK_T), else min(block_t, WINDOW_BLOCK_T);
+    a power of two >= 16."""
+    wide = (head_dim <= WIDE_WINDOW_MAX_HEAD_DIM and max_seq_len <= WIDE_WINDOW_MAX_CONTEXT
+            and pairs >= WIDE_WINDOW_MIN_PAIRS_PER_SM * sms)
+    return _tile_size("window_block_t", config.window_block_t,
+                      min(block_t, WIDE_WINDOW_BLOCK_T if wide else WINDOW_BLOCK_T))
 
 
 def _merge_block_d(config: AttentionConfig, head_dim: int) -> int:
@@ -734,7 +753,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     hkv = int2_cache.shape[1]
     block_t = resolved_block_t(config)
     split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
-    window_t = _window_block_t(config, block_t) if split_int2 else block_t
+    device = query_rot.device
+    window_t = (_window_block_t(config, block_t, d, batch * hkv, max_seq_len, _device_sms(device)) if split_int2
+                else block_t)
     full_tiles = split_int2 if config.full_tiles is None else config.full_tiles
     if split_int2 and full_tiles:  # windows extended by the edge tiles of the INT2 range
         nsink = cdiv(cdiv(sink, block_t) * block_t, window_t)
@@ -775,7 +796,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         raise ValueError(f"prefetch={prefetch} issues inline PTX (prefetch.global.L2): it needs unpack=UNPACK_PTX "
                          f"on a CUDA GPU; set prefetch=0 under TRITON_INTERPRET=1 or with the portable unpack.")
     tma_block_t = block_t if tma_stages else None
-    device = query_rot.device
     merge_pdl = _merge_pdl(config, meta["EMU"], device)
 
     split_consts = dict(
