@@ -289,12 +289,13 @@ def test_triton_decode_padding_rows_read_nothing() -> None:
 
 def decode_split_usage(monkeypatch, state, query, sink, recent, scale, max_seq_len, config):
     """oscar_decode's output, its split count and the non-empty split partials per (request, query head) [B, Hq]
-    (from the log-sum-exps the merge receives: an empty split's is -inf)."""
+    (from the log-sum-exps the merge receives: an empty split's is -inf; its partial is set to NaN first)."""
     seen = {}
     merge_partials = triton_ops._merge_partials
 
     def merge(part, lse, *args, **kwargs):
         seen["lse"] = lse.clone()
+        part[torch.isneginf(lse)] = float("nan")  # an empty split's partial may hold anything: the merge must not use it
         return merge_partials(part, lse, *args, **kwargs)
 
     monkeypatch.setattr(triton_ops, "_merge_partials", merge)
