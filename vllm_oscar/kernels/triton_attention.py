@@ -458,7 +458,7 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
                  EMU: tl.constexpr, BLOCK_D: tl.constexpr = None, WAIT_PRIOR: tl.constexpr = False,
                  ZERO_EMPTY: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False):
     """out[b, h] = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max) over the NS partials; an empty partial
-    (lse -inf, weight 0) is read with the rest but not used (it may hold anything, NaN included). Rows whose partials are all empty are not written (ZERO_EMPTY: they
+    (lse -inf, weight 0) is not read. Rows whose partials are all empty are not written (ZERO_EMPTY: they
     get zeros, as a decode row of seq_len 0, a CUDA graph's padding, must).
 
     Grid (B, Hq, D / BLOCK_D): program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D)
@@ -473,20 +473,16 @@ def merge_kernel(part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, 
     b = tl.program_id(0)
     h = tl.program_id(1)
     idx = tl.arange(0, NSP)
+    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + idx, mask=idx < NS, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.exp2(lse - top)
     if BLOCK_D is None:
         cols = tl.arange(0, D)
     else:
         cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    # The partials are loaded beside their log-sum-exps, before any math on those (one memory round trip, not a
-    # second one that waits for them); an empty partial (lse -inf, weight 0, not written by this step) is read but
-    # not used.
-    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + idx, mask=idx < NS, other=float("-inf"))
     parts = tl.load(part_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + idx[:, None] * stride_ps + cols[None, :],
-                    mask=(idx < NS)[:, None], other=0.0)
-    top = tl.max(lse, axis=0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top)
-    parts = tl.where((lse > float("-inf"))[:, None], parts, 0.0)
+                    mask=(lse > float("-inf"))[:, None], other=0.0)  # empty partials (weight 0) are not read
     total = tl.sum(weight, axis=0)
     out = tl.sum(parts * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + cols, round_to(out, out_ptr.dtype.element_ty, EMU),
