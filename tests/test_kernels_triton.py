@@ -417,7 +417,7 @@ def test_triton_decode_window_tile_sizes(window_block_t) -> None:
 
 
 def test_triton_decode_default_window_tile_follows_head_dim_context_and_pairs(monkeypatch) -> None:
-    """The default window tile is WIDE_WINDOW_BLOCK_T only at head_dim <= 64, launches sized for contexts <= 16K
+    """The default window tile is WIDE_WINDOW_BLOCK_T only at head_dim <= 64, launches sized for contexts <= 4K
     and (request, KV head) pairs >= half the SMs (4 SMs here, so that 2 pairs qualify); the decode it plans
     matches float64 (ragged, a request shorter than the windows, blocks without a BF16 copy)."""
     monkeypatch.setattr(triton_ops, "_device_sms", lambda device: 4)

@@ -166,15 +166,15 @@ GRAPH_TMA_MIN_HEAD_DIM: int = 128
 WINDOW_BLOCK_T: int = 32
 #: Wider window tiles (positions per window program) where they cost no registers and the windows are much of the
 #: work: head_dim <= WIDE_WINDOW_MAX_HEAD_DIM (at 64 the kernel keeps 128 registers with either tile, offline SASS;
-#: at 128 the wide tile takes it to 156), a launch sized for contexts <= WIDE_WINDOW_MAX_CONTEXT (the 320 window
-#: positions are >= 2% of the positions, but ~1/3 of the bytes at 4K) and (request, KV head) pairs >= SMs x
-#: WIDE_WINDOW_MIN_PAIRS_PER_SM (half as many window programs then leave room in the wave; with fewer pairs the
-#: longer window program sets the time). H200, SmolLM2-135M geometry, blocks of 64, graph replays
-#: (docs/notes/kernels.md V35): 4K B=32 -8%, B=64 -3%; 4K B=8 / B=16 +4% / +2% (hence the pair floor); 16K equal;
-#: 32K-128K B >= 32 +1% (hence the context cap).
+#: at 128 the wide tile takes it to 156), a launch sized for contexts <= WIDE_WINDOW_MAX_CONTEXT (there the 320
+#: window positions are ~1/3 of the bytes) and (request, KV head) pairs >= SMs x WIDE_WINDOW_MIN_PAIRS_PER_SM (half
+#: as many window programs then leave room in the wave; with fewer pairs the longer window program sets the time).
+#: H200, SmolLM2-135M geometry, blocks of 64, graph replays, window tiles 32 / 64 (docs/notes/kernels.md V35): 4K
+#: B=24 / 32 / 64 -3..-8% / -8% / -3%, B=8 / 16 +4% / +2% (hence the pair floor); 8K B=24 / 32 / 64 +6% / +1% / -5%
+#: and 16K-128K equal or +1% (hence the context cap).
 WIDE_WINDOW_BLOCK_T: int = 64
 WIDE_WINDOW_MAX_HEAD_DIM: int = 64
-WIDE_WINDOW_MAX_CONTEXT: int = 16384
+WIDE_WINDOW_MAX_CONTEXT: int = 4096
 WIDE_WINDOW_MIN_PAIRS_PER_SM: float = 0.5
 #: Channels per merge program (min(head_dim, MERGE_BLOCK_D)). H200 tune 2026-11-29 20:20 UTC
 #: (docs/perf/tune_h200_w2_merge_window.json): 32 beat one program per head in 17 of 18 cases, most at batch 1
