@@ -411,7 +411,7 @@ def test_triton_decode_int8_key_path_rejects_small_heads() -> None:
 
 @pytest.mark.parametrize("window_block_t", [16, 64])
 def test_triton_decode_window_tile_sizes(window_block_t) -> None:
-    """Window programs of 16 and 64 positions (the default is 32), some blocks without a BF16 copy."""
+    """Window programs of 16 and 64 positions (explicit: the default is 32, or 64 under the wide-window rule), some blocks without a BF16 copy."""
     run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 2, seed=31 + window_block_t,
                window_block_t=window_block_t)
 
