@@ -340,7 +340,9 @@ def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
 @pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,splits", [
     ([300, 77, 1], 8, 2, 128, 16, 32, 3),   # GQA 4, gathered tiles, ragged
     ([200], 8, 1, 256, 64, 32, 2),          # GQA 8, D 256, whole-block tiles
-    ([150, 40], 3, 3, 128, 32, 64, 1),      # MHA, one split
+    ([150, 40], 3, 3, 128, 32, 64, 1),      # MHA, one split (logits columns in four parts)
+    ([130, 61], 6, 2, 128, 16, 32, 2),      # GQA 3: a padded head beside the two parts
+    ([97], 4, 2, 128, 16, 16, 2),           # GQA 2: four parts
 ])
 @pytest.mark.parametrize("full_tiles", [False, True])
 def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv, dim, bs, block_t, splits,

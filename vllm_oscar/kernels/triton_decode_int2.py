@@ -91,6 +91,13 @@ def _to_int8(x, inv_scale):
 
 
 @triton.jit
+def _int8_part(x, inv_scale, part, P: tl.constexpr, KPARTS: tl.constexpr):
+    """Plane P of the query [Q, GP * KPARTS] as int8 (_to_int8), kept only in the columns of plane P's part
+    (parts of 4 // KPARTS consecutive planes), zero in the others."""
+    return tl.where((part == P * KPARTS // 4)[None, :], _to_int8(x, inv_scale), 0).to(tl.int8)
+
+
+@triton.jit
 def zero_accumulators(HALF_Q: tl.constexpr, GP: tl.constexpr):
     """The eight fp32 [HALF_Q, GP] V accumulators (acc^T of planes 0-3, even and odd channels), zero."""
     zero = tl.zeros([HALF_Q, GP], tl.float32)
@@ -194,7 +201,7 @@ def _prefetch_tile(head_base, bt_row, stride_cb, t0, int2_end, live, BS: tl.cons
 @triton.jit
 def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo,
                       BLOCK_T: tl.constexpr, GP: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
-                      INT8_K: tl.constexpr, MASKED: tl.constexpr = True):
+                      INT8_K: tl.constexpr, MASKED: tl.constexpr = True, KPARTS: tl.constexpr = 1):
     """[BT, GP] fp32 logits of one loaded INT2 tile before their per-column scale: logits (log2 units) =
     x * l_scale[None, :] (int2_split_kernel's prologue), applied where the softmax subtracts the running max
     (one FFMA in place of the FADD), so the loop multiplies no per-token or per-element scale. -inf where not
@@ -202,10 +209,12 @@ def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo,
     ks = ks.to(tl.float32)
     kz = kz.to(tl.float32)
     if INT8_K:
-        iraw = int8_mma(plane_codes_int8(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.int32), EMU)
+        iraw = int8_mma(plane_codes_int8(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP * KPARTS], tl.int32), EMU)
         iraw = int8_mma(plane_codes_int8(kc, 1, MODE), q1, iraw, EMU)
         iraw = int8_mma(plane_codes_int8(kc, 2, MODE), q2, iraw, EMU)
         iraw = int8_mma(plane_codes_int8(kc, 3, MODE), q3, iraw, EMU)
+        if KPARTS > 1:  # column (head, part) holds the head's dot over its part's planes: add the parts
+            iraw = tl.sum(tl.reshape(iraw, [BLOCK_T, GP, KPARTS]), axis=2)
         x = ks[:, None] * iraw.to(tl.float32) + kz[:, None] * qo[None, :]
     else:
         raw = mma(unpack_plane(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP], tl.float32), EMU)
@@ -259,10 +268,11 @@ def _weight_sums(sums, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
 def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
                m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                BLOCK_T: tl.constexpr, GP: tl.constexpr, NC: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
-               INT8_K: tl.constexpr, MASKED: tl.constexpr, SUMS_MMA: tl.constexpr, ZW_COLS: tl.constexpr):
+               INT8_K: tl.constexpr, MASKED: tl.constexpr, SUMS_MMA: tl.constexpr, ZW_COLS: tl.constexpr,
+               KPARTS: tl.constexpr = 1):
     """One INT2 tile's logits, lazy online-softmax update and V accumulation (the loaded tile as
     _load_tile returns it; state as int2_split_kernel keeps it). Returns the updated state."""
-    x = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, BLOCK_T, NC, MODE, EMU, INT8_K, MASKED)
+    x = _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo, BLOCK_T, NC, MODE, EMU, INT8_K, MASKED, KPARTS)
     tile_max = tl.max(x, axis=0) * l_scale  # l_scale > 0: the max of the scaled logits
     if tl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale (see module docstring)
         m_new = tl.maximum(m_i, tile_max)
@@ -349,6 +359,9 @@ def int2_split_kernel(
     SUMS_MMA: tl.constexpr = not INT8_K
     ZW_COLS: tl.constexpr = SUMS_MMA and 2 * GP <= MMA_MIN_N  # the offset sums in spare MMA columns
     NC: tl.constexpr = 2 * GP if ZW_COLS else GP  # tile columns
+    # The int8 logits MMA's columns (head, part) where GP < 8 would leave its N = 8 half empty: part k's query
+    # operand holds only the planes of part k, so folding the parts in-lane leaves an unreplicated [BT, GP] tile.
+    KPARTS: tl.constexpr = (MMA_MIN_N // GP if 4 * GP >= MMA_MIN_N else 4) if INT8_K and GP < MMA_MIN_N else 1
     if TRIGGER_DEPENDENTS:  # the merge, launched with programmatic dependent launch, may start now (it
         gdc_launch_dependents()  # waits for this kernel's completion before reading any partial)
     b = tl.program_id(0)
@@ -395,21 +408,30 @@ def int2_split_kernel(
     if INT8_K:
         # Query as int8 per head row (absmax over all D channels); q = s_q * q8 everywhere,
         # so the offset term uses s_q * sum(q8) and no BIAS is involved (codes are exact int8).
-        f0 = _query_plane_f32(q_row, cols, jok, 0, Q)
-        f1 = _query_plane_f32(q_row, cols, jok, 1, Q)
-        f2 = _query_plane_f32(q_row, cols, jok, 2, Q)
-        f3 = _query_plane_f32(q_row, cols, jok, 3, Q)
+        jp = tl.arange(0, GP * KPARTS)  # the logits MMA's columns: head jp // KPARTS, part jp % KPARTS
+        part = jp % KPARTS
+        q_row_p = q_ptr + b.to(tl.int64) * stride_qb + (h * GROUP + jp // KPARTS) * stride_qh
+        jok_p = jp // KPARTS < GROUP
+        f0 = _query_plane_f32(q_row_p, cols, jok_p, 0, Q)
+        f1 = _query_plane_f32(q_row_p, cols, jok_p, 1, Q)
+        f2 = _query_plane_f32(q_row_p, cols, jok_p, 2, Q)
+        f3 = _query_plane_f32(q_row_p, cols, jok_p, 3, Q)
         amax = tl.maximum(tl.maximum(tl.max(tl.abs(f0), axis=0), tl.max(tl.abs(f1), axis=0)),
                           tl.maximum(tl.max(tl.abs(f2), axis=0), tl.max(tl.abs(f3), axis=0)))
-        s_q = tl.where(amax > 0.0, amax / INT8_QUERY_MAX, 1.0)
-        inv_s = 1.0 / s_q
-        q0 = _to_int8(f0, inv_s)
-        q1 = _to_int8(f1, inv_s)
-        q2 = _to_int8(f2, inv_s)
-        q3 = _to_int8(f3, inv_s)
-        qb = tl.zeros([NC], tl.float32)
+        s_qp = tl.where(amax > 0.0, amax / INT8_QUERY_MAX, 1.0)
+        inv_s = 1.0 / s_qp
+        q0 = _int8_part(f0, inv_s, part, 0, KPARTS)
+        q1 = _int8_part(f1, inv_s, part, 1, KPARTS)
+        q2 = _int8_part(f2, inv_s, part, 2, KPARTS)
+        q3 = _int8_part(f3, inv_s, part, 3, KPARTS)
         qo = (tl.sum(q0.to(tl.float32), axis=0) + tl.sum(q1.to(tl.float32), axis=0)
               + tl.sum(q2.to(tl.float32), axis=0) + tl.sum(q3.to(tl.float32), axis=0))
+        if KPARTS > 1:  # per head: the parts' sums add up, their scales are equal
+            qo = tl.sum(tl.reshape(qo, [GP, KPARTS]), axis=1)
+            s_q = tl.max(tl.reshape(s_qp, [GP, KPARTS]), axis=1)
+        else:
+            s_q = s_qp
+        qb = tl.zeros([NC], tl.float32)
     else:
         s_q = tl.full([NC], 1.0, tl.float32)
         q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
@@ -442,7 +464,7 @@ def int2_split_kernel(
             m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, SUMS_MMA, ZW_COLS)
+                BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, SUMS_MMA, ZW_COLS, KPARTS)
     elif pid < NSPLIT:
         for i in range(lo, hi):
             if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
@@ -454,7 +476,7 @@ def int2_split_kernel(
             m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
-                BLOCK_T, GP, NC, MODE, EMU, INT8_K, not FULL_TILES, SUMS_MMA, ZW_COLS)
+                BLOCK_T, GP, NC, MODE, EMU, INT8_K, not FULL_TILES, SUMS_MMA, ZW_COLS, KPARTS)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
@@ -483,7 +505,8 @@ def int2_split_kernel(
                 kc, ks, kz, vc, vs, vz, _ = _load_tile(
                     head_base, bt_row, stride_cb, t0, offs_w, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
                     K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
-                x = _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, WIN_BT, NC, MODE, EMU, INT8_K)
+                x = _int2_tile_logits(kc, ks, kz, no_copy, q0, q1, q2, q3, qb, qo, WIN_BT, NC, MODE, EMU, INT8_K,
+                                      True, KPARTS)
                 logits = tl.where(no_copy[:, None], x * l_scale[None, :], logits)
             m_i = tl.max(logits, axis=0)
             p = tl.exp2(logits - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
