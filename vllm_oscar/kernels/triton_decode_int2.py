@@ -265,6 +265,53 @@ def _weight_sums(sums, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
 
 
 @triton.jit
+def _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP: tl.constexpr, GP: tl.constexpr,
+                NC: tl.constexpr, Q: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr,
+                KPARTS: tl.constexpr):
+    """The query operands of the INT2 logits (_int2_tile_logits) of request b, KV head h: (q0..q3, qb, qo, l_scale).
+    Only the programs that read INT2 tiles compute them (the splits; window programs with INT2 positions).
+
+    INT8_K: the query as int8 per head row (absmax over all D channels, q = s_q * q8 everywhere, so the offset term
+    uses s_q * sum(q8) and no BIAS is involved: the codes are exact int8); planes [Q, GP * KPARTS] int8 in the
+    columns (head, part) of _int8_part; qb = 0, qo = sum(q8) and l_scale = s_q * qk_scale per head [GP].
+    Else: planes [Q, NC] bf16 / F_P (_query_plane), qb = BIAS * sum, qo = plain sum, l_scale = qk_scale [NC]."""
+    cols = tl.arange(0, Q)
+    j = tl.arange(0, NC * KPARTS)  # columns: head j // KPARTS (ZW_COLS: j % GP), part j % KPARTS
+    head = j // KPARTS % GP
+    q_row = q_ptr + b.to(tl.int64) * stride_qb + (h * GROUP + head) * stride_qh
+    jok = head < GROUP
+    if INT8_K:
+        f0 = _query_plane_f32(q_row, cols, jok, 0, Q)
+        f1 = _query_plane_f32(q_row, cols, jok, 1, Q)
+        f2 = _query_plane_f32(q_row, cols, jok, 2, Q)
+        f3 = _query_plane_f32(q_row, cols, jok, 3, Q)
+        amax = tl.maximum(tl.maximum(tl.max(tl.abs(f0), axis=0), tl.max(tl.abs(f1), axis=0)),
+                          tl.maximum(tl.max(tl.abs(f2), axis=0), tl.max(tl.abs(f3), axis=0)))
+        s_q = tl.where(amax > 0.0, amax / INT8_QUERY_MAX, 1.0)
+        inv_s = 1.0 / s_q
+        part = j % KPARTS
+        q0 = _int8_part(f0, inv_s, part, 0, KPARTS)
+        q1 = _int8_part(f1, inv_s, part, 1, KPARTS)
+        q2 = _int8_part(f2, inv_s, part, 2, KPARTS)
+        q3 = _int8_part(f3, inv_s, part, 3, KPARTS)
+        qo = (tl.sum(q0.to(tl.float32), axis=0) + tl.sum(q1.to(tl.float32), axis=0)
+              + tl.sum(q2.to(tl.float32), axis=0) + tl.sum(q3.to(tl.float32), axis=0))
+        if KPARTS > 1:  # per head: the parts' sums add up, their scales are equal
+            qo = tl.sum(tl.reshape(qo, [GP, KPARTS]), axis=1)
+            s_q = tl.max(tl.reshape(s_q, [GP, KPARTS]), axis=1)
+        qb = tl.zeros([GP], tl.float32)
+    else:
+        s_q = tl.full([NC], 1.0, tl.float32)
+        q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
+        q1, qb1, qo1 = _query_plane(q_row, cols, jok, 1, Q, MODE, EMU)
+        q2, qb2, qo2 = _query_plane(q_row, cols, jok, 2, Q, MODE, EMU)
+        q3, qb3, qo3 = _query_plane(q_row, cols, jok, 3, Q, MODE, EMU)
+        qb = qb0 + qb1 + qb2 + qb3
+        qo = qo0 + qo1 + qo2 + qo3
+    return q0, q1, q2, q3, qb, qo, s_q * qk_scale
+
+
+@triton.jit
 def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
                m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                BLOCK_T: tl.constexpr, GP: tl.constexpr, NC: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
@@ -405,42 +452,6 @@ def int2_split_kernel(
     head = h * GROUP + j % GP
     cols = tl.arange(0, Q)
     q_row = q_ptr + b.to(tl.int64) * stride_qb + head * stride_qh
-    if INT8_K:
-        # Query as int8 per head row (absmax over all D channels); q = s_q * q8 everywhere,
-        # so the offset term uses s_q * sum(q8) and no BIAS is involved (codes are exact int8).
-        jp = tl.arange(0, GP * KPARTS)  # the logits MMA's columns: head jp // KPARTS, part jp % KPARTS
-        part = jp % KPARTS
-        q_row_p = q_ptr + b.to(tl.int64) * stride_qb + (h * GROUP + jp // KPARTS) * stride_qh
-        jok_p = jp // KPARTS < GROUP
-        f0 = _query_plane_f32(q_row_p, cols, jok_p, 0, Q)
-        f1 = _query_plane_f32(q_row_p, cols, jok_p, 1, Q)
-        f2 = _query_plane_f32(q_row_p, cols, jok_p, 2, Q)
-        f3 = _query_plane_f32(q_row_p, cols, jok_p, 3, Q)
-        amax = tl.maximum(tl.maximum(tl.max(tl.abs(f0), axis=0), tl.max(tl.abs(f1), axis=0)),
-                          tl.maximum(tl.max(tl.abs(f2), axis=0), tl.max(tl.abs(f3), axis=0)))
-        s_qp = tl.where(amax > 0.0, amax / INT8_QUERY_MAX, 1.0)
-        inv_s = 1.0 / s_qp
-        q0 = _int8_part(f0, inv_s, part, 0, KPARTS)
-        q1 = _int8_part(f1, inv_s, part, 1, KPARTS)
-        q2 = _int8_part(f2, inv_s, part, 2, KPARTS)
-        q3 = _int8_part(f3, inv_s, part, 3, KPARTS)
-        qo = (tl.sum(q0.to(tl.float32), axis=0) + tl.sum(q1.to(tl.float32), axis=0)
-              + tl.sum(q2.to(tl.float32), axis=0) + tl.sum(q3.to(tl.float32), axis=0))
-        if KPARTS > 1:  # per head: the parts' sums add up, their scales are equal
-            qo = tl.sum(tl.reshape(qo, [GP, KPARTS]), axis=1)
-            s_q = tl.max(tl.reshape(s_qp, [GP, KPARTS]), axis=1)
-        else:
-            s_q = s_qp
-        qb = tl.zeros([NC], tl.float32)
-    else:
-        s_q = tl.full([NC], 1.0, tl.float32)
-        q0, qb0, qo0 = _query_plane(q_row, cols, jok, 0, Q, MODE, EMU)
-        q1, qb1, qo1 = _query_plane(q_row, cols, jok, 1, Q, MODE, EMU)
-        q2, qb2, qo2 = _query_plane(q_row, cols, jok, 2, Q, MODE, EMU)
-        q3, qb3, qo3 = _query_plane(q_row, cols, jok, 3, Q, MODE, EMU)
-        qb = qb0 + qb1 + qb2 + qb3
-        qo = qo0 + qo1 + qo2 + qo3
-    l_scale = s_q * qk_scale  # logits = x * l_scale (_int2_tile_logits)
 
     m_i = tl.full([NC], float("-inf"), tl.float32)
     l_i = tl.zeros([NC], tl.float32)
@@ -452,6 +463,8 @@ def int2_split_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
     if pid < NSPLIT and TMA_STAGES > 0:
+        q0, q1, q2, q3, qb, qo, l_scale = _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP, GP, NC, Q,
+                                                      MODE, EMU, INT8_K, KPARTS)
         heads = stride_cb // REGION  # regions per block (the descriptors need a contiguous cache)
         for i in tl.range(lo, hi, num_stages=TMA_STAGES):
             t0 = first + i * BLOCK_T
@@ -466,6 +479,8 @@ def int2_split_kernel(
                 m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                 BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, SUMS_MMA, ZW_COLS, KPARTS)
     elif pid < NSPLIT:
+        q0, q1, q2, q3, qb, qo, l_scale = _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP, GP, NC, Q,
+                                                      MODE, EMU, INT8_K, KPARTS)
         for i in range(lo, hi):
             if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
                 _prefetch_tile(head_base, bt_row, stride_cb, first + (i + PREFETCH) * BLOCK_T, int2_end,
@@ -502,6 +517,8 @@ def int2_split_kernel(
             logits = tl.where(copy[:, None], raw * qk_scale, float("-inf"))
             any_int2 = tl.max(no_copy.to(tl.int32), axis=0) > 0
             if any_int2:  # positions whose block has no BF16 copy read INT2
+                q0, q1, q2, q3, qb, qo, l_scale = _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP,
+                                                              GP, NC, Q, MODE, EMU, INT8_K, KPARTS)
                 kc, ks, kz, vc, vs, vz, _ = _load_tile(
                     head_base, bt_row, stride_cb, t0, offs_w, cols, pairs, part_lo, part_hi, K_CODES, V_CODES,
                     K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, WIN_SAME_BLOCK)
