@@ -343,6 +343,8 @@ def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
     ([150, 40], 3, 3, 128, 32, 64, 1),      # MHA, one split (logits columns in four parts)
     ([130, 61], 6, 2, 128, 16, 32, 2),      # GQA 3: a padded head beside the two parts
     ([97], 4, 2, 128, 16, 16, 2),           # GQA 2: four parts
+    ([150, 33], 9, 3, 64, 16, 32, 2),       # head_dim 64 (SmolLM2): planes paired into K = 32, GQA 3
+    ([120], 2, 2, 64, 64, 64, 1),           # head_dim 64, MHA: four parts over the paired planes
 ])
 @pytest.mark.parametrize("full_tiles", [False, True])
 def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv, dim, bs, block_t, splits,
@@ -406,9 +408,10 @@ def decode_small_head(config) -> None:
                             state.window_block_table, state.seq_lens, 0, 0, 0.125, config=config)
 
 
-def test_triton_decode_int8_key_path_rejects_small_heads() -> None:
-    with pytest.raises(ValueError, match="head_dim >= 128"):
-        decode_small_head(triton_ops.AttentionConfig(int8_keys=True))
+def test_triton_decode_int8_key_path_needs_the_split_kernel() -> None:
+    """int8_keys asked for where the general kernel runs (tokens_on_m=False) is a clear error, not ignored."""
+    with pytest.raises(ValueError, match="int8_keys needs the INT2 split kernel"):
+        decode_small_head(triton_ops.AttentionConfig(int8_keys=True, tokens_on_m=False))
 
 
 @pytest.mark.parametrize("window_block_t", [16, 64])

@@ -185,8 +185,9 @@ def check_scale_dtype(scale_dtype: torch.dtype) -> None:
         raise ValueError(f"scale_dtype={scale_dtype} is not supported; allowed: {allowed}.")
 
 
-#: Smallest head_dim of the GPU decode's int8 key path (int8 MMAs take K >= 32 per code plane, D / 4).
-INT8_MMA_MIN_HEAD_DIM: int = 128
+#: Smallest head_dim of the GPU decode's int8 key path: an int8 MMA takes K >= 32, and the kernel feeds it one code
+#: plane (D / 4 channels) or, at head_dim 64, two planes paired.
+INT8_MMA_MIN_HEAD_DIM: int = 64
 
 
 @dataclasses.dataclass(frozen=True)

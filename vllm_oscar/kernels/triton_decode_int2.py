@@ -65,6 +65,8 @@ PREFETCH_LINE: tl.constexpr = tl.constexpr(128)
 #: Narrowest N of the MMA instruction (m16n8k16 / m16n8k32): a [BT, GP] tile with GP < 8 fills an N = 8
 #: accumulator anyway, so the columns GP..2 GP - 1 cost nothing (ZW_COLS, module docstring).
 MMA_MIN_N: tl.constexpr = tl.constexpr(8)
+#: Smallest K of the int8 MMA instruction (m16n8k32): code planes of fewer channels (head_dim 64) go in pairs.
+INT8_MMA_MIN_K: tl.constexpr = tl.constexpr(32)
 #: Rows of the all-ones operand whose MMA with the V weights sums them over the tile's positions.
 SUM_ROWS: tl.constexpr = tl.constexpr(16)
 
@@ -88,6 +90,26 @@ def _query_plane_f32(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr):
 def _to_int8(x, inv_scale):
     """round(x * inv_scale) (half up) as int8; |x * inv_scale| <= INT8_QUERY_MAX by construction."""
     return tl.floor(x * inv_scale[None, :] + 0.5).to(tl.int8)
+
+
+@triton.jit
+def _paired_codes(x, y):
+    """Two int8 code planes [BT, Q] as one int8 MMA operand [BT, 2 Q] (for Q < INT8_MMA_MIN_K): groups of four
+    channels alternate, x's then y's (column 8 (c // 4) + 4 s + c % 4 holds channel c of plane s), so that each
+    32-bit word of four codes stays whole."""
+    t: tl.constexpr = x.shape[0]
+    q: tl.constexpr = x.shape[1]
+    both = tl.join(tl.reshape(x, [t, q // 4, 4]), tl.reshape(y, [t, q // 4, 4]))  # [T, Q/4, 4, 2]
+    return tl.reshape(tl.permute(both, (0, 1, 3, 2)), [t, 2 * q])
+
+
+@triton.jit
+def _paired_query(x, y):
+    """Two query planes [Q, N] as the operand [2 Q, N] that matches _paired_codes(codes_x, codes_y)."""
+    q: tl.constexpr = x.shape[0]
+    n: tl.constexpr = x.shape[1]
+    both = tl.join(tl.reshape(x, [q // 4, 4, n]), tl.reshape(y, [q // 4, 4, n]))  # [Q/4, 4, N, 2]
+    return tl.reshape(tl.permute(both, (0, 3, 1, 2)), [2 * q, n])
 
 
 @triton.jit
@@ -208,11 +230,16 @@ def _int2_tile_logits(kc, ks, kz, ok, q0, q1, q2, q3, qb, qo,
     ok (MASKED=False: ok is all true, no mask applied)."""
     ks = ks.to(tl.float32)
     kz = kz.to(tl.float32)
-    if INT8_K:
+    if INT8_K and kc.shape[1] < INT8_MMA_MIN_K:  # planes paired into K = 2 Q operands (q0, q1: _paired_query)
+        iraw = int8_mma(_paired_codes(plane_codes_int8(kc, 0, MODE), plane_codes_int8(kc, 1, MODE)), q0,
+                        tl.zeros([BLOCK_T, GP * KPARTS], tl.int32), EMU)
+        iraw = int8_mma(_paired_codes(plane_codes_int8(kc, 2, MODE), plane_codes_int8(kc, 3, MODE)), q1, iraw, EMU)
+    elif INT8_K:
         iraw = int8_mma(plane_codes_int8(kc, 0, MODE), q0, tl.zeros([BLOCK_T, GP * KPARTS], tl.int32), EMU)
         iraw = int8_mma(plane_codes_int8(kc, 1, MODE), q1, iraw, EMU)
         iraw = int8_mma(plane_codes_int8(kc, 2, MODE), q2, iraw, EMU)
         iraw = int8_mma(plane_codes_int8(kc, 3, MODE), q3, iraw, EMU)
+    if INT8_K:
         if KPARTS > 1:  # column (head, part) holds the head's dot over its part's planes: add the parts
             iraw = tl.sum(tl.reshape(iraw, [BLOCK_T, GP, KPARTS]), axis=2)
         x = ks[:, None] * iraw.to(tl.float32) + kz[:, None] * qo[None, :]
@@ -299,6 +326,9 @@ def _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP: tl.constexpr
         if KPARTS > 1:  # per head: the parts' sums add up, their scales are equal
             qo = tl.sum(tl.reshape(qo, [GP, KPARTS]), axis=1)
             s_q = tl.max(tl.reshape(s_q, [GP, KPARTS]), axis=1)
+        if Q < INT8_MMA_MIN_K:  # planes (0, 1) and (2, 3) as K = 2 Q operands, in _paired_codes' order
+            q0 = _paired_query(q0, q1)
+            q1 = _paired_query(q2, q3)
         qb = tl.zeros([GP], tl.float32)
     else:
         s_q = tl.full([NC], 1.0, tl.float32)
