@@ -529,14 +529,27 @@ def test_triton_decode_tma_tiles_match_reference(lens, hq, hkv, dim, bs, block_t
 
 
 def test_graph_launches_choose_tma_tiles_only_where_they_apply_and_pay() -> None:
-    """AttentionConfig.tma_stages None: TMA only for a CUDA-graph launch with whole tiles per block at
-    head_dim >= 128 and few (request, KV head) pairs, never under the interpreter; an eager launch keeps
-    plain loads (the GPU check and bench/served_graph.py run the graph cases on the H200)."""
+    """AttentionConfig.tma_stages None: TMA only for a CUDA-graph launch with whole tiles per block, where
+    tma_pays, never under the interpreter; an eager launch keeps plain loads (the GPU check and
+    bench/served_graph.py run the graph cases on the H200)."""
     cpu = torch.device("cpu")
-    assert triton_ops.graph_tma_stages(False, True, 128, False, cpu, 8) == 0  # eager: no per-launch encoding
-    assert triton_ops.graph_tma_stages(True, False, 128, False, cpu, 8) == 0  # tiles straddle blocks
-    assert triton_ops.graph_tma_stages(True, True, 64, False, cpu, 8) == 0  # slower at head_dim 64 (V26)
-    assert triton_ops.graph_tma_stages(True, True, 128, True, cpu, 8) == 0  # interpreter
+    assert triton_ops.graph_tma_stages(False, True, 128, False, cpu, 8, True, 32768) == 0  # eager: host encoding
+    assert triton_ops.graph_tma_stages(True, False, 128, False, cpu, 8, True, 32768) == 0  # tiles straddle blocks
+    assert triton_ops.graph_tma_stages(True, True, 128, True, cpu, 8, True, 32768) == 0  # interpreter
+
+
+@pytest.mark.parametrize("head_dim,int8_keys,pairs,max_seq_len,pays", [
+    (128, True, 8, 131072, True),     # Qwen3-8B batch 1: 8 pairs, 16+ SMs each
+    (128, True, 9, 131072, False),    # fewer than 16 SMs per pair at long contexts
+    (128, True, 64, 131072, False),   # batch 8 at 128K: plain loads
+    (128, True, 64, 4096, True),      # batch 8 at 4K: one pair per SM or fewer
+    (128, True, 133, 4096, False),    # more pairs than SMs
+    (64, True, 3, 131072, True),      # SmolLM2 batch 1 with int8 keys
+    (64, True, 64, 4096, False),      # the short-context case is a head_dim 128 one
+    (64, False, 3, 131072, False),    # head_dim 64 with bf16 keys: slower (V26)
+])
+def test_tma_pays_for_few_pairs_per_sm(head_dim, int8_keys, pairs, max_seq_len, pays) -> None:
+    assert triton_ops.tma_pays(head_dim, int8_keys, pairs, 132, max_seq_len) is pays
     assert triton_ops.DEFAULT_DECODE.tma_stages is None and not triton_ops.DEFAULT_DECODE.cuda_graph
 
 

@@ -157,9 +157,14 @@ DECODE_BLOCK_T: int = 64
 #: Programmatic dependent launch (griddepcontrol) exists from this compute capability (Hopper).
 PDL_MIN_CAPABILITY: tuple[int, int] = (9, 0)
 #: TMA tile-load pipeline depth of a decode launch captured in a CUDA graph (AttentionConfig.cuda_graph with
-#: tma_stages None), and the head_dim from which it pays (docs/notes/kernels.md V26, H2).
+#: tma_stages None), and where it pays (tma_pays; H200, docs/notes/kernels.md V26, H2, "Session 16"): with the
+#: int8-key split kernel where each (request, KV head) pair has GRAPH_TMA_SMS_PER_PAIR SMs or more (batch 1:
+#: 1-8% faster; batch 4-16 at >= 16K 2-9% slower since V38), and at head_dim >= GRAPH_TMA_MIN_HEAD_DIM also
+#: for plans up to GRAPH_TMA_SHORT_CONTEXT positions with at most one pair per SM (4K batch 8-16: 3-5% faster).
 GRAPH_TMA_STAGES: int = 3
 GRAPH_TMA_MIN_HEAD_DIM: int = 128
+GRAPH_TMA_SMS_PER_PAIR: int = 16
+GRAPH_TMA_SHORT_CONTEXT: int = 4096
 #: Window tile of the fused decode launch (positions per window program). 32, not the INT2 tile (64):
 #: a 64-position BF16 tile raised the whole kernel to 196 registers (offline SASS, Triton 3.6), 32 keeps
 #: it at the split loop's own 167.
@@ -265,9 +270,8 @@ class AttentionConfig:
     128 and small batches in CUDA-graph replays, the same at large batches, 2-6% slower at head_dim 64;
     but Triton encodes the six descriptors on the host at every launch (tens of us), more than the
     kernel saves where the launch is not graph-captured (docs/notes/kernels.md V26). None (the default):
-    GRAPH_TMA_STAGES for a cuda_graph launch where TMA applies and pays (whole tiles in a cache block,
-    head_dim >= GRAPH_TMA_MIN_HEAD_DIM, compute capability >= 9.0, at most one (request, KV head) pair
-    per SM: graph_tma_stages), else 0; long_splits (opt-in; timed on the H200: +-5%, LONG_SPLIT_TILES):
+    GRAPH_TMA_STAGES for a cuda_graph launch where TMA applies (whole tiles in a cache block, compute
+    capability >= 9.0) and pays (tma_pays: few (request, KV head) pairs per SM), else 0; long_splits (opt-in; timed on the H200: +-5%, LONG_SPLIT_TILES):
     with the int8-key split kernel and a merge of at least as many programs as SMs (not batch 1), size the grid
     for LONG_SPLIT_PROGRAMS_PER_SM split programs per SM where
     max_seq_len's splits would be long, and let each (request, KV head) use them all only where its own context
@@ -732,17 +736,27 @@ def _windows_first(config: AttentionConfig, window_programs: int, device: torch.
     return window_programs <= sms
 
 
+def tma_pays(head_dim: int, int8_keys: bool, pairs: int, sms: int, max_seq_len: int) -> bool:
+    """Whether TMA tile loads beat plain loads for a graph-captured decode of ``pairs`` (request, KV head) pairs
+    planned for ``max_seq_len`` positions on ``sms`` SMs (the rule of GRAPH_TMA_STAGES). Without int8 keys they
+    pay only at head_dim >= GRAPH_TMA_MIN_HEAD_DIM (2-6% slower at head_dim 64, V26)."""
+    if head_dim < GRAPH_TMA_MIN_HEAD_DIM and not int8_keys:
+        return False
+    if pairs * GRAPH_TMA_SMS_PER_PAIR <= sms:
+        return True
+    return head_dim >= GRAPH_TMA_MIN_HEAD_DIM and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT and pairs <= sms
+
+
 def graph_tma_stages(cuda_graph: bool, tma_applies: bool, head_dim: int, emulated: bool, device: torch.device,
-                     pairs: int) -> int:
+                     pairs: int, int8_keys: bool, max_seq_len: int) -> int:
     """AttentionConfig.tma_stages None: GRAPH_TMA_STAGES for a launch captured in a CUDA graph where the TMA
-    path applies and pays: head_dim >= GRAPH_TMA_MIN_HEAD_DIM, compute capability >= 9.0, and at most one
-    (request, KV head) pair per SM (batch 1-8 at 8 KV heads: 2-8% faster in graph replays; at batch 64 up
-    to 4% slower; docs/notes/kernels.md H2); else 0."""
-    if not cuda_graph or not tma_applies or emulated or head_dim < GRAPH_TMA_MIN_HEAD_DIM:
+    path applies (whole tiles in a cache block, compute capability >= 9.0, not the interpreter) and pays
+    (tma_pays); else 0."""
+    if not cuda_graph or not tma_applies or emulated:
         return 0
-    if torch.cuda.get_device_capability(device) < PDL_MIN_CAPABILITY or pairs > _device_sms(device):
+    if torch.cuda.get_device_capability(device) < PDL_MIN_CAPABILITY:
         return 0
-    return GRAPH_TMA_STAGES
+    return GRAPH_TMA_STAGES if tma_pays(head_dim, int8_keys, pairs, _device_sms(device), max_seq_len) else 0
 
 
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
@@ -771,7 +785,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     tma_stages = config.tma_stages
     if tma_stages is None:
         tma_stages = graph_tma_stages(config.cuda_graph, tma_applies, layout.head_dim, meta["EMU"], query_rot.device,
-                                      batch * hkv)
+                                      batch * hkv, int8_keys, max_seq_len)
     if tma_stages and not tma_applies:
         raise ValueError(
             f"tma_stages={tma_stages} needs the INT2 split kernel walking whole tiles (tokens_on_m=True, one "
