@@ -6,7 +6,7 @@ Checks (each prints one line and goes into the JSON report):
             (codes, scales, offsets, window rows, untouched poison) and vs the torch path
   decode    oscar_decode (both unpack modes) vs a dense float64 reference of the read rule,
             ragged batches with contexts from 1 to 32K+, fallback rows, GQA 1..16, D 64..256
-  int8      the int8 key path (AttentionConfig.int8_keys, D >= 128) on pure INT2 history vs
+  int8      the int8 key path (AttentionConfig.int8_keys, D >= 64) on pure INT2 history vs
             the dense reference with the query rounded to int8 per row
   prefill   oscar_prefill vs a dense float64 reference (causal chunk + cached prefix)
   rotate    oscar_rotate (one launch) vs float64: decode rows and prefill chunks, both directions

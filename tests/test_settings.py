@@ -51,8 +51,11 @@ def test_backend_checks_int8_keys_at_start_up() -> None:
     check_int8_keys(config_from_options({"int8_keys": False}), layout, torch.device("cpu"))
     with pytest.raises(ValueError, match="int8_keys=true needs the CUDA decode"):
         check_int8_keys(config_from_options({"int8_keys": True}), layout, torch.device("cpu"))
-    with pytest.raises(ValueError, match="head_dim 64"):
-        check_int8_keys(config_from_options({"int8_keys": True}), PageLayout(64, 64, 16), torch.device("cuda"))
+    check_int8_keys(config_from_options({"int8_keys": True}), PageLayout(64, 64, 16), torch.device("cuda"))  # paired
+    with pytest.raises(ValueError, match="head_dim 32"):
+        check_int8_keys(config_from_options({"int8_keys": True}), PageLayout(32, 32, 16), torch.device("cuda"))
+    with pytest.raises(ValueError, match="group_size 32"):
+        check_int8_keys(config_from_options({"int8_keys": True}), PageLayout(128, 32, 16), torch.device("cuda"))
 
 
 @pytest.mark.vllm

@@ -214,9 +214,9 @@ class OscarConfig:
             SmolLM2 most of its passkey retrievals (docs/QUALITY.md, "Passkey and the grid
             refit"). Same storage and decode either way; only the write does more work.
         int8_keys: the GPU decode computes the key dot as an int8 MMA with the query rounded
-            to int8 per head row (None: where it applies, head_dim >= 128 on CUDA; its cost:
-            1.6% of the INT2 key error in amplitude, scripts/int8_query_error.py). False: the
-            bf16 query everywhere. True where it cannot apply (CPU, head_dim < 128) is an error.
+            to int8 per head row (None: where it applies, head_dim >= INT8_MMA_MIN_HEAD_DIM (64) on
+            CUDA; its cost: 1.6% of the INT2 key error in amplitude, scripts/int8_query_error.py). False:
+            the bf16 query everywhere. True where it cannot apply (CPU, head_dim < 64) is an error.
     """
 
     group_size: Optional[int] = None

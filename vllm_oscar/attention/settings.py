@@ -17,7 +17,7 @@ variables. Keys (all optional):
                      always floored (never narrower than the clipped min/max grid:
                      config.REFIT_SCALE_FLOOR, docs/QUALITY.md "Passkey and the grid refit")
     int8_keys        GPU decode: the key dot as an int8 MMA with the query rounded to int8 per head
-                     row (default: on where it applies, head_dim >= 128 on CUDA; false = bf16
+                     row (default: on where it applies, head_dim >= 64 on CUDA; false = bf16
                      query everywhere; true where it cannot apply is an error)
 
 Unknown keys are an error (a typo must not silently fall back to a default).

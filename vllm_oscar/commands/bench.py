@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-tiles", type=int, nargs="+", default=[MIN_TILES_PER_SPLIT],
                         help="tune: the fewest tiles per decode split (short contexts / batch 1)")
     parser.add_argument("--int8-keys", nargs="+", default=["auto"], choices=("auto", "0", "1"),
-                        help="tune: 1 = the int8-MMA key path of the INT2 splits (head_dim >= 128); auto = "
+                        help="tune: 1 = the int8-MMA key path of the INT2 splits (head_dim >= 64); auto = "
                              "the default (on where it applies)")
     parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
                         help="tune: maxnreg of the INT2 split programs (0 = compiler's choice)")
@@ -109,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "auto = the default: on for compute capability >= 9.0)")
     parser.add_argument("--tma-stages", nargs="+", default=["auto"],
                         help="tune: > 0 = the INT2 splits load whole tiles by TMA, pipelined this deep; 0 = plain "
-                             "loads; auto = the default: 3 stages where they apply at head_dim >= 128, since the "
+                             "loads; auto = the default: 3 stages where they apply and pay (triton_ops.tma_pays: "
+                             "few (request, KV head) pairs per SM), since the "
                              "benchmark times CUDA-graph replays (AttentionConfig.tma_stages and cuda_graph; > 0 "
                              "needs --block-size a multiple of the tile)")
     parser.add_argument("--long-splits", nargs="+", default=["0"], choices=("0", "1"),

@@ -39,10 +39,17 @@ columns, column GP + j a copy of head j (same query, so the same logits and p), 
 bf16(p z_v) there, so that the same MMA sums the offset term too; the extra columns' V accumulators
 are never stored. Otherwise (NC = GP) zw is summed per tile as before.
 
-INT8_K (opt-in, D >= 128): the key path as an int8 MMA with int32 accumulation: codes are
+INT8_K (D >= 64; the default on CUDA): the key path as an int8 MMA with int32 accumulation: codes are
 exact int8 (one and.b32 per four), the query is rounded per head row to int8 with the
 absmax scale s_q (q ~= s_q * q8, also in the offset term), logits = s_q (s_k (code . q8) +
-z_k sum(q8)). scripts/int8_query_error.py measures what the query rounding costs.
+z_k sum(q8)). scripts/int8_query_error.py measures what the query rounding costs. At D = 64 a plane
+has 16 channels, fewer than the MMA's K = 32: planes (0, 1) and (2, 3) go in pairs (_paired_codes).
+Logits columns in parts (KPARTS, GP < 8): a [BT, GP] logits tile leaves half of the MMA's N = 8 unused and
+Triton replicates it across the lanes, so every softmax step would run twice per value. Instead the int8 MMA
+writes [BT, GP * KPARTS] columns (head, part), part k's query operand holding only the planes of part k, and
+the parts are added in-lane (_int2_tile_logits): the softmax then runs once per value (docs/notes/kernels.md
+V38: the loop 840 -> 708 instructions at D = 128). Only programs that read INT2 tiles compute the query
+operands (_int2_query): window programs without INT2 positions skip them.
 """
 
 from __future__ import annotations
