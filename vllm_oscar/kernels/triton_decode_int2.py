@@ -72,6 +72,9 @@ PREFETCH_LINE: tl.constexpr = tl.constexpr(128)
 #: Narrowest N of the MMA instruction (m16n8k16 / m16n8k32): a [BT, GP] tile with GP < 8 fills an N = 8
 #: accumulator anyway, so the columns GP..2 GP - 1 cost nothing (ZW_COLS, module docstring).
 MMA_MIN_N: tl.constexpr = tl.constexpr(8)
+#: Smallest M of the MMA instruction (m16n8k16): at head_dim 64 a plane's even (or odd) channels are 8 rows, so the
+#: V MMAs take both stacked (STACK, _stacked) instead of half-empty operands that Triton would fill with copies.
+MMA_MIN_M: tl.constexpr = tl.constexpr(16)
 #: Smallest K of the int8 MMA instruction (m16n8k32): code planes of fewer channels (head_dim 64) go in pairs.
 INT8_MMA_MIN_K: tl.constexpr = tl.constexpr(32)
 #: Rows of the all-ones operand whose MMA with the V weights sums them over the tile's positions.
@@ -127,29 +130,54 @@ def _int8_part(x, inv_scale, part, P: tl.constexpr, KPARTS: tl.constexpr):
 
 
 @triton.jit
-def zero_accumulators(HALF_Q: tl.constexpr, GP: tl.constexpr):
-    """The eight fp32 [HALF_Q, GP] V accumulators (acc^T of planes 0-3, even and odd channels), zero."""
-    zero = tl.zeros([HALF_Q, GP], tl.float32)
-    return zero, zero, zero, zero, zero, zero, zero, zero
+def zero_accumulators(Q: tl.constexpr, NC: tl.constexpr):
+    """The eight fp32 V accumulators (acc^T of planes 0-3, even and odd channels), zero: [Q/2, NC] each, or with
+    STACK the even one of each plane [Q, NC] holding both (_stacked) and the odd one an unused [1, NC]."""
+    if Q // 2 < MMA_MIN_M:  # STACK
+        both = tl.zeros([Q, NC], tl.float32)
+        unused = tl.zeros([1, NC], tl.float32)
+        return both, unused, both, unused, both, unused, both, unused
+    else:
+        zero = tl.zeros([Q // 2, NC], tl.float32)
+        return zero, zero, zero, zero, zero, zero, zero, zero
+
+
+@triton.jit
+def _stacked(even, odd):
+    """Even- and odd-channel planes [T, C] as one [T, 2 C]: columns 0..C-1 the even channels, C..2C-1 the odd
+    ones (STACK: at head_dim 64, C = 8 would fill half of the V MMA's M = 16 and Triton would compute the other
+    half as a copy)."""
+    return tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 1)), [even.shape[0], 2 * even.shape[1]])
 
 
 @triton.jit
 def accumulate_plane(vc, w, acc_even, acc_odd, P: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr):
-    """V plane P of the int16 byte-pair tile vc [BT, D/8] into acc^T [D/8, GP] += X^T @ w [BT, GP],
-    even and odd channels apart."""
+    """V plane P of the int16 byte-pair tile vc [BT, D/8] into acc^T [D/8, NC] += X^T @ w [BT, NC], even and odd
+    channels apart; STACK: both in acc_even [D/4, NC] (_stacked), acc_odd untouched."""
     even, odd = unpack_pair_plane(vc, P, MODE)
-    return mma(tl.trans(even), w, acc_even, EMU), mma(tl.trans(odd), w, acc_odd, EMU)
+    if vc.shape[1] < MMA_MIN_M:  # STACK
+        acc_even = mma(tl.trans(_stacked(even, odd)), w, acc_even, EMU)
+    else:
+        acc_even = mma(tl.trans(even), w, acc_even, EMU)
+        acc_odd = mma(tl.trans(odd), w, acc_odd, EMU)
+    return acc_even, acc_odd
 
 
 @triton.jit
 def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.constexpr, Q: tl.constexpr,
                  MODE: tl.constexpr):
-    """Store plane P's normalised outputs: even channels from acc_even, odd from acc_odd ([Q/2, GP])."""
-    even = ((acc_even - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
-    odd = ((acc_odd - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
-    ptrs = o_row[None, :] + P * Q + 2 * pairs[:, None]
-    tl.store(ptrs, even, mask=jok[None, :])
-    tl.store(ptrs + 1, odd, mask=jok[None, :])
+    """Store plane P's normalised outputs: even channels from acc_even, odd from acc_odd ([Q/2, NC]); STACK: both
+    from acc_even [Q, NC] (row r < Q/2: channel 2 r, else 2 (r - Q/2) + 1)."""
+    if Q // 2 < MMA_MIN_M:  # STACK
+        r = tl.arange(0, Q)
+        out = ((acc_even - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+        tl.store(o_row[None, :] + P * Q + (2 * (r % (Q // 2)) + r // (Q // 2))[:, None], out, mask=jok[None, :])
+    else:
+        even = ((acc_even - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+        odd = ((acc_odd - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+        ptrs = o_row[None, :] + P * Q + 2 * pairs[:, None]
+        tl.store(ptrs, even, mask=jok[None, :])
+        tl.store(ptrs + 1, odd, mask=jok[None, :])
 
 
 @triton.jit
@@ -392,11 +420,16 @@ def _window_query_plane(q_row, cols, jok, P: tl.constexpr, Q: tl.constexpr, WIN_
 def _window_values(wv_rows, copy, pw, acc_even, acc_odd, cols, P: tl.constexpr, Q: tl.constexpr,
                    MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr):
     """acc^T += F_P * V_P^T @ pw over BF16 window rows (wv_rows [BT] -> channel 0; pw [BT, GP] fp32,
-    0 where no copy), even and odd channels of plane P apart (the INT2 accumulators' layout)."""
+    0 where no copy), even and odd channels of plane P apart, or STACK stacked (the INT2 accumulators' layout)."""
     v = tl.load(wv_rows[:, None] + P * Q + cols[None, :], mask=copy[:, None], other=0.0)
     even, odd = tl.split(tl.reshape(v, [v.shape[0], Q // 2, 2]))
     pf = round_to(pw * plane_factor(P, MODE), WIN_T, EMU)  # exact: a power-of-two scaling
-    return mma(tl.trans(even), pf, acc_even, EMU), mma(tl.trans(odd), pf, acc_odd, EMU)
+    if Q // 2 < MMA_MIN_M:  # STACK
+        acc_even = mma(tl.trans(_stacked(even, odd)), pf, acc_even, EMU)
+    else:
+        acc_even = mma(tl.trans(even), pf, acc_even, EMU)
+        acc_odd = mma(tl.trans(odd), pf, acc_odd, EMU)
+    return acc_even, acc_odd
 
 
 #: Arguments left unspecialised, so that one compiled kernel serves every split count (they
@@ -495,7 +528,7 @@ def int2_split_kernel(
     sums = tl.zeros([SUM_ROWS if SUMS_MMA else 1, NC], tl.float32)
     zw = tl.zeros([NC], tl.float32)
     pairs = tl.arange(0, Q // 2)
-    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = zero_accumulators(Q // 2, NC)
+    acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = zero_accumulators(Q, NC)
     head_base = cache_ptr + h * stride_ch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     offs_t = tl.arange(0, BLOCK_T)
