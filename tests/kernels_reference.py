@@ -236,45 +236,58 @@ def random_paged_state(
                       torch.tensor(seq_lens, dtype=torch.int32))
 
 
-def ref_context(state: PagedState, request: int, length: int, position: int, sink: int, recent: int):
-    """K, V [length, Hkv, D] float64 as read by a query at ``position`` (explicit read rule)."""
+def ref_context(state: PagedState, request: int, length: int, position: int, sink: int, recent: int,
+                with_sources: bool = False):
+    """K, V [length, Hkv, D] float64 as read by a query at ``position`` (explicit read rule); with_sources: also
+    the bool [length] of positions read from the INT2 cache (not from a BF16 window copy)."""
     bs = state.layout.block_size
-    ks, vs = [], []
+    ks, vs, from_int2 = [], [], []
     for s in range(length):
         logical = s // bs
         window_block = int(state.window_block_table[request, logical])
         if (s < sink or s > position - recent) and window_block >= 0:
             ks.append(state.window_k[window_block, s % bs].double())
             vs.append(state.window_v[window_block, s % bs].double())
+            from_int2.append(False)
         else:
             block = int(state.block_table[request, logical])
             ks.append(ref_dequantize_slot(state.cache, state.layout, block, s % bs, "k"))
             vs.append(ref_dequantize_slot(state.cache, state.layout, block, s % bs, "v"))
+            from_int2.append(True)
     dim, hkv = state.layout.head_dim, state.cache.shape[1]
     if not ks:
-        return torch.zeros(0, hkv, dim, dtype=torch.float64), torch.zeros(0, hkv, dim, dtype=torch.float64)
-    return torch.stack(ks), torch.stack(vs)
+        k = v = torch.zeros(0, hkv, dim, dtype=torch.float64)
+    else:
+        k, v = torch.stack(ks), torch.stack(vs)
+    return (k, v, torch.tensor(from_int2, dtype=torch.bool)) if with_sources else (k, v)
 
 
-def ref_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query [Hq, D] over k, v [S, Hkv, D] (GQA: head i uses KV head i // g), float64."""
+def ref_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                          q_int2: torch.Tensor | None = None, from_int2: torch.Tensor | None = None) -> torch.Tensor:
+    """One query [Hq, D] over k, v [S, Hkv, D] (GQA: head i uses KV head i // g), float64; q_int2 (with the bool
+    [S] from_int2): the query the positions read from INT2 multiply instead (the int8 key path's rounded one)."""
     hq, hkv = q.shape[0], k.shape[1]
     group = hq // hkv
     out = torch.empty(hq, q.shape[1], dtype=torch.float64)
     for head in range(hq):
         kv = head // group
         logits = (k[:, kv] @ q[head].double()) * scale
+        if q_int2 is not None:
+            logits = torch.where(from_int2, (k[:, kv] @ q_int2[head].double()) * scale, logits)
         weights = torch.softmax(logits, dim=0)
         out[head] = weights @ v[:, kv]
     return out
 
 
-def ref_decode(state: PagedState, query: torch.Tensor, sink: int, recent: int, scale: float) -> torch.Tensor:
-    """[B, Hq, D] float64 reference of oscar_decode."""
+def ref_decode(state: PagedState, query: torch.Tensor, sink: int, recent: int, scale: float,
+               int2_query: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, Hq, D] float64 reference of oscar_decode; int2_query [B, Hq, D]: the query of the positions read from
+    INT2 (BF16 window positions keep ``query``), as the int8 key path reads them."""
     out = []
     for b, n in enumerate(state.seq_lens.tolist()):
-        k, v = ref_context(state, b, n, n - 1, sink, recent)
-        out.append(ref_softmax_attention(query[b], k, v, scale))
+        k, v, from_int2 = ref_context(state, b, n, n - 1, sink, recent, with_sources=True)
+        q_int2 = None if int2_query is None else int2_query[b]
+        out.append(ref_softmax_attention(query[b], k, v, scale, q_int2, from_int2))
     return torch.stack(out)
 
 

@@ -373,6 +373,52 @@ def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv,
             assert error < relative_error(got[row], bf16_path[row]), f"request {row}"
 
 
+@pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,window_t", [
+    ([300, 77, 9], 8, 2, 128, 16, 32, 16),   # GQA 4: INT2 logits in two parts, windows of one block
+    ([260, 100], 9, 3, 64, 16, 16, 16),      # head_dim 64: paired planes, stacked V channels, GQA 3
+    ([200], 2, 2, 64, 64, 64, 32),           # head_dim 64, MHA (four parts), whole-block tiles
+])
+@pytest.mark.parametrize("full_tiles", [False, True])
+def test_triton_decode_int8_keys_with_bf16_windows(lens, hq, hkv, dim, bs, block_t, window_t, full_tiles) -> None:
+    """int8_keys with BF16 windows and lost window blocks (the default on CUDA): positions read from INT2 (history,
+    INT2 edge tiles, windows without a copy) follow the int8-rounded query, BF16 window positions the bf16 one.
+    Against that mixed float64 reference, nearer to it than half its distance to the all-bf16 one; and requests
+    read wholly from BF16 copies match the bf16-query reference, nearer than half its distance to the int8 one."""
+    gen = torch.Generator().manual_seed(sum(lens) + 7 * dim)
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    sink, recent = 5, 40
+    scale = 1.0 / math.sqrt(dim)
+    config = triton_ops.AttentionConfig(block_t=block_t, window_block_t=window_t, num_splits=2, int8_keys=True,
+                                        full_tiles=full_tiles)
+
+    def decode(state, query):
+        return triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                       state.window_block_table, state.seq_lens, sink, recent, scale, config=config)
+
+    state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=1)
+    state.window_k.mul_(0.2)  # window logits on the INT2 ones' scale: both parts of the softmax carry weight
+    query = (3.0 * torch.randn(len(lens), hq, dim, generator=gen)).to(torch.bfloat16)
+    query[:, :, 3] *= 8.0  # a planted outlier channel sets the int8 step
+    got = decode(state, query)
+    expected = ref_decode(state, query.double(), sink, recent, scale, int2_query=int8_rounded_query(query))
+    bf16_only = ref_decode(state, query.double(), sink, recent, scale)
+    for row in range(len(lens)):
+        error = relative_error(got[row], expected[row])
+        assert error < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
+        assert error < 0.5 * relative_error(expected[row], bf16_only[row]), f"request {row}: int8 query on INT2"
+
+    short = [recent, recent - 7]  # every position in the recent window, every window block kept
+    state = random_paged_state(short, hkv, layout, sink, recent, gen)
+    query = (3.0 * torch.randn(len(short), hq, dim, generator=gen)).to(torch.bfloat16)
+    query[:, :, 3] *= 40.0  # a coarse int8 step: the two hypotheses far apart
+    got = decode(state, query)
+    expected = ref_decode(state, query.double(), sink, recent, scale)
+    int8_only = ref_decode(state, int8_rounded_query(query), sink, recent, scale)
+    for row in range(len(short)):
+        error = relative_error(got[row], expected[row])
+        assert error < 0.5 * relative_error(expected[row], int8_only[row]), f"window request {row}: bf16 query"
+
+
 @pytest.mark.parametrize("long_splits", [False, True])
 def test_triton_decode_long_splits_only_where_a_pair_is_long(monkeypatch, long_splits) -> None:
     """AttentionConfig.long_splits: the grid holds LONG_SPLIT_PROGRAMS_PER_SM split programs per SM (here one SM,
