@@ -266,12 +266,13 @@ class AttentionConfig:
     INT2 splits load their tiles by tensor-memory-accelerator copies (tensor descriptors over the cache's
     planes, built once per cache) in a software pipeline this many stages deep, and no L2 prefetch unless
     prefetch is given; needs full_tiles, cache blocks that hold whole tiles (block_size a multiple of
-    block_t) and a contiguous cache. 0 = plain loads. On the H200 3 stages are 2-7% faster at head_dim
-    128 and small batches in CUDA-graph replays, the same at large batches, 2-6% slower at head_dim 64;
-    but Triton encodes the six descriptors on the host at every launch (tens of us), more than the
-    kernel saves where the launch is not graph-captured (docs/notes/kernels.md V26). None (the default):
-    GRAPH_TMA_STAGES for a cuda_graph launch where TMA applies (whole tiles in a cache block, compute
-    capability >= 9.0) and pays (tma_pays: few (request, KV head) pairs per SM), else 0; long_splits (opt-in; timed on the H200: +-5%, LONG_SPLIT_TILES):
+    block_t) and a contiguous cache. 0 = plain loads. On the H200 (since V38) 3 stages are 1-8% faster at
+    batch 1 in CUDA-graph replays (head_dim 64 with int8 keys too) and at 4K batch 8-16 (head_dim 128), 2-9% slower
+    at batch 4-16 from 16K on and with bf16 keys at head_dim 64; but Triton encodes the six descriptors on the host
+    at every launch (tens of us), more than the kernel saves where the launch is not graph-captured
+    (docs/notes/kernels.md V26, "Session 16"). None (the default): GRAPH_TMA_STAGES for a cuda_graph launch where
+    TMA applies (whole tiles in a cache block, compute capability >= 9.0) and pays (tma_pays), else 0;
+    long_splits (opt-in; timed on the H200: +-5%, LONG_SPLIT_TILES):
     with the int8-key split kernel and a merge of at least as many programs as SMs (not batch 1), size the grid
     for LONG_SPLIT_PROGRAMS_PER_SM split programs per SM where
     max_seq_len's splits would be long, and let each (request, KV head) use them all only where its own context
