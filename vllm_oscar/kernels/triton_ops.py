@@ -228,9 +228,9 @@ class AttentionConfig:
     split kernel's registers, warps and shared memory: one full wave; docs/notes/kernels.md V10);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
-    to int8 per head row (head_dim >= 128). None = on where it applies (INT2 split kernel, head_dim
-    >= 128, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8: 1.1-1.2x on the
-    H200; scripts/int8_query_error.py: the rounding adds 1.6% of the INT2 key error in amplitude);
+    to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
+    head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8, V39: 1.1-1.2x on
+    the H200; scripts/int8_query_error.py: the rounding adds 1.6% of the INT2 key error in amplitude);
     max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice;
     fewer registers let more programs share an SM);
     prefetch: the INT2 split programs ask L2 for the tile this many steps ahead (prefetch.global.L2;
