@@ -112,16 +112,28 @@ def instructions(sass: str) -> list[tuple[int, str]]:
             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass)]
 
 
+def register_copies(sass: str) -> list[int]:
+    """Addresses of plain register copies (IMAD.MOV.U32 Rd, RZ, RZ, Rs): in a hot loop they mostly build MMA
+    operands whose halves Triton fills with copies of a half-empty tile (docs/notes/kernels.md V40)."""
+    return [int(m.group(1), 16) for m in
+            re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?IMAD\.MOV\.U32 R\d+, RZ, RZ, R\d+", sass)]
+
+
 def loop_histograms(sass: str, top: int) -> list[str]:
-    """One line per loop (backward branch): instruction count and the top opcodes."""
+    """One line per loop (backward branch): instruction count, register copies and the top opcodes."""
     listing = instructions(sass)
+    copies = register_copies(sass)
+    exits = [address for address, op in listing if op == "EXIT"]
     lines = []
     for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?BRA[^;]*?0x([0-9a-f]+)", sass):
         source, target = int(m.group(1), 16), int(m.group(2), 16)
         if target < source:
             body = collections.Counter(op for address, op in listing if target <= address <= source)
+            moved = sum(target <= address <= source for address in copies)
             common = " ".join(f"{op}={n}" for op, n in body.most_common(top))
-            lines.append(f"loop {target:#x}-{source:#x}: {sum(body.values())} instructions; {common}")
+            kind = "loop" if not exits or source < exits[-1] else "divergence fallback (not a loop)"
+            lines.append(f"{kind} {target:#x}-{source:#x}: {sum(body.values())} instructions, {moved} register "
+                         f"copies; {common}")
     return lines
 
 
@@ -151,7 +163,8 @@ def main() -> int:
                             args.trigger_dependents, args.tma_stages)
     sass, registers, stack = read_compiled(kernel, args.dump)
     print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {registers}, "
-          f"stack {stack} B")
+          f"stack {stack} B, {len(instructions(sass))} instructions in the kernel (the window programs' path is "
+          f"what the split loop does not account for)")
     for line in loop_histograms(sass, args.top):
         print(line)
     return 0
