@@ -373,13 +373,21 @@ def test_triton_decode_int8_key_path_matches_int8_query_reference(lens, hq, hkv,
             assert error < relative_error(got[row], bf16_path[row]), f"request {row}"
 
 
-@pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,window_t", [
+INT8_WINDOW_CASES = [
     ([300, 77, 9], 8, 2, 128, 16, 32, 16),   # GQA 4: INT2 logits in two parts, windows of one block
     ([260, 100], 9, 3, 64, 16, 16, 16),      # head_dim 64: paired planes, stacked V channels, GQA 3
     ([200], 2, 2, 64, 64, 64, 32),           # head_dim 64, MHA (four parts), whole-block tiles
+]
+
+
+@pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,window_t,full_tiles,tma_stages", [
+    *[(*case, full_tiles, 0) for case in INT8_WINDOW_CASES for full_tiles in (False, True)],
+    ([300, 77, 9], 8, 2, 128, 32, 32, 16, True, 2),  # TMA tile loads (the served default at batch 1)
+    (*INT8_WINDOW_CASES[1], True, 2),
+    (*INT8_WINDOW_CASES[2], True, 2),
 ])
-@pytest.mark.parametrize("full_tiles", [False, True])
-def test_triton_decode_int8_keys_with_bf16_windows(lens, hq, hkv, dim, bs, block_t, window_t, full_tiles) -> None:
+def test_triton_decode_int8_keys_with_bf16_windows(lens, hq, hkv, dim, bs, block_t, window_t, full_tiles,
+                                                    tma_stages) -> None:
     """int8_keys with BF16 windows and lost window blocks (the default on CUDA): positions read from INT2 (history,
     INT2 edge tiles, windows without a copy) follow the int8-rounded query, BF16 window positions the bf16 one.
     Against that mixed float64 reference, nearer to it than half its distance to the all-bf16 one; and requests
@@ -389,7 +397,7 @@ def test_triton_decode_int8_keys_with_bf16_windows(lens, hq, hkv, dim, bs, block
     sink, recent = 5, 40
     scale = 1.0 / math.sqrt(dim)
     config = triton_ops.AttentionConfig(block_t=block_t, window_block_t=window_t, num_splits=2, int8_keys=True,
-                                        full_tiles=full_tiles)
+                                        full_tiles=full_tiles, tma_stages=tma_stages)
 
     def decode(state, query):
         return triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
