@@ -35,7 +35,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from vllm_oscar.config import DEFAULT_SINK_TOKENS, GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
-from vllm_oscar.kernels.triton_ops import MIN_TILES_PER_SPLIT, _plane_offsets  # noqa: E402
+from vllm_oscar.kernels.triton_ops import FIRST_PREFETCH_TILES, MIN_TILES_PER_SPLIT, _plane_offsets  # noqa: E402
 
 #: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types, as the launcher
 #: specialises them for the served caches (read from the H200's compile with
@@ -57,10 +57,12 @@ PLAIN_SCALARS = ("qk_scale", *SPLIT_RUNTIME_ARGS)
 
 def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, warps: int, stages: int,
                    int8_keys: bool = False, prefetch: int = 0, maxnreg: int = 0, win_bt: int = 32,
-                   full_tiles: bool = True, trigger_dependents: bool = False, tma_stages: int = 0):
+                   full_tiles: bool = True, trigger_dependents: bool = False, tma_stages: int = 0,
+                   first_prefetch: int = FIRST_PREFETCH_TILES):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, PTX unpack); maxnreg 0 = compiler's choice;
     trigger_dependents: AttentionConfig.merge_pdl's griddepcontrol.launch_dependents at each program's start;
-    tma_stages: AttentionConfig.tma_stages (the plane descriptors typed as the launcher types them)."""
+    tma_stages: AttentionConfig.tma_stages (the plane descriptors typed as the launcher types them); first_prefetch:
+    tiles asked of L2 inside the query prologue (FIRST_PREFETCH, the served default on a GPU)."""
     layout = PageLayout(head_dim, head_dim, block_size)
     q = layout.code_bytes
     descriptor_types = (f"tensordesc<u8[1,{block_t},{q}]>", f"tensordesc<i16[1,{block_t},{q // 2}]>",
@@ -72,7 +74,7 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
-                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0,
+                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0, FIRST_PREFETCH=first_prefetch,
                      **({} if tma_stages else dict.fromkeys(DESCRIPTOR_ARGS)), **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **descriptors, **{name: "constexpr" for name in constants}}

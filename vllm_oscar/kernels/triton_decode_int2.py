@@ -329,14 +329,20 @@ def _weight_sums(sums, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
 @triton.jit
 def _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP: tl.constexpr, GP: tl.constexpr,
                 NC: tl.constexpr, Q: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr,
-                KPARTS: tl.constexpr):
+                KPARTS: tl.constexpr, head_base=None, bt_row=None, stride_cb=0, t0=0, int2_end=0, live=False,
+                BS: tl.constexpr = 0, BLOCK_T: tl.constexpr = 0, REGION: tl.constexpr = 0,
+                FIRST_PREFETCH: tl.constexpr = 0):
     """The query operands of the INT2 logits (_int2_tile_logits) of request b, KV head h: (q0..q3, qb, qo, l_scale).
     Only the programs that read INT2 tiles compute them (the splits; window programs with INT2 positions).
 
     INT8_K: the query as int8 per head row (absmax over all D channels, q = s_q * q8 everywhere, so the offset term
     uses s_q * sum(q8) and no BIAS is involved: the codes are exact int8); planes [Q, GP * KPARTS] int8 in the
     columns (head, part) of _int8_part; qb = 0, qo = sum(q8) and l_scale = s_q * qk_scale per head [GP].
-    Else: planes [Q, NC] bf16 / F_P (_query_plane), qb = BIAS * sum, qo = plain sum, l_scale = qk_scale [NC]."""
+    Else: planes [Q, NC] bf16 / F_P (_query_plane), qb = BIAS * sum, qo = plain sum, l_scale = qk_scale [NC].
+
+    FIRST_PREFETCH > 0 (INT8_K): once the query's loads are issued, ask L2 for the tile at t0 (head_base, bt_row,
+    stride_cb, int2_end, live, BS, BLOCK_T, REGION as _prefetch_tile takes them), so that the rounding below runs
+    while its DRAM read is in flight instead of before the tile's first load is issued."""
     cols = tl.arange(0, Q)
     j = tl.arange(0, NC * KPARTS)  # columns: head j // KPARTS (ZW_COLS: j % GP), part j % KPARTS
     head = j // KPARTS % GP
@@ -347,6 +353,8 @@ def _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP: tl.constexpr
         f1 = _query_plane_f32(q_row, cols, jok, 1, Q)
         f2 = _query_plane_f32(q_row, cols, jok, 2, Q)
         f3 = _query_plane_f32(q_row, cols, jok, 3, Q)
+        if FIRST_PREFETCH > 0:
+            _prefetch_tile(head_base, bt_row, stride_cb, t0, int2_end, live, BS, BLOCK_T, REGION)
         amax = tl.maximum(tl.maximum(tl.max(tl.abs(f0), axis=0), tl.max(tl.abs(f1), axis=0)),
                           tl.maximum(tl.max(tl.abs(f2), axis=0), tl.max(tl.abs(f3), axis=0)))
         s_q = tl.where(amax > 0.0, amax / INT8_QUERY_MAX, 1.0)
@@ -455,7 +463,7 @@ def int2_split_kernel(
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
     FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, TMA_STAGES: tl.constexpr = 0,
-    MIN_TILES: tl.constexpr = 1, LONG_TILES: tl.constexpr = 0,
+    MIN_TILES: tl.constexpr = 1, LONG_TILES: tl.constexpr = 0, FIRST_PREFETCH: tl.constexpr = 0,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -469,7 +477,8 @@ def int2_split_kernel(
     < 0), its INT2 codes; an INT2 edge position (FULL_TILES) reads its INT2 codes. TRIGGER_DEPENDENTS:
     every program lets a programmatically dependent launch (the merge) start as it begins. TMA_STAGES > 0
     (FULL_TILES, tiles inside one cache block): the splits load their tiles through the tensor descriptors
-    kc_desc..vz_desc (None otherwise), software-pipelined TMA_STAGES deep."""
+    kc_desc..vz_desc (None otherwise), software-pipelined TMA_STAGES deep. FIRST_PREFETCH > 0 (int8 keys, PTX): each
+    split asks L2 for its first tile inside the query prologue (_int2_query)."""
     Q: tl.constexpr = D // 4
     # The column sums by MMA (module docstring) where they were measured faster: the bf16-key path (SmolLM2
     # geometry 2-5% at B >= 8); on the int8-key path (Qwen3-8B) they were 0-3% slower (docs/notes/kernels.md V29).
@@ -534,7 +543,9 @@ def int2_split_kernel(
     offs_t = tl.arange(0, BLOCK_T)
     if pid < NSPLIT and TMA_STAGES > 0:
         q0, q1, q2, q3, qb, qo, l_scale = _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP, GP, NC, Q,
-                                                      MODE, EMU, INT8_K, KPARTS)
+                                                      MODE, EMU, INT8_K, KPARTS, head_base, bt_row, stride_cb,
+                                                      first + lo * BLOCK_T, int2_end, lo < hi, BS, BLOCK_T, REGION,
+                                                      FIRST_PREFETCH)
         heads = stride_cb // REGION  # regions per block (the descriptors need a contiguous cache)
         for i in tl.range(lo, hi, num_stages=TMA_STAGES):
             t0 = first + i * BLOCK_T
@@ -550,7 +561,9 @@ def int2_split_kernel(
                 BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, SUMS_MMA, ZW_COLS, KPARTS)
     elif pid < NSPLIT:
         q0, q1, q2, q3, qb, qo, l_scale = _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP, GP, NC, Q,
-                                                      MODE, EMU, INT8_K, KPARTS)
+                                                      MODE, EMU, INT8_K, KPARTS, head_base, bt_row, stride_cb,
+                                                      first + lo * BLOCK_T, int2_end, lo < hi, BS, BLOCK_T, REGION,
+                                                      FIRST_PREFETCH)
         for i in range(lo, hi):
             if PREFETCH > 0:  # ask L2 for the tile PREFETCH steps ahead (its loads then wait on L2, not DRAM)
                 _prefetch_tile(head_base, bt_row, stride_cb, first + (i + PREFETCH) * BLOCK_T, int2_end,

@@ -190,6 +190,11 @@ MERGE_BLOCK_D: int = 32
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
 #: (docs/notes/kernels.md V8).
 PREFETCH_TILES: int = 1
+#: Tiles of a split program asked of L2 inside the query's prologue (plain and TMA loads, PTX unpack), so that the
+#: int8 rounding of the query runs while the first tile's DRAM read is in flight. H200, graph replays, blocks of 64
+#: (session 17, docs/notes/kernels.md V43), ms with / without: SmolLM2 32K B=8 0.0206 / 0.0216, 4K B=64 0.0281 /
+#: 0.0292; Qwen3-8B within the run-to-run noise.
+FIRST_PREFETCH_TILES: int = 1
 #: MMA rows per prefill program (query tokens x padded GQA group), AttentionConfig.prefill_rows.
 PREFILL_ROWS: int = 64
 #: Largest prefill tile on a GPU. With Triton 3.6 on the H200, prefill tiles of 64 positions compile to
@@ -821,6 +826,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
         TRIGGER_DEPENDENTS=merge_pdl, TMA_STAGES=tma_stages,
+        FIRST_PREFETCH=FIRST_PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0,
         MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
