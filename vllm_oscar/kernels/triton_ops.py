@@ -241,7 +241,8 @@ class AttentionConfig:
     fewer registers let more programs share an SM);
     prefetch: the INT2 split programs ask L2 for the tile this many steps ahead (prefetch.global.L2;
     0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change. None =
-    PREFETCH_TILES with the PTX unpack and plain tile loads, 0 otherwise (with TMA tile loads too);
+    PREFETCH_TILES with the PTX unpack and plain tile loads, 0 otherwise (with TMA tile loads too); the hint
+    for a split's first tile, issued inside its query prologue (FIRST_PREFETCH_TILES), does not depend on it;
     window_block_t: positions per window program of the INT2 split launch (a power of two >= 16;
     None = min(block_t, WINDOW_BLOCK_T), or WIDE_WINDOW_BLOCK_T at small head_dim, short contexts and many
     (request, KV head) pairs); merge_block_d: channels per merge program (a power of two
