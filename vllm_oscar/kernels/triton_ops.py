@@ -172,8 +172,9 @@ WINDOW_BLOCK_T: int = 32
 #: Wider window tiles (positions per window program) where they cost no registers and the windows are much of the
 #: work: head_dim <= WIDE_WINDOW_MAX_HEAD_DIM (at 64 the bf16-key kernel kept 128 registers with either tile, offline
 #: SASS; since V39/V40's int8 keys there 96 / 112; at 128 the wide tile takes the kernel to 156), a launch sized
-#: for contexts <= WIDE_WINDOW_MAX_CONTEXT (there the 320 window positions are ~1/3 of the bytes) and (request, KV head) pairs >= SMs x WIDE_WINDOW_MIN_PAIRS_PER_SM (half
-#: as many window programs then leave room in the wave; with fewer pairs the longer window program sets the time).
+#: for contexts <= WIDE_WINDOW_MAX_CONTEXT (there the 320 window positions are ~1/3 of the bytes) and (request,
+#: KV head) pairs >= SMs x WIDE_WINDOW_MIN_PAIRS_PER_SM (half as many window programs then leave room in the wave;
+#: with fewer pairs the longer window program sets the time).
 #: H200, SmolLM2-135M geometry, blocks of 64, graph replays, window tiles 32 / 64 (docs/notes/kernels.md V35): 4K
 #: B=24 / 32 / 64 -3..-8% / -8% / -3%, B=8 / 16 +4% / +2% (hence the pair floor); 8K B=24 / 32 / 64 +6% / +1% / -5%
 #: and 16K-128K equal or +1% (hence the context cap). Re-tuned with int8 keys (session 16, docs/notes/kernels.md
