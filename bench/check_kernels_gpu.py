@@ -176,6 +176,7 @@ DECODE_CASES = [
     ("mha D128 bs16", [3000, 2], 4, 4, 128, 128, 16, 0),
     ("gqa8 D256 G=D bs16", [6000, 333], 16, 2, 256, 256, 16, 1),
     ("qwen3-8b bs64", [40000, 5000, 70], 32, 8, 128, 128, 64, 1),
+    ("smollm2 gqa3 bs64", [20000, 777, 70], 9, 3, 64, 64, 64, 1),
 ]
 
 
@@ -193,13 +194,15 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: the L2 prefetch variant, the window-tile / merge-block knobs, window programs first with two waves,
 #: masked tiles instead of the default whole-tile splits (full_tiles=False), the merge launched without
 #: programmatic dependent launch (merge_pdl=False; the default uses it on Hopper), TMA tile loads (16-position
-#: tiles, which every block size here holds whole) and, at blocks of 64, TMA loads of the default 64-position tile.
+#: tiles, which every block size here holds whole) and, at blocks of 64, TMA loads of the default 64-position tile
+#: and the Gluon split programs (gluon_splits=True, opt-in).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
                   dict(unpack=UNPACK_PTX, windows_first=True, programs_per_sm=24),
                   dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, merge_pdl=False),
-                  dict(unpack=UNPACK_PTX, block_t=16, tma_stages=2), dict(unpack=UNPACK_PTX, tma_stages=3))
+                  dict(unpack=UNPACK_PTX, block_t=16, tma_stages=2), dict(unpack=UNPACK_PTX, tma_stages=3),
+                  dict(unpack=UNPACK_PTX, gluon_splits=True))
 
 
 
@@ -220,6 +223,8 @@ def check_decode(report: list, quick: bool = False) -> None:
         for variant in QUICK_VARIANTS if quick else DECODE_VARIANTS:
             if variant.get("tma_stages") and bs % variant.get("block_t", triton_ops.DECODE_BLOCK_T):
                 continue  # TMA tiles need blocks that hold whole tiles (oscar_decode would raise)
+            if variant.get("gluon_splits") and bs != triton_ops.DECODE_BLOCK_T:
+                continue  # the Gluon splits take cache blocks of one tile (oscar_decode would raise)
             out = torch.full_like(query, float("nan"))
             config = triton_ops.AttentionConfig(**variant)
             triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Check and time the Gluon split programs (bench/gluon_split.py, experiment G1) against int2_split_kernel's split
-programs on the same caches, in one run (GPU only).
+"""Check and time the Gluon split programs (vllm_oscar/kernels/gluon_decode.py, docs/notes/kernels.md G2) against
+int2_split_kernel's split programs on the same caches, in one run (GPU only).
 
 For each case both kernels run the split programs only (grid (B, Hkv, NSPLIT) with the served plan's NSPLIT, so the
 window programs are left out of both) and write the same partials: the check compares their log-sum-exps and
@@ -21,20 +21,18 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from gluon_split import gluon_split_kernel  # noqa: E402
 
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS  # noqa: E402
 from vllm_oscar.kernels import triton_ops  # noqa: E402
 from vllm_oscar.kernels.benchmark import (GEOMETRIES, layers_for, make_oscar_case, oscar_bytes,  # noqa: E402
                                           time_graph)
+from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel  # noqa: E402
 
 BLOCK_SIZE = 64
 
 
-def launchers(case, layer: int, length: int, part_t, lse_t, part_g, lse_g, gluon_warps_regs: int | None):
+def launchers(case, layer: int, length: int, part_t, lse_t, part_g, lse_g, maxnreg: int | None):
     """(triton split programs, gluon split programs, served decode) closures for one cache copy."""
     scale = 1.0 / math.sqrt(case.query.shape[-1])
     config = triton_ops.DEFAULT_DECODE
@@ -52,13 +50,13 @@ def launchers(case, layer: int, length: int, part_t, lse_t, part_g, lse_g, gluon
     consts = plan.split_consts
     offsets = triton_ops._plane_offsets(case.layout)
     out = torch.empty_like(case.query)
-    extra = {"maxnreg": gluon_warps_regs} if gluon_warps_regs else {}
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
 
     def triton_fn():
         int2_split_kernel[(batch, hkv, nsplit)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits, **consts)
 
     def gluon_fn():
-        gluon_split_kernel[(batch, hkv, nsplit)](
+        int2_split_gluon_kernel[(batch, hkv, nsplit)](
             case.query, case.query.stride(0), case.query.stride(1), cache, cache.stride(0), cache.stride(1),
             case.block_table, case.block_table.stride(0), case.seq_lens,
             part_g, part_g.stride(0), part_g.stride(1), part_g.stride(2), lse_g, lse_g.stride(0), lse_g.stride(1),

@@ -74,7 +74,7 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
-                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0, FIRST_PREFETCH=first_prefetch,
+                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0, FIRST_PREFETCH=first_prefetch, WINDOWS_ONLY=False,
                      **({} if tma_stages else dict.fromkeys(DESCRIPTOR_ARGS)), **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **descriptors, **{name: "constexpr" for name in constants}}

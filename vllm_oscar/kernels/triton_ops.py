@@ -288,7 +288,13 @@ class AttentionConfig:
     wave's splits at short contexts; docs/notes/kernels.md K1); cuda_graph: the launch will
     be captured into a CUDA graph and replayed without host work (the vLLM backend's full decode graphs
     and the benchmark's replays; its warm-up must use the same config, so that nothing compiles during
-    the capture).
+    the capture); gluon_splits (opt-in): the int8-key split programs run as gluon_decode's Gluon kernel (every MMA
+    operand built in registers) and the window programs in a launch of their own after it (where gluon_splits_apply
+    allows: a CUDA GPU of compute capability >= 8.0, int8 keys, whole tiles of 64 in cache blocks of 64, one fp16
+    scale group per row, GQA groups <= 4, head_dim 64 or 128; elsewhere it raises). H200, graph replays, Qwen3-8B
+    geometry (docs/notes/kernels.md G2): the split programs alone are 1.04-1.15x faster, but the window programs'
+    own launch (7-9 us on its own at batch 1-8) makes the decode 1.1-2x slower at 4K-32K and batch 1-8; it gains
+    1-5% only at 128K and batch >= 8. Not a default until the window programs share the Gluon launch.
     """
 
     block_t: Optional[int] = None
@@ -314,6 +320,7 @@ class AttentionConfig:
     tma_stages: Optional[int] = None
     long_splits: bool = False
     cuda_graph: bool = False
+    gluon_splits: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -643,6 +650,7 @@ class _DecodePlan:
     split_consts: dict  # constexprs and launch options of int2_split_kernel
     tma_block_t: Optional[int]  # the tile of the TMA plane descriptors (None: plain loads, no descriptors)
     merge_pdl: bool  # the merge launched with programmatic dependent launch (_merge_pdl)
+    gluon_splits: bool = False  # split programs in gluon_decode, window programs in a launch of their own
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
@@ -768,6 +776,37 @@ def graph_tma_stages(cuda_graph: bool, tma_applies: bool, head_dim: int, emulate
     return GRAPH_TMA_STAGES if tma_pays(head_dim, int8_keys, pairs, _device_sms(device), max_seq_len) else 0
 
 
+def gluon_splits_apply(layout: PageLayout, group: int, int8_keys: bool, full_tiles: bool, block_t: int, meta: dict,
+                       config: AttentionConfig, device: torch.device) -> tuple[bool, str]:
+    """(whether gluon_decode's split programs can take this decode's INT2 splits, what rules them out)."""
+    try:
+        from vllm_oscar.kernels import gluon_decode
+    except ImportError as error:  # a Triton without Gluon (it ships from 3.5 on)
+        return False, f"a Triton with Gluon ({error})"
+    tile = gluon_decode.TILE.value
+    missing = []
+    if not int8_keys:
+        missing.append("int8 keys")
+    if not full_tiles:
+        missing.append("whole tiles (full_tiles)")
+    if config.long_splits:
+        missing.append("long_splits off")
+    if group > gluon_decode.MAX_GROUP.value:
+        missing.append(f"GQA groups of at most {gluon_decode.MAX_GROUP.value} (got {group})")
+    if layout.head_dim not in gluon_decode.HEAD_DIMS:
+        missing.append(f"head_dim in {gluon_decode.HEAD_DIMS} (got {layout.head_dim})")
+    if layout.group_size != layout.head_dim or layout.scale_dtype != torch.float16:
+        missing.append(f"one fp16 scale group per row (got group_size {layout.group_size}, {layout.scale_dtype})")
+    if block_t != tile or layout.block_size != tile:
+        missing.append(f"tiles and cache blocks of {tile} positions (got block_t {block_t}, block_size "
+                       f"{layout.block_size})")
+    if device.type != "cuda" or meta["EMU"] or meta["MODE"] != UNPACK_PTX:
+        missing.append("a CUDA GPU (not the interpreter) and the PTX unpack")
+    elif torch.cuda.get_device_capability(device) < gluon_decode.MIN_CAPABILITY:
+        missing.append(f"compute capability >= {'.'.join(map(str, gluon_decode.MIN_CAPABILITY))}")
+    return not missing, "; ".join(missing)
+
+
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
@@ -790,6 +829,13 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     meta = _common_meta(layout, group, window_k, config)
     int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
     int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
+    gluon_splits = config.gluon_splits
+    if gluon_splits:
+        gluon_ok, gluon_missing = gluon_splits_apply(layout, group, int8_keys, full_tiles, block_t, meta, config,
+                                                     device)
+        if not gluon_ok:
+            raise ValueError(f"AttentionConfig(gluon_splits=True) needs {gluon_missing}. Leave gluon_splits off "
+                             f"(the default) for int2_split_kernel's split programs.")
     tma_applies = split_int2 and full_tiles and meta["SAME_BLOCK"] and int2_cache.is_contiguous()
     tma_stages = config.tma_stages
     if tma_stages is None:
@@ -860,7 +906,11 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
-    return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl)
+    if gluon_splits:  # int2_split_kernel runs the window programs alone (no TMA: that is for the splits)
+        split_consts.update(WINDOWS_ONLY=True, TMA_STAGES=0, WINDOWS_FIRST=False)
+        tma_block_t = None
+    return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl,
+                       gluon_splits)
 
 
 def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
@@ -966,8 +1016,14 @@ def oscar_decode(
     if split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
         args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
                            lse, sink, recent, softmax_scale, _cached_descriptors(int2_cache, layout, plan.tma_block_t))
-        int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
-                                               **plan.split_consts)
+        if plan.gluon_splits:  # the window programs, then the splits in Gluon, started beside them by PDL
+            int2_split_kernel[(batch, hkv, total - nsplit)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
+                                                            **plan.split_consts)
+            _launch_gluon_splits(query_rot, int2_cache, layout, block_table, seq_lens, part, lse, sink, recent,
+                                 softmax_scale, nsplit, plan)
+        else:
+            int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
+                                                   **plan.split_consts)
     else:
         attention_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
@@ -984,6 +1040,23 @@ def oscar_decode(
         )
     _merge_partials(part, lse, out, config, meta["EMU"], plan.merge_pdl, zero_empty=True)
     return out
+
+
+def _launch_gluon_splits(query_rot, int2_cache, layout: PageLayout, block_table, seq_lens, part, lse, sink: int,
+                         recent: int, softmax_scale: float, nsplit: int, plan: _DecodePlan) -> None:
+    """The INT2 split programs of oscar_decode as gluon_decode's kernel: grid (B, Hkv, nsplit), partials 0..nsplit-1
+    of part / lse. With PDL (plan.merge_pdl) it starts beside the window programs' launch before it, waits for that
+    launch before exiting, and lets the merge start at once."""
+    from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
+
+    consts = plan.split_consts
+    int2_split_gluon_kernel[(block_table.shape[0], int2_cache.shape[1], nsplit)](
+        query_rot, query_rot.stride(0), query_rot.stride(1), int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+        block_table, block_table.stride(0), seq_lens, part, part.stride(0), part.stride(1), part.stride(2),
+        lse, lse.stride(0), lse.stride(1), sink, recent, softmax_scale * LOG2E, nsplit,
+        GROUP=consts["GROUP"], D=consts["D"], BS=layout.block_size, MIN_TILES=consts["MIN_TILES"],
+        REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=plan.merge_pdl, WAIT_PRIOR=plan.merge_pdl, num_warps=1,
+        **_plane_offsets(layout), **({"launch_pdl": True} if plan.merge_pdl else {}))
 
 
 def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], max_query_len: int, sink: int,

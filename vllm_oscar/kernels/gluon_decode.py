@@ -1,0 +1,363 @@
+"""The INT2 split programs of the decode in Gluon: int2_split_kernel's int8-key split path with every MMA operand
+built in registers (no shared memory, no barrier).
+
+Same job, grid, arguments and partials as triton_decode_int2.int2_split_kernel's programs pid < NSPLIT with
+FULL_TILES (whole tiles of the pure INT2 range, no masks); the window programs stay in that Triton kernel, launched
+after this one (triton_ops.oscar_decode). Scope (triton_ops.gluon_splits_apply): int8 keys, tiles of 64 positions =
+cache blocks of 64, one group per row with fp16 scales, GQA groups <= 4, head_dim 64 or 128, the PTX code layout
+(triton_common). Gluon kernels do not run under TRITON_INTERPRET=1: the CPU tests compile this module for sm_90
+(tests/test_gluon_decode.py) and bench/check_kernels_gpu.py checks it against float64 references on the GPU.
+
+Per tile (positions on the MMA's M side, as in int2_split_kernel; KPARTS = 2 columns per head):
+
+    S^T [64, 8] int32 = sum over K steps s of codes_s [64, 32] int8 @ q8_s [32, 8]       (mma m16n8k32, int8)
+                        column 2 j + k: head j's dot over the planes of part k (the query operand is zero elsewhere)
+    x [64, 4] fp32    = k_scale * (S^T columns 2 j + 2 j + 1) + k_offset * sum(q8_j)    (parts added in-lane)
+    p                 = exp2(x * s_q qk_scale - m)                                       (lazy rescale, RESCALE_SLACK)
+    W [64, 8] bf16    = column 2 j: bf16(p v_scale), column 2 j + 1: bf16(p v_offset)
+    acc [D, 8] fp32  += (BIAS + F_P code_v)^T [D, 64] @ W;  sums [16, 8] += ones [16, 64] @ W   (mma m16n8k16, bf16)
+
+so the column sums of W (sw_j, and zw_j = sum p v_offset) come from one more MMA, and the output of head j is
+((acc[:, 2 j] - BIAS sw_j) / F_P + zw_j) / l_j as in int2_split_kernel.
+
+Operands straight from memory into the MMA layouts (the lanes of an m16n8 MMA: gid = lane // 4, tig = lane % 4):
+the tile's logical position m (M index of S^T, K index of the V product) is the physical position
+ROW_POS(m) = 8 (m % 8) + 2 (m // 16) + (m // 8) % 2, so that lane gid's eight rows of S^T are positions
+8 gid .. 8 gid + 7 (each scale plane one 16-byte load) and lane tig's K indices of the V operand are positions
+16 tig .. 16 tig + 15. The key codes' K index c of a step is permuted the same way on both operands (head_dim 128:
+step s = plane s, c -> byte 8 ((c % 16) // 4) + 4 (c // 16) + c % 4, one 8-byte load per position and lane;
+head_dim 64: step s = planes 2 s (c < 16) and 2 s + 1, byte c % 16, one 4-byte load). The V operand's row r (M index)
+is channel P Q + 2 pair + parity for r = (2 P + parity) Q / 2 + jl (pair = 2 (jl % 8) + jl // 8 at head_dim 128,
+so that a lane loads one word per position; jl at 64). Each permutation is expressed as reshapes and permutes of the
+loaded tensors whose conversion to the MMA layout is checked to be free (convert_layout(assert_trivial=True)).
+docs/notes/kernels.md G2 has the measurements (H200: 1.04-1.15x the Triton split programs at head_dim 128).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from vllm_oscar.kernels.triton_common import BIAS
+from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
+
+#: Positions per tile (and per cache block: one tile is one block's region).
+TILE: gl.constexpr = gl.constexpr(64)
+#: Columns of the logits per head (the query's planes split in two parts: an N = 8 MMA for GQA groups <= 4).
+KPARTS: gl.constexpr = gl.constexpr(2)
+#: Largest GQA group (heads per KV head) the kernel takes: 4 heads x KPARTS fill the MMA's N = 8.
+MAX_GROUP: gl.constexpr = gl.constexpr(4)
+#: head_dims the kernel takes (code planes of 32 or 16 bytes).
+HEAD_DIMS: tuple[int, ...] = (64, 128)
+#: First compute capability with the mma.sync shapes used (int8 m16n8k32, bf16 m16n8k16).
+MIN_CAPABILITY: tuple[int, int] = (8, 0)
+#: Lines a program can prefetch into L2 for one (block, KV head) region (two per lane).
+PREFETCH_LINES: gl.constexpr = gl.constexpr(64)
+
+#: The mma.sync accumulator layout of one warp (m16n8).
+MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+#: int8 operands, four per 32-bit register: the key codes [64, 32] (A) and the query [32, 8] (B).
+CODES_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+QUERY_OP = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4)
+#: bf16 operands, two per register: the V codes^T [D, 64] or ones [16, 64] (A) and the weights W [64, 8] (B).
+VALUE_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+WEIGHT_OP = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+#: A scale plane as stored: lane gid holds positions 8 gid .. 8 gid + 7 (the same in every tig).
+ROW_PHYS = gl.DistributedLinearLayout(reg_bases=[[1], [2], [4]], lane_bases=[[0], [0], [8], [16], [32]],
+                                      warp_bases=[], block_bases=[], shape=[64])
+#: Prefetch lines, two per lane.
+LINES = gl.BlockedLayout([2], [32], [1], [0])
+#: The epilogue's small vectors.
+EPI = gl.BlockedLayout([1, 1], [4, 8], [1, 1], [1, 0])
+
+
+@gluon.jit
+def _plane_codes(raw, P: gl.constexpr):
+    """uint8 packed bytes -> int8 codes (0..3) of plane P, four per and.b32 (triton_common.plane_codes_int8)."""
+    if P == 0:
+        asm: gl.constexpr = "and.b32 $0, $1, 0x03030303;"
+    elif P == 1:
+        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 $0, t, 0x03030303; }"
+    elif P == 2:
+        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x03030303; }"
+    else:
+        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 6; and.b32 $0, t, 0x03030303; }"
+    return gl.inline_asm_elementwise(asm, "=r,r", [raw], dtype=gl.int8, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _unpacked_planes(pairs):
+    """int16 byte pairs -> bf16 BIAS + F_P code (F_P = 1, 4, 16, 16, as triton_common.unpack_pair_plane) of every
+    plane P and both bytes, joined as trailing axes [..., 2 (parity: low / high byte), 2 (P % 2), 2 (P // 2)].
+    Consecutive elements share a register (one lop3 makes two values)."""
+    p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
+        "{ .reg .b32 o, e3, o3, x; mov.b32 x, 0x43004300; shr.b32 o, $8, 8; shr.b32 e3, $8, 2; shr.b32 o3, $8, 10; "
+        "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
+        "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
+        "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
+        "lop3.b32 $6, e3, 0x00300030, x, 0xEA; lop3.b32 $7, o3, 0x00300030, x, 0xEA; }",
+        "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    return gl.join(gl.join(gl.join(p0e, p0o), gl.join(p1e, p1o)), gl.join(gl.join(p2e, p2o), gl.join(p3e, p3o)))
+
+
+@gluon.jit
+def _prefetch_region(head_base, bt_row, stride_cb, t0, live, BS: gl.constexpr, REGION: gl.constexpr):
+    """prefetch.global.L2 every line of the (block, KV head) region holding position t0 (nothing unless live)."""
+    blk = gl.load(bt_row + t0 // BS, mask=live, other=0).to(gl.int64)
+    line = gl.arange(0, PREFETCH_LINES, layout=LINES)
+    addr = (head_base + blk * stride_cb + line * PREFETCH_LINE).to(gl.int64, bitcast=True)
+    want = ((line * PREFETCH_LINE < REGION) & live).to(gl.int32)
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [addr, want], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _rows_logical(x):
+    """A [64] per-position vector from physical order (8 gid + 2 mt + hf) to S^T's row order (16 mt + 8 hf + gid)."""
+    return gl.reshape(gl.permute(gl.reshape(x, [8, 4, 2]), [1, 2, 0]), [TILE])
+
+
+@gluon.jit
+def _row_scales(ptr, ROWS: gl.constexpr):
+    """One fp16 scale plane of the tile ([64] at ptr) as fp32 per row of S^T, in layout ROWS."""
+    raw = gl.load(ptr.to(gl.pointer_type(gl.float16)) + gl.arange(0, TILE, layout=ROW_PHYS))
+    return gl.convert_layout(_rows_logical(raw), ROWS, assert_trivial=True).to(gl.float32)
+
+
+@gluon.jit
+def _codes_raw(base, Q: gl.constexpr):
+    """The tile's packed key codes [8 (gid), 8 (r), 4 (tig), W] uint8: lane (gid, tig) holds bytes W tig ..
+    W tig + W - 1 (W = 8 at Q = 32, 4 at Q = 16) of positions 8 gid + r, one load per position."""
+    W: gl.constexpr = 8 if Q == 32 else 4
+    L: gl.constexpr = gl.BlockedLayout([1, 8, 1, W], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
+    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+    i = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    rows = ((8 * g)[:, None] + r[None, :]) * Q
+    return gl.load(base + rows[:, :, None, None] + (W * t)[None, None, :, None] + i[None, None, None, :])
+
+
+@gluon.jit
+def _codes_operand(raw, S: gl.constexpr, Q: gl.constexpr):
+    """K step S of the logits' A operand [64, 32] int8 (CODES_OP) from _codes_raw's bytes (module docstring)."""
+    if Q == 32:  # [gid, r, tig, 8] -> [gid, mt, hf, tig, half, i] -> [mt, hf, gid, half, tig, i]
+        codes = gl.reshape(_plane_codes(raw, S), [8, 4, 2, 4, 2, 4])
+        op = gl.permute(codes, [1, 2, 0, 4, 3, 5])
+    else:  # [gid, r, tig, 4, half] -> [gid, mt, hf, tig, i, half] -> [mt, hf, gid, half, tig, i]
+        both = gl.reshape(gl.join(_plane_codes(raw, 2 * S), _plane_codes(raw, 2 * S + 1)), [8, 4, 2, 4, 4, 2])
+        op = gl.permute(both, [1, 2, 0, 5, 3, 4])
+    return gl.convert_layout(gl.reshape(op, [TILE, 32]), CODES_OP, assert_trivial=True)
+
+
+@gluon.jit
+def _query_step(q_base, stride_qh, h, S: gl.constexpr, Q: gl.constexpr, GROUP: gl.constexpr):
+    """The query values of K step S in _codes_operand's channel order, every column (head n // KPARTS): [32, 8] fp32
+    in QUERY_OP (0 in the columns of heads >= GROUP)."""
+    c = gl.arange(0, 32, layout=gl.SliceLayout(1, QUERY_OP))
+    n = gl.arange(0, 8, layout=gl.SliceLayout(0, QUERY_OP))
+    if Q == 32:
+        chan = S * Q + 8 * ((c % 16) // 4) + 4 * (c // 16) + c % 4
+    else:
+        chan = (2 * S + c // 16) * Q + c % 16
+    head = n // KPARTS
+    f = gl.load(q_base + (h * GROUP + head)[None, :] * stride_qh + chan[:, None], mask=(head < GROUP)[None, :],
+                other=0.0)
+    return f.to(gl.float32)
+
+
+@gluon.jit
+def _query_operand(f, inv_scale, S: gl.constexpr, STEPS: gl.constexpr):
+    """K step S's int8 query operand: round(f / s_q) (half up) in the columns of the part holding step S, 0 elsewhere."""
+    part = gl.arange(0, 8, layout=gl.SliceLayout(0, QUERY_OP)) % KPARTS
+    q8 = gl.floor(f * inv_scale[None, :] + 0.5)
+    return gl.where((part == S // (STEPS // KPARTS))[None, :], q8, 0.0).to(gl.int8)
+
+
+@gluon.jit
+def _fold_parts(x):
+    """[64, 8] columns (head, part) -> [64, 4] per head (the parts added in-lane)."""
+    return gl.sum(gl.reshape(x, [TILE, 4, KPARTS]), axis=2)
+
+
+@gluon.jit
+def _per_head(v, zero_s):
+    """A [8] per-column vector (column 2 j + k: head j) as [4] per head, in the layout of _fold_parts' columns
+    (the two parts' copies are added by the fold: returns their sum)."""
+    full = gl.convert_layout(v, gl.SliceLayout(0, MMA))[None, :] + zero_s.to(gl.float32)
+    return gl.max(_fold_parts(full), axis=0)
+
+
+@gluon.jit
+def _per_column(v):
+    """A [4] per-head vector as [8] per column (2 j and 2 j + 1 both head j) in the MMA's column layout."""
+    return gl.convert_layout(gl.reshape(gl.join(v, v), [8]), gl.SliceLayout(0, MMA))
+
+
+@gluon.jit
+def _value_pairs(base, Q: gl.constexpr):
+    """The tile's V byte pairs as int16 [4 (tig), 2 (e), 8 (r'), 8 (g) (, 2 (jj) at Q = 32)]: lane (gid, tig) holds
+    positions 16 tig + 8 e + r' of the pairs 2 gid, 2 gid + 1 (one word per position) at Q = 32, of pair gid at
+    Q = 16; laid out so that the two values of an e pair share a register (the V operand's K pairs)."""
+    if Q == 32:
+        LOADED: gl.constexpr = gl.BlockedLayout([1, 16, 1, 2], [4, 1, 8, 1], [1, 1, 1, 1], [3, 1, 0, 2])
+        PAIRED: gl.constexpr = gl.BlockedLayout([1, 2, 8, 1, 2], [4, 1, 1, 8, 1], [1, 1, 1, 1, 1], [1, 2, 4, 0, 3])
+        t = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LOADED))))
+        r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LOADED))))
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LOADED))))
+        jj = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LOADED))))
+        offs = (((16 * t)[:, None] + r[None, :]) * (Q // 2))[:, :, None, None] + (2 * g)[None, None, :, None] \
+            + jj[None, None, None, :]
+        return gl.convert_layout(gl.reshape(gl.load(base + offs), [4, 2, 8, 8, 2]), PAIRED)
+    else:
+        LOADED: gl.constexpr = gl.BlockedLayout([1, 16, 1], [4, 1, 8], [1, 1, 1], [1, 0, 2])
+        PAIRED: gl.constexpr = gl.BlockedLayout([1, 2, 8, 1], [4, 1, 1, 8], [1, 1, 1, 1], [1, 2, 0, 3])
+        t = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LOADED)))
+        r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, LOADED)))
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LOADED)))
+        offs = (((16 * t)[:, None] + r[None, :]) * (Q // 2))[:, :, None] + g[None, None, :]
+        return gl.convert_layout(gl.reshape(gl.load(base + offs), [4, 2, 8, 8]), PAIRED)
+
+
+@gluon.jit
+def _value_operand(pairs, Q: gl.constexpr):
+    """(BIAS + F_P code)^T [D, 64] bf16 in VALUE_OP from _value_pairs: row (2 P + parity) Q / 2 + jl (module
+    docstring), column 16 kk + 8 hk + 2 tig + e for the physical position 16 tig + 8 e + 2 kk + hk."""
+    x = _unpacked_planes(pairs)
+    if Q == 32:  # [tig, e, r', g, jj, par, Pb0, Pb1] -> [tig, e, kk, hk, g, jj, par, Pb0, Pb1]
+        x = gl.permute(gl.reshape(x, [4, 2, 4, 2, 8, 2, 2, 2, 2]), [8, 7, 6, 5, 4, 2, 3, 0, 1])
+    else:  # [tig, e, r', g, par, Pb0, Pb1] -> [tig, e, kk, hk, g, par, Pb0, Pb1]
+        x = gl.permute(gl.reshape(x, [4, 2, 4, 2, 8, 2, 2, 2]), [7, 6, 5, 4, 2, 3, 0, 1])
+    return gl.convert_layout(gl.reshape(x, [4 * Q, TILE]), VALUE_OP, assert_trivial=True)
+
+
+@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])
+def int2_split_gluon_kernel(
+    q_ptr, stride_qb, stride_qh,
+    cache_ptr, stride_cb, stride_ch,
+    bt_ptr, stride_bt, seq_ptr,
+    part_ptr, stride_pb, stride_ph, stride_ps,
+    lse_ptr, stride_lb, stride_lh,
+    sink, recent, qk_scale, NSPLIT,
+    GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr,
+    K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
+    V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
+    TRIGGER_DEPENDENTS: gl.constexpr = False, WAIT_PRIOR: gl.constexpr = False,
+):
+    """Split pid of (request b, KV head h) over the whole tiles of its pure INT2 range, grid (B, Hkv, NSPLIT): the
+    partial (normalised output [D] per head at part_ptr, log2-sum-exp at lse_ptr) of int2_split_kernel's split
+    programs. TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once. WAIT_PRIOR
+    (launched with programmatic dependent launch after the window programs' launch, which it does not read): every
+    program waits for that launch to finish before it exits, so that this kernel's completion implies it."""
+    gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
+    gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
+    gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
+    if TRIGGER_DEPENDENTS:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    Q: gl.constexpr = D // 4
+    STEPS: gl.constexpr = 4 if Q == 32 else 2
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    pid = gl.program_id(2)
+    length = gl.load(seq_ptr + b)
+    sink_end = gl.minimum(sink, length)
+    int2_end = gl.maximum(sink_end, length - recent)
+    first = gl.cdiv(sink_end, TILE) * TILE
+    n_tiles = gl.maximum((int2_end // TILE) * TILE - first, 0) // TILE
+    per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
+    lo = gl.minimum(pid * per_split, n_tiles)
+    hi = gl.minimum(lo + per_split, n_tiles)
+    head_base = cache_ptr + h * stride_ch
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
+
+    # The query as int8 per head (absmax over all D channels, as int2_split_kernel rounds it).
+    q_base = q_ptr + b.to(gl.int64) * stride_qb
+    f0 = _query_step(q_base, stride_qh, h, 0, Q, GROUP)
+    f1 = _query_step(q_base, stride_qh, h, 1, Q, GROUP)
+    amax = gl.maximum(gl.max(gl.abs(f0), axis=0), gl.max(gl.abs(f1), axis=0))
+    if STEPS == 4:
+        f2 = _query_step(q_base, stride_qh, h, 2, Q, GROUP)
+        f3 = _query_step(q_base, stride_qh, h, 3, Q, GROUP)
+        amax = gl.maximum(amax, gl.maximum(gl.max(gl.abs(f2), axis=0), gl.max(gl.abs(f3), axis=0)))
+    s_q = gl.where(amax > 0.0, amax / INT8_QUERY_MAX, 1.0)  # [8] per column; a head's two columns agree
+    inv_s = 1.0 / s_q
+    q0 = _query_operand(f0, inv_s, 0, STEPS)
+    q1 = _query_operand(f1, inv_s, 1, STEPS)
+    q_sum = gl.sum(q0.to(gl.float32), axis=0) + gl.sum(q1.to(gl.float32), axis=0)
+    if STEPS == 4:
+        q2 = _query_operand(f2, inv_s, 2, STEPS)
+        q3 = _query_operand(f3, inv_s, 3, STEPS)
+        q_sum += gl.sum(q2.to(gl.float32), axis=0) + gl.sum(q3.to(gl.float32), axis=0)
+    zero_s = gl.full([TILE, 8], 0, gl.int32, layout=MMA)
+    FOLDED: gl.constexpr = _fold_parts(zero_s).type.layout
+    HEADS: gl.constexpr = gl.SliceLayout(0, FOLDED)
+    ROWS: gl.constexpr = gl.SliceLayout(1, FOLDED)
+    qo = _per_head(q_sum, zero_s)  # each part's column holds the sum over its planes
+    l_scale = _per_head(s_q * qk_scale, zero_s) * 0.5  # both columns hold s_q qk_scale
+
+    m_i = gl.full([4], float("-inf"), gl.float32, layout=HEADS)
+    l_acc = gl.full([TILE, 4], 0.0, gl.float32, layout=FOLDED)  # per position; summed once, at the end
+    acc = gl.full([D, 8], 0.0, gl.float32, layout=MMA)
+    sums = gl.full([16, 8], 0.0, gl.float32, layout=MMA)
+    ones = gl.full([16, TILE], 1.0, gl.bfloat16, layout=VALUE_OP)
+    for i in range(lo, hi):
+        t0 = first + i * TILE
+        _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
+        base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
+        codes = _codes_raw(base + K_CODES, Q)
+        pairs = _value_pairs((base + V_CODES).to(gl.pointer_type(gl.int16)), Q)  # issued first, used last
+        ks = _row_scales(base + K_SCALE, ROWS)
+        kz = _row_scales(base + K_ZERO, ROWS)
+        vs = _row_scales(base + V_SCALE, ROWS)
+        vz = _row_scales(base + V_ZERO, ROWS)
+        s = mma_v2(_codes_operand(codes, 0, Q), q0, zero_s)
+        s = mma_v2(_codes_operand(codes, 1, Q), q1, s)
+        if STEPS == 4:
+            s = mma_v2(_codes_operand(codes, 2, Q), q2, s)
+            s = mma_v2(_codes_operand(codes, 3, Q), q3, s)
+        x = ks[:, None] * _fold_parts(s).to(gl.float32) + kz[:, None] * qo[None, :]
+        tile_max = gl.max(x, axis=0) * l_scale
+        if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
+            m_new = gl.maximum(m_i, tile_max)
+            alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+            l_acc *= alpha[None, :]
+            alpha_c = _per_column(alpha)
+            acc *= alpha_c[None, :]
+            sums *= alpha_c[None, :]
+            m_i = m_new
+        p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+        l_acc += p
+        w = gl.join((p * vs[:, None]).to(gl.bfloat16), (p * vz[:, None]).to(gl.bfloat16))
+        w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
+        sums = mma_v2(ones, w, sums)
+        acc = mma_v2(_value_operand(pairs, Q), w, acc)
+
+    # Column 2 j holds head j's V sums; the sums' columns 2 j and 2 j + 1 are sw_j and zw_j.
+    COLS: gl.constexpr = gl.SliceLayout(0, MMA)
+    total = gl.convert_layout(gl.max(sums, axis=0), gl.SliceLayout(0, EPI))
+    ce = gl.arange(0, 8, layout=gl.SliceLayout(0, EPI))
+    re = gl.arange(0, 8, layout=gl.SliceLayout(1, EPI))
+    zw = gl.convert_layout(gl.sum(gl.where(ce[None, :] == re[:, None] + 1, total[None, :], 0.0), axis=1), COLS)
+    sw = gl.convert_layout(total, COLS)
+    l_i = _per_column(gl.sum(l_acc, axis=0))
+    m_c = _per_column(m_i)
+    inv_l = gl.where(l_i > 0.0, 1.0 / gl.where(l_i > 0.0, l_i, 1.0), 0.0)
+    j = gl.arange(0, 8, layout=COLS)
+    head = h * GROUP + j // KPARTS
+    stored = (j % KPARTS == 0) & (j // KPARTS < GROUP)
+    r = gl.arange(0, D, layout=gl.SliceLayout(1, MMA))
+    plane = r // Q
+    jl = r % (Q // 2)
+    pair = 2 * (jl % 8) + jl // 8 if Q == 32 else jl
+    chan = plane * Q + 2 * pair + (r // (Q // 2)) % 2
+    factor = gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, 16.0))
+    out = ((acc - BIAS * sw[None, :]) / factor[:, None] + zw[None, :]) * inv_l[None, :]
+    o_ptrs = part_ptr + b.to(gl.int64) * stride_pb + head[None, :] * stride_ph + pid * stride_ps + chan[:, None]
+    gl.store(o_ptrs, out, mask=stored[None, :])
+    lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)
+    if WAIT_PRIOR:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
