@@ -30,8 +30,8 @@ from vllm_oscar.kernels.benchmark import (GEOMETRIES, OscarCase, error_summary, 
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 
 #: (words per program, warps per program) of the streaming launches tried; the fastest is the floor.
-STREAM_SHAPES: tuple[tuple[int, int], ...] = ((1024, 1), (4096, 1), (4096, 4), (16384, 4), (65536, 8))
-#: The issue's targets: (context predicate, batch predicate, speed-up over the fastest SDPA).
+STREAM_SHAPES: tuple[tuple[int, int], ...] = ((256, 1), (512, 1), (1024, 1), (2048, 2), (4096, 1), (4096, 4), (16384, 4),
+                                                 (65536, 8))
 BLOCK_SIZE = 64
 
 

@@ -50,18 +50,20 @@ def launchers(case, layer: int, length: int, part_t, lse_t, part_g, lse_g, maxnr
     consts = plan.split_consts
     offsets = triton_ops._plane_offsets(case.layout)
     out = torch.empty_like(case.query)
-    extra = {"maxnreg": maxnreg} if maxnreg else {}
+    extra = {"maxnreg": maxnreg or triton_ops.GLUON_MAX_REGISTERS}
 
     def triton_fn():
         int2_split_kernel[(batch, hkv, nsplit)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits, **consts)
 
     def gluon_fn():
-        int2_split_gluon_kernel[(batch, hkv, nsplit)](
+        wk, wv = case.window_k[layer], case.window_v[layer]
+        int2_split_gluon_kernel[(batch, hkv, nsplit)](  # the split programs only (pid < NSPLIT)
             case.query, case.query.stride(0), case.query.stride(1), cache, cache.stride(0), cache.stride(1),
-            case.block_table, case.block_table.stride(0), case.seq_lens,
+            wk, wv, wk.stride(0), wk.stride(1), wk.stride(2), case.block_table, case.window_block_table,
+            case.block_table.stride(0), case.seq_lens,
             part_g, part_g.stride(0), part_g.stride(1), part_g.stride(2), lse_g, lse_g.stride(0), lse_g.stride(1),
             DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale * triton_ops.LOG2E, nsplit,
-            GROUP=consts["GROUP"], D=consts["D"], BS=BLOCK_SIZE, MIN_TILES=consts["MIN_TILES"],
+            GROUP=consts["GROUP"], D=consts["D"], BS=BLOCK_SIZE, NSINK=1, MIN_TILES=consts["MIN_TILES"],
             REGION=case.layout.head_region_bytes, num_warps=1, **offsets, **extra)
 
     def served_fn():
@@ -124,7 +126,8 @@ def main() -> int:
     parser.add_argument("--contexts", nargs="+", type=int, default=[4096, 32768, 131072])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--maxnreg", type=int, default=0, help="register cap of the Gluon kernel (0 = none)")
+    parser.add_argument("--maxnreg", type=int, default=0,
+                        help="register cap of the Gluon kernel (0 = triton_ops.GLUON_MAX_REGISTERS, as served)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}; split programs only, blocks of {BLOCK_SIZE}; ms per layer")

@@ -9,6 +9,7 @@ the GPU (without that, the loads compile to byte loads).
 
     python bench/sass_decode.py --head-dim 128 --group 4 --block-t 64 --block-size 16 --warps 1 --int8-keys --prefetch 1
     python bench/sass_decode.py ... --dump /tmp/k.sass      # also keep the full listing
+    python bench/sass_decode.py --gluon --head-dim 64 --group 3   # gluon_decode's split programs
 
 To compile with the GPU machine's Triton (3.6) instead of the one installed here:
     pip download triton==3.6.0 --no-deps -d /tmp/tri36 && pip install --no-deps --target /opt/tri36 /tmp/tri36/*.whl
@@ -35,7 +36,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from vllm_oscar.config import DEFAULT_SINK_TOKENS, GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
-from vllm_oscar.kernels.triton_ops import FIRST_PREFETCH_TILES, MIN_TILES_PER_SPLIT, _plane_offsets  # noqa: E402
+from vllm_oscar.kernels.triton_ops import (FIRST_PREFETCH_TILES, GLUON_MAX_REGISTERS, MIN_TILES_PER_SPLIT,  # noqa: E402
+                                          _plane_offsets)
 
 #: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types, as the launcher
 #: specialises them for the served caches (read from the H200's compile with
@@ -74,7 +76,7 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
-                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0, FIRST_PREFETCH=first_prefetch, WINDOWS_ONLY=False,
+                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0, FIRST_PREFETCH=first_prefetch,
                      **({} if tma_stages else dict.fromkeys(DESCRIPTOR_ARGS)), **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **descriptors, **{name: "constexpr" for name in constants}}
@@ -85,6 +87,37 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
     )
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages,
                                                                              **({"maxnreg": maxnreg} if maxnreg else {})})
+
+
+#: Runtime arguments of gluon_decode.int2_split_gluon_kernel and their types (as the launcher specialises them).
+GLUON_SIGNATURE = {
+    "q_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "cache_ptr": "*u8", "stride_cb": "i32",
+    "stride_ch": "i32", "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32",
+    "stride_w2": "i32", "bt_ptr": "*i32", "wbt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32",
+    "part_ptr": "*fp32", "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32",
+    "stride_lb": "i32", "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32",
+}
+GLUON_PLAIN_SCALARS = ("qk_scale", "stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT")
+
+
+def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS):
+    """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
+    triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
+    the compiler's register count."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
+
+    layout = PageLayout(head_dim, head_dim, 64)
+    constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT,
+                     REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, **_plane_offsets(layout))
+    names = int2_split_gluon_kernel.arg_names
+    source = GluonASTSource(
+        fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, **{name: "constexpr" for name in constants}},
+        constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs={(names.index(k),): [["tt.divisibility", 16]] for k in GLUON_SIGNATURE if k not in GLUON_PLAIN_SCALARS})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 1, **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:
@@ -121,21 +154,27 @@ def register_copies(sass: str) -> list[int]:
             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?IMAD\.MOV\.U32 R\d+, RZ, RZ, R\d+", sass)]
 
 
+def backward_branches(sass: str) -> list[tuple[int, int, bool]]:
+    """(target, source, is_loop) of every backward branch; is_loop False for the divergence fallbacks that ptxas
+    places after the last EXIT."""
+    exits = [address for address, op in instructions(sass) if op == "EXIT"]
+    return [(int(m.group(2), 16), int(m.group(1), 16), not exits or int(m.group(1), 16) < exits[-1])
+            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?BRA[^;]*?0x([0-9a-f]+)", sass)
+            if int(m.group(2), 16) < int(m.group(1), 16)]
+
+
 def loop_histograms(sass: str, top: int) -> list[str]:
     """One line per loop (backward branch): instruction count, register copies and the top opcodes."""
     listing = instructions(sass)
     copies = register_copies(sass)
-    exits = [address for address, op in listing if op == "EXIT"]
     lines = []
-    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?BRA[^;]*?0x([0-9a-f]+)", sass):
-        source, target = int(m.group(1), 16), int(m.group(2), 16)
-        if target < source:
-            body = collections.Counter(op for address, op in listing if target <= address <= source)
-            moved = sum(target <= address <= source for address in copies)
-            common = " ".join(f"{op}={n}" for op, n in body.most_common(top))
-            kind = "loop" if not exits or source < exits[-1] else "divergence fallback (not a loop)"
-            lines.append(f"{kind} {target:#x}-{source:#x}: {sum(body.values())} instructions, {moved} register "
-                         f"copies; {common}")
+    for target, source, is_loop in backward_branches(sass):
+        body = collections.Counter(op for address, op in listing if target <= address <= source)
+        moved = sum(target <= address <= source for address in copies)
+        common = " ".join(f"{op}={n}" for op, n in body.most_common(top))
+        kind = "loop" if is_loop else "divergence fallback (not a loop)"
+        lines.append(f"{kind} {target:#x}-{source:#x}: {sum(body.values())} instructions, {moved} register "
+                     f"copies; {common}")
     return lines
 
 
@@ -157,12 +196,18 @@ def main() -> int:
                         help="AttentionConfig.merge_pdl's griddepcontrol.launch_dependents (TRIGGER_DEPENDENTS)")
     parser.add_argument("--tma-stages", type=int, default=0,
                         help="TMA tile loads, software-pipelined this deep (AttentionConfig.tma_stages; 0 = off)")
+    parser.add_argument("--gluon", action="store_true",
+                        help="gluon_decode's split programs instead (AttentionConfig.gluon_splits; --head-dim and "
+                             "--group only)")
     parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
     parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
     args = parser.parse_args()
-    kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
-                            args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),
-                            args.trigger_dependents, args.tma_stages)
+    if args.gluon:
+        kernel = compile_gluon_kernel(args.head_dim, args.group, maxnreg=args.maxnreg or GLUON_MAX_REGISTERS)
+    else:
+        kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
+                                args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),
+                                args.trigger_dependents, args.tma_stages)
     sass, registers, stack = read_compiled(kernel, args.dump)
     print(f"shared memory {kernel.metadata.shared} B, {args.warps} warps, sm_90, registers {registers}, "
           f"stack {stack} B, {len(instructions(sass))} instructions in the kernel (the window programs' path is "

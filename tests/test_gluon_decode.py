@@ -1,7 +1,7 @@
-"""gluon_decode's split programs without a GPU: the kernel compiles for sm_90 at both head_dims (each of its layout
-conversions is asserted free at compile time), keeps every operand in registers (no shared memory, no spills) and
-lets the merge start before its first load and, launched beside the window programs, waits for them after its last
-store; and the decode plan uses it only when asked, with a clear error where it does not apply.
+"""gluon_decode's kernel without a GPU: it compiles for sm_90 at both head_dims as triton_ops launches it (each
+layout conversion of the INT2 operands is asserted free at compile time), keeps every operand in registers (no
+shared memory; no spills in the split loop) and lets the merge start before its first load; and the decode plan uses
+it only when asked, with a clear error where it does not apply.
 
 Its numbers are checked on the GPU against float64 references (bench/check_kernels_gpu.py: every decode case at
 head_dim 128 runs it) and against int2_split_kernel's split programs (bench/gluon_probe.py)."""
@@ -25,37 +25,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROBE = r'''
 import json, re, sys
 sys.path[:0] = [ROOT, ROOT + "/bench"]
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from sass_decode import read_compiled
-from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
-from vllm_oscar.kernels.layout import PageLayout
-from vllm_oscar.kernels.triton_ops import _plane_offsets
+from sass_decode import backward_branches, compile_gluon_kernel, instructions, read_compiled
 
-SIGNATURE = {"q_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "cache_ptr": "*u8", "stride_cb": "i32",
-             "stride_ch": "i32", "bt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32", "part_ptr": "*fp32",
-             "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32", "stride_lb": "i32",
-             "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32"}
-PLAIN = ("qk_scale", "stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT")
 report = {}
 for dim, group in ((128, 4), (64, 3)):
-    layout = PageLayout(dim, dim, 64)
-    consts = dict(GROUP=group, D=dim, BS=64, MIN_TILES=2, REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=True,
-                  WAIT_PRIOR=True, **_plane_offsets(layout))
-    names = int2_split_gluon_kernel.arg_names
-    source = GluonASTSource(fn=int2_split_gluon_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}},
-                            constexprs={(names.index(k),): v for k, v in consts.items()},
-                            attrs={(names.index(k),): [["tt.divisibility", 16]] for k in SIGNATURE if k not in PLAIN})
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    kernel = compile_gluon_kernel(dim, group)  # as triton_ops launches it (register cap included)
     sass, registers, stack = read_compiled(kernel, None)
     lines = [line for line in sass.splitlines() if line.strip().startswith("/*")]
     first = lambda text: next((i for i, line in enumerate(lines) if text in line), -1)
-    ptx = kernel.asm["ptx"]
+    loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+    body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
     report[f"gluon_{dim}"] = dict(shared=kernel.metadata.shared, stack=int(stack), registers=int(registers),
-                                  preexit=first("PREEXIT"), first_load=first("LDG"),
-                                  wait=ptx.rfind("griddepcontrol.wait"), last_store=ptx.rfind("st.global"),
-                                  imma=sass.count("IMMA"), hmma=sass.count("HMMA"), lds=len(re.findall(r"\bLDS", sass)))
+                                  preexit=first("PREEXIT"), first_load=first("LDG"), loops=len(loops),
+                                  loop_imma=body.count("IMMA"), loop_hmma=body.count("HMMA"),
+                                  loop_local=body.count("LDL") + body.count("STL"),
+                                  lds=len(re.findall(r"\bLDS", sass)), sts=len(re.findall(r"\bSTS", sass)))
 print(json.dumps(report))
 '''
 
@@ -70,19 +54,17 @@ def compiled() -> dict:
 
 
 @pytest.mark.parametrize("dim", [128, 64])
-def test_gluon_split_kernel_keeps_operands_in_registers(compiled: dict, dim: int) -> None:
+def test_gluon_kernel_keeps_operands_in_registers(compiled: dict, dim: int) -> None:
     kernel = compiled[f"gluon_{dim}"]
-    assert kernel["shared"] == 0 and kernel["lds"] == 0, kernel  # no operand through shared memory
-    assert kernel["stack"] == 0, kernel  # no spills
-    assert kernel["registers"] <= 168, kernel
+    assert kernel["shared"] == 0 and kernel["lds"] == 0 and kernel["sts"] == 0, kernel  # no shared memory at all
+    assert kernel["registers"] <= triton_ops.GLUON_MAX_REGISTERS, kernel
+    assert kernel["loops"] == 1 and kernel["loop_local"] == 0, kernel  # the split loop: no spills (window path may)
     # Per tile: 4 (head_dim 128) or 2 int8 K steps over 4 M tiles; the V product over D / 16 M tiles and 4 K steps,
-    # plus the column sums' 4: counted once in the loop (the prologue and epilogue hold none).
+    # plus the column sums' 4.
     steps = 4 if dim == 128 else 2
-    assert kernel["imma"] == 4 * steps, kernel
-    assert kernel["hmma"] == 4 * (dim // 16) + 4, kernel
+    assert kernel["loop_imma"] == 4 * steps, kernel
+    assert kernel["loop_hmma"] == 4 * (dim // 16) + 4, kernel
     assert 0 <= kernel["preexit"] < kernel["first_load"], kernel  # the merge may start at once
-    # Launched beside the window programs (PDL): it exits only after they finished, so the merge's wait covers both.
-    assert kernel["wait"] > kernel["last_store"] >= 0, kernel
 
 
 def _plan(config: triton_ops.AttentionConfig, dim: int = 128, block_size: int = 64):
@@ -97,8 +79,18 @@ def _plan(config: triton_ops.AttentionConfig, dim: int = 128, block_size: int = 
                                    blocks * block_size, config)
 
 
-def test_plan_keeps_the_triton_splits_by_default() -> None:
-    assert not _plan(triton_ops.DEFAULT_DECODE).gluon_splits
+def test_plan_keeps_the_triton_kernel_where_gluon_does_not_apply() -> None:
+    assert not _plan(triton_ops.DEFAULT_DECODE).gluon_splits  # CPU tensors: no GPU to run Gluon on
+
+
+def test_gluon_is_the_default_unless_a_triton_split_knob_is_set_or_short_tma_pays() -> None:
+    pays = triton_ops.gluon_pays
+    assert pays(triton_ops.AttentionConfig(), 0, 32768)
+    assert pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, 32768)  # TMA at long contexts: Gluon
+    assert not pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, triton_ops.GRAPH_TMA_SHORT_CONTEXT)
+    for knob in (dict(tma_stages=0), dict(prefetch=1), dict(window_block_t=32), dict(windows_first=True),
+                 dict(max_registers=128), dict(split_warps=2)):
+        assert not pays(triton_ops.AttentionConfig(**knob), 0, 32768), knob
 
 
 def test_plan_explains_why_gluon_splits_cannot_run() -> None:

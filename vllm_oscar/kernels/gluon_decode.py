@@ -232,48 +232,12 @@ def _value_operand(pairs, Q: gl.constexpr):
     return gl.convert_layout(gl.reshape(x, [4 * Q, TILE]), VALUE_OP, assert_trivial=True)
 
 
-@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])
-def int2_split_gluon_kernel(
-    q_ptr, stride_qb, stride_qh,
-    cache_ptr, stride_cb, stride_ch,
-    bt_ptr, stride_bt, seq_ptr,
-    part_ptr, stride_pb, stride_ph, stride_ps,
-    lse_ptr, stride_lb, stride_lh,
-    sink, recent, qk_scale, NSPLIT,
-    GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr,
-    K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
-    V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
-    TRIGGER_DEPENDENTS: gl.constexpr = False, WAIT_PRIOR: gl.constexpr = False,
-):
-    """Split pid of (request b, KV head h) over the whole tiles of its pure INT2 range, grid (B, Hkv, NSPLIT): the
-    partial (normalised output [D] per head at part_ptr, log2-sum-exp at lse_ptr) of int2_split_kernel's split
-    programs. TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once. WAIT_PRIOR
-    (launched with programmatic dependent launch after the window programs' launch, which it does not read): every
-    program waits for that launch to finish before it exits, so that this kernel's completion implies it."""
-    gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
-    gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
-    gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
-    if TRIGGER_DEPENDENTS:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-    Q: gl.constexpr = D // 4
+@gluon.jit
+def _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q: gl.constexpr, GROUP: gl.constexpr):
+    """The query of (request b, KV head h) as int8 per head (absmax over all D channels, as int2_split_kernel rounds
+    it): (q0..q3 K-step operands (q2, q3 repeat q0, q1 at head_dim 64), qo = sum(q8) and l_scale = s_q qk_scale per
+    head in the layout of _fold_parts' columns)."""
     STEPS: gl.constexpr = 4 if Q == 32 else 2
-    b = gl.program_id(0)
-    h = gl.program_id(1)
-    pid = gl.program_id(2)
-    length = gl.load(seq_ptr + b)
-    sink_end = gl.minimum(sink, length)
-    int2_end = gl.maximum(sink_end, length - recent)
-    first = gl.cdiv(sink_end, TILE) * TILE
-    n_tiles = gl.maximum((int2_end // TILE) * TILE - first, 0) // TILE
-    per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
-    lo = gl.minimum(pid * per_split, n_tiles)
-    hi = gl.minimum(lo + per_split, n_tiles)
-    head_base = cache_ptr + h * stride_ch
-    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
-    _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
-
-    # The query as int8 per head (absmax over all D channels, as int2_split_kernel rounds it).
     q_base = q_ptr + b.to(gl.int64) * stride_qb
     f0 = _query_step(q_base, stride_qh, h, 0, Q, GROUP)
     f1 = _query_step(q_base, stride_qh, h, 1, Q, GROUP)
@@ -291,49 +255,229 @@ def int2_split_gluon_kernel(
         q2 = _query_operand(f2, inv_s, 2, STEPS)
         q3 = _query_operand(f3, inv_s, 3, STEPS)
         q_sum += gl.sum(q2.to(gl.float32), axis=0) + gl.sum(q3.to(gl.float32), axis=0)
+    else:
+        q2 = q0
+        q3 = q1
+    qo = _per_head(q_sum, zero_s)  # each part's column holds the sum over its planes
+    l_scale = _per_head(s_q * qk_scale, zero_s) * 0.5  # both columns hold s_q qk_scale
+    return q0, q1, q2, q3, qo, l_scale
+
+
+@gluon.jit
+def _tile_loads(base, ROWS: gl.constexpr, Q: gl.constexpr, K_CODES: gl.constexpr, V_CODES: gl.constexpr,
+                K_SCALE: gl.constexpr, K_ZERO: gl.constexpr, V_SCALE: gl.constexpr, V_ZERO: gl.constexpr):
+    """Every load of one INT2 tile (the (block, KV head) region at base), issued together: (key codes, V byte
+    pairs, k_scale, k_offset, v_scale, v_offset per S^T row)."""
+    codes = _codes_raw(base + K_CODES, Q)
+    pairs = _value_pairs((base + V_CODES).to(gl.pointer_type(gl.int16)), Q)  # issued early, used last
+    ks = _row_scales(base + K_SCALE, ROWS)
+    kz = _row_scales(base + K_ZERO, ROWS)
+    vs = _row_scales(base + V_SCALE, ROWS)
+    vz = _row_scales(base + V_ZERO, ROWS)
+    return codes, pairs, ks, kz, vs, vz
+
+
+@gluon.jit
+def _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q: gl.constexpr):
+    """x [64, 4] fp32 of one INT2 tile: k_scale (code . q8) + k_offset sum(q8) per position and head."""
+    s = mma_v2(_codes_operand(codes, 0, Q), q0, zero_s)
+    s = mma_v2(_codes_operand(codes, 1, Q), q1, s)
+    if Q == 32:
+        s = mma_v2(_codes_operand(codes, 2, Q), q2, s)
+        s = mma_v2(_codes_operand(codes, 3, Q), q3, s)
+    return ks[:, None] * _fold_parts(s).to(gl.float32) + kz[:, None] * qo[None, :]
+
+
+@gluon.jit
+def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr):
+    """The V side of one INT2 tile: W = (bf16(p v_scale), bf16(p v_offset)) per head; sums += ones @ W, acc +=
+    (BIAS + F code)^T @ W. Returns (sums, acc)."""
+    w = gl.join((p * vs[:, None]).to(gl.bfloat16), (p * vz[:, None]).to(gl.bfloat16))
+    w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
+    return mma_v2(ones, w, sums), mma_v2(_value_operand(pairs, Q), w, acc)
+
+
+@gluon.jit
+def _window_logits(wk_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D: gl.constexpr, GROUP: gl.constexpr):
+    """fold(K @ q) [64, 4] fp32 over a BF16 window tile: K rows at wk_head + position * stride_w1 (the tile's block,
+    KV head h), row m of the result = position ROW_POS(m); the query in bf16 as loaded. One K step (16 channels) at
+    a time; lane tig takes channels C tig + 4 s + 0..3 (C = D / 4) of step s, the query the same."""
+    C: gl.constexpr = D // 4
+    L: gl.constexpr = gl.BlockedLayout([1, 8, 1, 4], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
+    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+    i = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    rows = ((8 * g)[:, None] + r[None, :]) * stride_w1
+    k_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    q_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    kq = gl.arange(0, 16, layout=gl.SliceLayout(1, q_op))
+    n = gl.arange(0, 8, layout=gl.SliceLayout(0, q_op))
+    head = n // KPARTS
+    q_cols = q_ptr + b.to(gl.int64) * stride_qb + (h * GROUP + head) * stride_qh
+    q_ok = (head < GROUP) & (n % KPARTS == 0)  # part 0's column holds the query, part 1's stays 0
+    acc = gl.full([TILE, 8], 0.0, gl.float32, layout=MMA)
+    for s in gl.static_range(D // 16):
+        k = gl.load(wk_head + rows[:, :, None, None] + (C * t + 4 * s)[None, None, :, None] + i[None, None, None, :])
+        # [gid, mt, hf, tig, h, e] -> [mt, hf, gid, h, tig, e]: row 16 mt + 8 hf + gid, K index 8 h + 2 tig + e
+        k = gl.permute(gl.reshape(k, [8, 4, 2, 4, 2, 2]), [1, 2, 0, 4, 3, 5])
+        k = gl.convert_layout(gl.reshape(k, [TILE, 16]), k_op, assert_trivial=True)
+        chan = C * ((kq % 8) // 2) + 4 * s + 2 * (kq // 8) + kq % 2
+        q = gl.load(q_cols[None, :] + chan[:, None], mask=q_ok[None, :], other=0.0)
+        acc = mma_v2(k, q, acc)
+    return _fold_parts(acc)
+
+
+@gluon.jit
+def _window_plane(wv_head, stride_w1, w, P: gl.constexpr, Q: gl.constexpr):
+    """Plane P's part of V^T @ W over a BF16 window tile: [Q, 8] fp32, rows (parity) Q / 2 + jl of _value_operand's
+    order (channel P Q + 2 pair + parity). Lane (gid, tig) loads the channels of its MMA rows at positions 16 tig ..
+    16 tig + 15 (Q = 32: four channels, 8 bytes per position; Q = 16: two), and the operand pairs positions."""
+    W: gl.constexpr = 4 if Q == 32 else 2
+    L: gl.constexpr = gl.BlockedLayout([1, 16, 1, W], [4, 1, 8, 1], [1, 1, 1, 1], [3, 1, 0, 2])
+    t = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+    i = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    rows = ((16 * t)[:, None] + r[None, :]) * stride_w1
+    v = gl.load(wv_head + rows[:, :, None, None] + (P * Q + W * g)[None, None, :, None] + i[None, None, None, :])
+    if Q == 32:  # [tig, e, kk, hk, gid, hf, parity] -> rows (parity, hf, gid), K (kk, hk, tig, e)
+        v = gl.permute(gl.reshape(v, [4, 2, 4, 2, 8, 2, 2]), [6, 5, 4, 2, 3, 0, 1])
+    else:  # [tig, e, kk, hk, gid, parity] -> rows (parity, gid), K (kk, hk, tig, e)
+        v = gl.permute(gl.reshape(v, [4, 2, 4, 2, 8, 2]), [5, 4, 2, 3, 0, 1])
+    v = gl.convert_layout(gl.reshape(v, [Q, TILE]), VALUE_OP)
+    return mma_v2(v, w, gl.full([Q, 8], 0.0, gl.float32, layout=MMA))
+
+
+@gluon.jit
+def _window_values(wv_head, stride_w1, pw, D: gl.constexpr):
+    """V^T @ PW [D, 8] fp32 over a BF16 window tile (V rows at wv_head + position * stride_w1; PW column 2 j =
+    bf16(pw_j) of pw [64, 4], 2 j + 1 = 0), rows in the INT2 accumulator's channel order, a plane at a time."""
+    Q: gl.constexpr = D // 4
+    w = gl.join(pw.to(gl.bfloat16), gl.zeros_like(pw).to(gl.bfloat16))
+    w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
+    planes = gl.join(gl.join(_window_plane(wv_head, stride_w1, w, 0, Q), _window_plane(wv_head, stride_w1, w, 1, Q)),
+                     gl.join(_window_plane(wv_head, stride_w1, w, 2, Q), _window_plane(wv_head, stride_w1, w, 3, Q)))
+    return gl.convert_layout(gl.reshape(gl.permute(planes, [3, 2, 0, 1]), [D, 8]), MMA)  # row P Q + plane row
+
+
+@gluon.jit
+def _row_factor(D: gl.constexpr):
+    """F_P of the accumulator's rows [D] (row r: plane r // (D / 4); 1, 4, 16, 16)."""
+    plane = gl.arange(0, D, layout=gl.SliceLayout(1, MMA)) // (D // 4)
+    return gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, 16.0))
+
+
+@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])
+def int2_split_gluon_kernel(
+    q_ptr, stride_qb, stride_qh,
+    cache_ptr, stride_cb, stride_ch,
+    wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2,
+    bt_ptr, wbt_ptr, stride_bt, seq_ptr,
+    part_ptr, stride_pb, stride_ph, stride_ps,
+    lse_ptr, stride_lb, stride_lh,
+    sink, recent, qk_scale, NSPLIT,
+    GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
+    K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
+    V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
+    TRIGGER_DEPENDENTS: gl.constexpr = False,
+):
+    """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
+    for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
+    (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
+    [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
+    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once."""
+    gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
+    gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
+    gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
+    if TRIGGER_DEPENDENTS:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    Q: gl.constexpr = D // 4
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    pid = gl.program_id(2)
+    length = gl.load(seq_ptr + b)
+    sink_end = gl.minimum(sink, length)
+    int2_end = gl.maximum(sink_end, length - recent)
+    first = gl.cdiv(sink_end, TILE) * TILE
+    n_tiles = gl.maximum((int2_end // TILE) * TILE - first, 0) // TILE
+    head_end = gl.maximum(sink_end, gl.minimum(first, int2_end))  # window programs: [0, head_end)
+    tail_start = gl.minimum(int2_end, gl.maximum(first + n_tiles * TILE, head_end))  # and [tail_start, length)
+    head_base = cache_ptr + h * stride_ch
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+
     zero_s = gl.full([TILE, 8], 0, gl.int32, layout=MMA)
     FOLDED: gl.constexpr = _fold_parts(zero_s).type.layout
     HEADS: gl.constexpr = gl.SliceLayout(0, FOLDED)
     ROWS: gl.constexpr = gl.SliceLayout(1, FOLDED)
-    qo = _per_head(q_sum, zero_s)  # each part's column holds the sum over its planes
-    l_scale = _per_head(s_q * qk_scale, zero_s) * 0.5  # both columns hold s_q qk_scale
-
     m_i = gl.full([4], float("-inf"), gl.float32, layout=HEADS)
     l_acc = gl.full([TILE, 4], 0.0, gl.float32, layout=FOLDED)  # per position; summed once, at the end
     acc = gl.full([D, 8], 0.0, gl.float32, layout=MMA)
     sums = gl.full([16, 8], 0.0, gl.float32, layout=MMA)
     ones = gl.full([16, TILE], 1.0, gl.bfloat16, layout=VALUE_OP)
-    for i in range(lo, hi):
-        t0 = first + i * TILE
-        _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
-        base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
-        codes = _codes_raw(base + K_CODES, Q)
-        pairs = _value_pairs((base + V_CODES).to(gl.pointer_type(gl.int16)), Q)  # issued first, used last
-        ks = _row_scales(base + K_SCALE, ROWS)
-        kz = _row_scales(base + K_ZERO, ROWS)
-        vs = _row_scales(base + V_SCALE, ROWS)
-        vz = _row_scales(base + V_ZERO, ROWS)
-        s = mma_v2(_codes_operand(codes, 0, Q), q0, zero_s)
-        s = mma_v2(_codes_operand(codes, 1, Q), q1, s)
-        if STEPS == 4:
-            s = mma_v2(_codes_operand(codes, 2, Q), q2, s)
-            s = mma_v2(_codes_operand(codes, 3, Q), q3, s)
-        x = ks[:, None] * _fold_parts(s).to(gl.float32) + kz[:, None] * qo[None, :]
-        tile_max = gl.max(x, axis=0) * l_scale
-        if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
-            m_new = gl.maximum(m_i, tile_max)
-            alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-            l_acc *= alpha[None, :]
-            alpha_c = _per_column(alpha)
-            acc *= alpha_c[None, :]
-            sums *= alpha_c[None, :]
-            m_i = m_new
-        p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-        l_acc += p
-        w = gl.join((p * vs[:, None]).to(gl.bfloat16), (p * vz[:, None]).to(gl.bfloat16))
-        w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
-        sums = mma_v2(ones, w, sums)
-        acc = mma_v2(_value_operand(pairs, Q), w, acc)
+    if pid < NSPLIT:
+        per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
+        lo = gl.minimum(pid * per_split, n_tiles)
+        hi = gl.minimum(lo + per_split, n_tiles)
+        _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
+        q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q, GROUP)
+        for i in range(lo, hi):
+            t0 = first + i * TILE
+            _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
+            base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
+            codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
+                                                       V_ZERO)
+            x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
+            tile_max = gl.max(x, axis=0) * l_scale
+            if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
+                m_new = gl.maximum(m_i, tile_max)
+                alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+                l_acc *= alpha[None, :]
+                alpha_c = _per_column(alpha)
+                acc *= alpha_c[None, :]
+                sums *= alpha_c[None, :]
+                m_i = m_new
+            p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+            l_acc += p
+            sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q)
+    else:
+        tile = pid - NSPLIT
+        in_sink = tile < NSINK
+        part_lo = gl.where(in_sink, 0, tail_start)
+        part_hi = gl.where(in_sink, head_end, length)
+        t0 = (part_lo // TILE + gl.where(in_sink, tile, tile - NSINK)) * TILE
+        if t0 < part_hi:
+            mrow = gl.arange(0, TILE, layout=ROWS)
+            s = t0 + 8 * (mrow % 8) + 2 * (mrow // 16) + (mrow // 8) % 2  # ROW_POS
+            ok = (s >= part_lo) & (s < part_hi)
+            wblk = gl.load(wbt_ptr + b.to(gl.int64) * stride_bt + t0 // BS)
+            copy = ok & (wblk >= 0) & ((s < sink_end) | (s >= int2_end))  # window positions with a BF16 copy
+            no_copy = ok & ~copy  # INT2: window positions without a copy, and the INT2 edges of the range
+            w_head = gl.maximum(wblk, 0).to(gl.int64) * stride_w0 + h * stride_w2
+            logits = gl.full([TILE, 4], float("-inf"), gl.float32, layout=FOLDED)
+            any_copy = gl.max(copy.to(gl.int32), axis=0) > 0
+            any_int2 = gl.max(no_copy.to(gl.int32), axis=0) > 0
+            if any_copy:
+                x_copy = _window_logits(wk_ptr + w_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D, GROUP)
+                logits = gl.where(copy[:, None], x_copy * qk_scale, logits)
+            base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
+            if any_int2:
+                q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
+                                                          GROUP)
+                codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
+                                                           V_SCALE, V_ZERO)
+                x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
+                logits = gl.where(no_copy[:, None], x * l_scale[None, :], logits)
+            m_i = gl.max(logits, axis=0)
+            l_acc = gl.exp2(logits - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+            if any_int2:
+                codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
+                                                           V_SCALE, V_ZERO)
+                sums, acc = _tile_values(gl.where(no_copy[:, None], l_acc, 0.0), vs, vz, pairs, sums, acc, ones, Q)
+            if any_copy:  # BF16 values enter acc scaled like the INT2 codes (the epilogue divides by F_P)
+                acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], l_acc, 0.0), D) \
+                    * _row_factor(D)[:, None]
 
     # Column 2 j holds head j's V sums; the sums' columns 2 j and 2 j + 1 are sw_j and zw_j.
     COLS: gl.constexpr = gl.SliceLayout(0, MMA)
@@ -353,11 +497,8 @@ def int2_split_gluon_kernel(
     jl = r % (Q // 2)
     pair = 2 * (jl % 8) + jl // 8 if Q == 32 else jl
     chan = plane * Q + 2 * pair + (r // (Q // 2)) % 2
-    factor = gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, 16.0))
-    out = ((acc - BIAS * sw[None, :]) / factor[:, None] + zw[None, :]) * inv_l[None, :]
+    out = ((acc - BIAS * sw[None, :]) / _row_factor(D)[:, None] + zw[None, :]) * inv_l[None, :]
     o_ptrs = part_ptr + b.to(gl.int64) * stride_pb + head[None, :] * stride_ph + pid * stride_ps + chan[:, None]
     gl.store(o_ptrs, out, mask=stored[None, :])
     lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)
-    if WAIT_PRIOR:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)

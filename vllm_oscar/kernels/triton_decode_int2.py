@@ -464,7 +464,6 @@ def int2_split_kernel(
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
     FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, TMA_STAGES: tl.constexpr = 0,
     MIN_TILES: tl.constexpr = 1, LONG_TILES: tl.constexpr = 0, FIRST_PREFETCH: tl.constexpr = 0,
-    WINDOWS_ONLY: tl.constexpr = False,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -479,9 +478,7 @@ def int2_split_kernel(
     every program lets a programmatically dependent launch (the merge) start as it begins. TMA_STAGES > 0
     (FULL_TILES, tiles inside one cache block): the splits load their tiles through the tensor descriptors
     kc_desc..vz_desc (None otherwise), software-pipelined TMA_STAGES deep. FIRST_PREFETCH > 0 (int8 keys, PTX): each
-    split asks L2 for its first tile inside the query prologue (_int2_query). WINDOWS_ONLY: the grid holds only the
-    window programs (slot w is program NSPLIT + w; the splits run in gluon_decode's kernel, launched after this one
-    and, with TRIGGER_DEPENDENTS, started beside it)."""
+    split asks L2 for its first tile inside the query prologue (_int2_query)."""
     Q: tl.constexpr = D // 4
     # The column sums by MMA (module docstring) where they were measured faster: the bf16-key path (SmolLM2
     # geometry 2-5% at B >= 8); on the int8-key path (Qwen3-8B) they were 0-3% slower (docs/notes/kernels.md V29).
@@ -496,9 +493,7 @@ def int2_split_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.program_id(2)
-    if WINDOWS_ONLY:
-        pid = NSPLIT + slot
-    elif WINDOWS_FIRST:  # grid slots 0..windows-1 take the window tiles, the rest the splits
+    if WINDOWS_FIRST:  # grid slots 0..windows-1 take the window tiles, the rest the splits
         windows = tl.num_programs(2) - NSPLIT
         pid = tl.where(slot < windows, NSPLIT + slot, slot - windows)
     elif LONG_TILES > 0:  # the first NSPLIT_SHORT splits, the window tiles, then the splits only long pairs use

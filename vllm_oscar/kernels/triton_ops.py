@@ -214,6 +214,10 @@ PREFILL_APART_PREFIX_RATIO: int = 8
 #: programs): 4 splits 1.56x (4K prefix) and 1.74x (32K) faster; with >= 256 programs 4 splits were
 #: 0.6-1.1x; with no cached prefix 0.63x (nothing to split).
 PREFILL_AUTO_SPLITS: int = 4
+#: Register cap of gluon_decode's kernel (AttentionConfig.gluon_splits): its window path would take it to 162 at
+#: head_dim 128 (Triton 3.6, offline SASS) and cost the split programs a quarter of their residency; at 128 (the
+#: Triton split kernel's count) the window path spills 40 B and the split loop is unchanged.
+GLUON_MAX_REGISTERS: int = 128
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -288,13 +292,13 @@ class AttentionConfig:
     wave's splits at short contexts; docs/notes/kernels.md K1); cuda_graph: the launch will
     be captured into a CUDA graph and replayed without host work (the vLLM backend's full decode graphs
     and the benchmark's replays; its warm-up must use the same config, so that nothing compiles during
-    the capture); gluon_splits (opt-in): the int8-key split programs run as gluon_decode's Gluon kernel (every MMA
-    operand built in registers) and the window programs in a launch of their own after it (where gluon_splits_apply
-    allows: a CUDA GPU of compute capability >= 8.0, int8 keys, whole tiles of 64 in cache blocks of 64, one fp16
-    scale group per row, GQA groups <= 4, head_dim 64 or 128; elsewhere it raises). H200, graph replays, Qwen3-8B
-    geometry (docs/notes/kernels.md G2): the split programs alone are 1.04-1.15x faster, but the window programs'
-    own launch (7-9 us on its own at batch 1-8) makes the decode 1.1-2x slower at 4K-32K and batch 1-8; it gains
-    1-5% only at 128K and batch >= 8. Not a default until the window programs share the Gluon launch.
+    the capture); gluon_splits: the int8-key split programs and the window programs run as gluon_decode's Gluon
+    kernel instead of int2_split_kernel (every INT2 operand built in registers; window tiles of 64). It applies
+    (gluon_splits_apply) on a CUDA GPU of compute capability >= 8.0 with int8 keys, whole tiles of 64 in cache blocks
+    of 64, one fp16 scale group per row, GQA groups <= 4 and head_dim 64 or 128. None = where it applies and
+    gluon_pays (no knob of int2_split_kernel's splits set, and not where that kernel would use TMA for a short
+    context); True where it does not apply raises. H200, graph replays (docs/notes/kernels.md G2): 5-15% faster from
+    32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry), 2-9% slower at Qwen3-8B 4K batch 1-8 (TMA there).
     """
 
     block_t: Optional[int] = None
@@ -320,7 +324,7 @@ class AttentionConfig:
     tma_stages: Optional[int] = None
     long_splits: bool = False
     cuda_graph: bool = False
-    gluon_splits: bool = False
+    gluon_splits: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -650,7 +654,7 @@ class _DecodePlan:
     split_consts: dict  # constexprs and launch options of int2_split_kernel
     tma_block_t: Optional[int]  # the tile of the TMA plane descriptors (None: plain loads, no descriptors)
     merge_pdl: bool  # the merge launched with programmatic dependent launch (_merge_pdl)
-    gluon_splits: bool = False  # split programs in gluon_decode, window programs in a launch of their own
+    gluon_splits: bool = False  # the split and window programs in gluon_decode's kernel
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
@@ -807,6 +811,18 @@ def gluon_splits_apply(layout: PageLayout, group: int, int8_keys: bool, full_til
     return not missing, "; ".join(missing)
 
 
+def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int) -> bool:
+    """Whether gluon_decode's kernel is the default (AttentionConfig.gluon_splits None) where it applies: unless a knob
+    of int2_split_kernel's split programs is set (tma_stages, prefetch, window_block_t, windows_first, split_warps,
+    max_registers: the caller asked for that kernel), or int2_split_kernel would load its tiles by TMA for a short
+    context (tma_pays' GRAPH_TMA_SHORT_CONTEXT rule: Qwen3-8B 4K batch 1-8, where it was 2-9% faster)."""
+    triton_knobs = (config.tma_stages, config.prefetch, config.window_block_t, config.windows_first,
+                    config.max_registers)
+    if any(knob is not None for knob in triton_knobs) or config.split_warps != SPLIT_WARPS:
+        return False
+    return not (tma_stages and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT)
+
+
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
@@ -816,26 +832,11 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     block_t = resolved_block_t(config)
     split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
     device = query_rot.device
-    window_t = (_window_block_t(config, block_t, d, batch * hkv, max_seq_len, _device_sms(device)) if split_int2
-                else block_t)
     full_tiles = split_int2 if config.full_tiles is None else config.full_tiles
-    if split_int2 and full_tiles:  # windows extended by the edge tiles of the INT2 range
-        nsink = cdiv(cdiv(sink, block_t) * block_t, window_t)
-        windows = nsink + cdiv(recent + block_t - 1, window_t) + 1
-    else:
-        nsink = cdiv(sink, window_t)
-        windows = nsink + cdiv(recent, window_t) + 1
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
     int8_applies = split_int2 and layout.head_dim >= INT8_MMA_MIN_HEAD_DIM
     int8_keys = (int8_applies and meta["MODE"] == UNPACK_PTX) if config.int8_keys is None else config.int8_keys
-    gluon_splits = config.gluon_splits
-    if gluon_splits:
-        gluon_ok, gluon_missing = gluon_splits_apply(layout, group, int8_keys, full_tiles, block_t, meta, config,
-                                                     device)
-        if not gluon_ok:
-            raise ValueError(f"AttentionConfig(gluon_splits=True) needs {gluon_missing}. Leave gluon_splits off "
-                             f"(the default) for int2_split_kernel's split programs.")
     tma_applies = split_int2 and full_tiles and meta["SAME_BLOCK"] and int2_cache.is_contiguous()
     tma_stages = config.tma_stages
     if tma_stages is None:
@@ -848,6 +849,31 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             f"a multiple of block_t {block_t}) and a contiguous int2_cache; got group_size {layout.group_size}, "
             f"head_dim {layout.head_dim}, full_tiles={config.full_tiles}, contiguous={int2_cache.is_contiguous()}. "
             f"Leave tma_stages at 0.")
+    gluon_splits = False
+    if split_int2 and config.gluon_splits is not False:
+        gluon_ok, gluon_missing = gluon_splits_apply(layout, group, int8_keys, full_tiles, block_t, meta, config,
+                                                     device)
+        if config.gluon_splits and not gluon_ok:
+            raise ValueError(f"AttentionConfig(gluon_splits=True) needs {gluon_missing}. Leave gluon_splits=None to "
+                             f"use gluon_decode only where it applies.")
+        gluon_splits = gluon_ok and (config.gluon_splits or gluon_pays(config, tma_stages, max_seq_len))
+    elif config.gluon_splits:
+        raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
+                         f"group per row); got group_size {layout.group_size}, head_dim {layout.head_dim}, "
+                         f"tokens_on_m={config.tokens_on_m}.")
+    if gluon_splits:
+        window_t = block_t  # gluon_decode's window tiles are whole cache blocks
+        tma_stages = 0
+    elif split_int2:
+        window_t = _window_block_t(config, block_t, d, batch * hkv, max_seq_len, _device_sms(device))
+    else:
+        window_t = block_t
+    if split_int2 and full_tiles:  # windows extended by the edge tiles of the INT2 range
+        nsink = cdiv(cdiv(sink, block_t) * block_t, window_t)
+        windows = nsink + cdiv(recent + block_t - 1, window_t) + 1
+    else:
+        nsink = cdiv(sink, window_t)
+        windows = nsink + cdiv(recent, window_t) + 1
     if config.prefetch is None:
         prefetch = PREFETCH_TILES if meta["MODE"] == UNPACK_PTX and not tma_stages else 0
     else:
@@ -877,6 +903,11 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         FIRST_PREFETCH=FIRST_PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0,
         MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
+    if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
+        split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
+                            REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
+                            maxnreg=GLUON_MAX_REGISTERS, **_plane_offsets(layout))
+        tma_block_t = None
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
     if config.num_splits:
@@ -888,13 +919,15 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             if split_int2:
                 def probe_args() -> list:  # partial outputs of one slot: the compile needs only their dtype
                     probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
-                    return _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table,
-                                       seq_lens, probe, probe[..., 0], sink, recent, softmax_scale,
-                                       _cached_descriptors(int2_cache, layout, tma_block_t))
+                    args = (query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
+                            probe, probe[..., 0], sink, recent, softmax_scale)
+                    return (_gluon_args(*args) if gluon_splits else
+                            _split_args(*args, _cached_descriptors(int2_cache, layout, tma_block_t)))
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
-                per_sm = _programs_per_sm(int2_split_kernel, probe_args,
-                                          {**split_consts, "NSPLIT": 1, "NSPLIT_SHORT": 1}, dtypes, device)
+                per_sm = _programs_per_sm(_gluon_kernel() if gluon_splits else int2_split_kernel, probe_args,
+                                          {**split_consts, "NSPLIT": 1, **({} if gluon_splits else {"NSPLIT_SHORT": 1})},
+                                          dtypes, device)
             if small_merge:
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
@@ -906,9 +939,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
-    if gluon_splits:  # int2_split_kernel runs the window programs alone (no TMA: that is for the splits)
-        split_consts.update(WINDOWS_ONLY=True, TMA_STAGES=0, WINDOWS_FIRST=False)
-        tma_block_t = None
     return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl,
                        gluon_splits)
 
@@ -1013,17 +1043,15 @@ def oscar_decode(
     meta, nsplit, total, split_int2, nsink = plan.meta, plan.num_splits, plan.total, plan.split_int2, plan.nsink
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
-    if split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
+    if split_int2 and plan.gluon_splits:  # the split and window programs in gluon_decode's kernel
+        _gluon_kernel()[(batch, hkv, total)](
+            *_gluon_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
+                         lse, sink, recent, softmax_scale), nsplit, **plan.split_consts)
+    elif split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
         args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
                            lse, sink, recent, softmax_scale, _cached_descriptors(int2_cache, layout, plan.tma_block_t))
-        if plan.gluon_splits:  # the window programs, then the splits in Gluon, started beside them by PDL
-            int2_split_kernel[(batch, hkv, total - nsplit)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
-                                                            **plan.split_consts)
-            _launch_gluon_splits(query_rot, int2_cache, layout, block_table, seq_lens, part, lse, sink, recent,
-                                 softmax_scale, nsplit, plan)
-        else:
-            int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
-                                                   **plan.split_consts)
+        int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
+                                               **plan.split_consts)
     else:
         attention_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
@@ -1042,21 +1070,21 @@ def oscar_decode(
     return out
 
 
-def _launch_gluon_splits(query_rot, int2_cache, layout: PageLayout, block_table, seq_lens, part, lse, sink: int,
-                         recent: int, softmax_scale: float, nsplit: int, plan: _DecodePlan) -> None:
-    """The INT2 split programs of oscar_decode as gluon_decode's kernel: grid (B, Hkv, nsplit), partials 0..nsplit-1
-    of part / lse. With PDL (plan.merge_pdl) it starts beside the window programs' launch before it, waits for that
-    launch before exiting, and lets the merge start at once."""
+def _gluon_kernel():
+    """gluon_decode's kernel (imported on first use: CPU runs never need Gluon)."""
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
 
-    consts = plan.split_consts
-    int2_split_gluon_kernel[(block_table.shape[0], int2_cache.shape[1], nsplit)](
-        query_rot, query_rot.stride(0), query_rot.stride(1), int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-        block_table, block_table.stride(0), seq_lens, part, part.stride(0), part.stride(1), part.stride(2),
-        lse, lse.stride(0), lse.stride(1), sink, recent, softmax_scale * LOG2E, nsplit,
-        GROUP=consts["GROUP"], D=consts["D"], BS=layout.block_size, MIN_TILES=consts["MIN_TILES"],
-        REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=plan.merge_pdl, WAIT_PRIOR=plan.merge_pdl, num_warps=1,
-        **_plane_offsets(layout), **({"launch_pdl": True} if plan.merge_pdl else {}))
+    return int2_split_gluon_kernel
+
+
+def _gluon_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part, lse,
+                sink: int, recent: int, softmax_scale: float) -> list:
+    """The runtime arguments of gluon_decode's kernel but NSPLIT (tensors, strides, scalars)."""
+    return [query_rot, query_rot.stride(0), query_rot.stride(1), int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+            block_table, window_block_table, block_table.stride(0), seq_lens,
+            part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
+            sink, recent, softmax_scale * LOG2E]
 
 
 def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], max_query_len: int, sink: int,
