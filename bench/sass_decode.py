@@ -100,10 +100,12 @@ GLUON_SIGNATURE = {
 GLUON_PLAIN_SCALARS = ("qk_scale", "stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT")
 
 
-def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS):
+def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,
+                         query: str = "bf16", window: str = "bf16"):
     """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
     triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
-    the compiler's register count."""
+    the compiler's register count; query / window: the element types of the query (fp32 from the served query
+    rotation) and of the BF16 window store."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
@@ -113,7 +115,8 @@ def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: i
                      REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, **_plane_offsets(layout))
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(
-        fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, **{name: "constexpr" for name in constants}},
+        fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, "q_ptr": f"*{query}", "wk_ptr": f"*{window}",
+                                               "wv_ptr": f"*{window}", **{name: "constexpr" for name in constants}},
         constexprs={(names.index(k),): v for k, v in constants.items()},
         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in GLUON_SIGNATURE if k not in GLUON_PLAIN_SCALARS})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),

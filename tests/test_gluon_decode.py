@@ -40,6 +40,8 @@ for dim, group in ((128, 4), (64, 3)):
                                   loop_imma=body.count("IMMA"), loop_hmma=body.count("HMMA"),
                                   loop_local=body.count("LDL") + body.count("STL"),
                                   lds=len(re.findall(r"\bLDS", sass)), sts=len(re.findall(r"\bSTS", sass)))
+for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
+    report[f"types_{query}_{window}"] = compile_gluon_kernel(128, 4, query=query, window=window).metadata.shared
 print(json.dumps(report))
 '''
 
@@ -65,6 +67,10 @@ def test_gluon_kernel_keeps_operands_in_registers(compiled: dict, dim: int) -> N
     assert kernel["loop_imma"] == 4 * steps, kernel
     assert kernel["loop_hmma"] == 4 * (dim // 16) + 4, kernel
     assert 0 <= kernel["preexit"] < kernel["first_load"], kernel  # the merge may start at once
+
+
+def test_gluon_kernel_compiles_for_every_query_and_window_dtype(compiled: dict) -> None:
+    assert compiled["types_fp32_bf16"] == 0 and compiled["types_bf16_fp16"] == 0, compiled
 
 
 def _plan(config: triton_ops.AttentionConfig, dim: int = 128, block_size: int = 64):

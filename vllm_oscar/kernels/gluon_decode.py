@@ -300,7 +300,7 @@ def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr):
 @gluon.jit
 def _window_logits(wk_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D: gl.constexpr, GROUP: gl.constexpr):
     """fold(K @ q) [64, 4] fp32 over a BF16 window tile: K rows at wk_head + position * stride_w1 (the tile's block,
-    KV head h), row m of the result = position ROW_POS(m); the query in bf16 as loaded. One K step (16 channels) at
+    KV head h), row m of the result = position ROW_POS(m); the query rounded to K's dtype. One K step (16 channels) at
     a time; lane tig takes channels C tig + 4 s + 0..3 (C = D / 4) of step s, the query the same."""
     C: gl.constexpr = D // 4
     L: gl.constexpr = gl.BlockedLayout([1, 8, 1, 4], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
@@ -323,7 +323,7 @@ def _window_logits(wk_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D: gl.
         k = gl.permute(gl.reshape(k, [8, 4, 2, 4, 2, 2]), [1, 2, 0, 4, 3, 5])
         k = gl.convert_layout(gl.reshape(k, [TILE, 16]), k_op, assert_trivial=True)
         chan = C * ((kq % 8) // 2) + 4 * s + 2 * (kq // 8) + kq % 2
-        q = gl.load(q_cols[None, :] + chan[:, None], mask=q_ok[None, :], other=0.0)
+        q = gl.load(q_cols[None, :] + chan[:, None], mask=q_ok[None, :], other=0.0).to(k.dtype)  # rounded as K
         acc = mma_v2(k, q, acc)
     return _fold_parts(acc)
 
@@ -352,9 +352,11 @@ def _window_plane(wv_head, stride_w1, w, P: gl.constexpr, Q: gl.constexpr):
 @gluon.jit
 def _window_values(wv_head, stride_w1, pw, D: gl.constexpr):
     """V^T @ PW [D, 8] fp32 over a BF16 window tile (V rows at wv_head + position * stride_w1; PW column 2 j =
-    bf16(pw_j) of pw [64, 4], 2 j + 1 = 0), rows in the INT2 accumulator's channel order, a plane at a time."""
+    pw_j [64, 4] rounded to V's dtype, 2 j + 1 = 0), rows in the INT2 accumulator's channel order, a plane at a
+    time."""
     Q: gl.constexpr = D // 4
-    w = gl.join(pw.to(gl.bfloat16), gl.zeros_like(pw).to(gl.bfloat16))
+    dtype: gl.constexpr = wv_head.dtype.element_ty  # the window store's (bf16 or fp16)
+    w = gl.join(pw.to(dtype), gl.zeros_like(pw).to(dtype))
     w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
     planes = gl.join(gl.join(_window_plane(wv_head, stride_w1, w, 0, Q), _window_plane(wv_head, stride_w1, w, 1, Q)),
                      gl.join(_window_plane(wv_head, stride_w1, w, 2, Q), _window_plane(wv_head, stride_w1, w, 3, Q)))
