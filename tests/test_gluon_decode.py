@@ -85,11 +85,12 @@ def _plan(config: triton_ops.AttentionConfig, dim: int = 128, block_size: int = 
                                    blocks * block_size, config)
 
 
-def test_plan_keeps_the_triton_kernel_where_gluon_does_not_apply() -> None:
-    assert not _plan(triton_ops.DEFAULT_DECODE).gluon_splits  # CPU tensors: no GPU to run Gluon on
+def test_plan_keeps_the_triton_kernel_by_default_and_where_gluon_does_not_apply() -> None:
+    assert not triton_ops.DEFAULT_DECODE.gluon_splits
+    assert not _plan(triton_ops.AttentionConfig(gluon_splits=None)).gluon_splits  # CPU tensors: no GPU for Gluon
 
 
-def test_gluon_is_the_default_unless_a_triton_split_knob_is_set_or_short_tma_pays() -> None:
+def test_gluon_auto_unless_a_triton_split_knob_is_set_or_short_tma_pays() -> None:
     pays = triton_ops.gluon_pays
     assert pays(triton_ops.AttentionConfig(), 0, 32768)
     assert pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, 32768)  # TMA at long contexts: Gluon

@@ -295,10 +295,11 @@ class AttentionConfig:
     the capture); gluon_splits: the int8-key split programs and the window programs run as gluon_decode's Gluon
     kernel instead of int2_split_kernel (every INT2 operand built in registers; window tiles of 64). It applies
     (gluon_splits_apply) on a CUDA GPU of compute capability >= 8.0 with int8 keys, whole tiles of 64 in cache blocks
-    of 64, one fp16 scale group per row, GQA groups <= 4 and head_dim 64 or 128. None = where it applies and
-    gluon_pays (no knob of int2_split_kernel's splits set, and not where that kernel would use TMA for a short
-    context); True where it does not apply raises. H200, graph replays (docs/notes/kernels.md G2): 5-15% faster from
-    32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry), 2-9% slower at Qwen3-8B 4K batch 1-8 (TMA there).
+    of 64, one fp16 scale group per row, GQA groups <= 4 and head_dim 64 or 128. False (the default until the served
+    step's check has run with it on a GPU, docs/notes/kernels.md "The next GPU call") = int2_split_kernel; None =
+    where it applies and gluon_pays (no knob of int2_split_kernel's splits set, and not where that kernel would use
+    TMA for a short context); True = where it applies, else raises. H200, graph replays, bf16 queries
+    (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry).
     """
 
     block_t: Optional[int] = None
@@ -324,7 +325,7 @@ class AttentionConfig:
     tma_stages: Optional[int] = None
     long_splits: bool = False
     cuda_graph: bool = False
-    gluon_splits: Optional[bool] = None
+    gluon_splits: Optional[bool] = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -812,7 +813,7 @@ def gluon_splits_apply(layout: PageLayout, group: int, int8_keys: bool, full_til
 
 
 def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int) -> bool:
-    """Whether gluon_decode's kernel is the default (AttentionConfig.gluon_splits None) where it applies: unless a knob
+    """Whether AttentionConfig(gluon_splits=None) picks gluon_decode's kernel where it applies: unless a knob
     of int2_split_kernel's split programs is set (tma_stages, prefetch, window_block_t, windows_first, split_warps,
     max_registers: the caller asked for that kernel), or int2_split_kernel would load its tiles by TMA for a short
     context (tma_pays' GRAPH_TMA_SHORT_CONTEXT rule: Qwen3-8B 4K batch 1-8, where it was 2-9% faster)."""
@@ -854,8 +855,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         gluon_ok, gluon_missing = gluon_splits_apply(layout, group, int8_keys, full_tiles, block_t, meta, config,
                                                      device)
         if config.gluon_splits and not gluon_ok:
-            raise ValueError(f"AttentionConfig(gluon_splits=True) needs {gluon_missing}. Leave gluon_splits=None to "
-                             f"use gluon_decode only where it applies.")
+            raise ValueError(f"AttentionConfig(gluon_splits=True) needs {gluon_missing}. Use gluon_splits=None to "
+                             f"run gluon_decode only where it applies, or False (the default).")
         gluon_splits = gluon_ok and (config.gluon_splits or gluon_pays(config, tma_stages, max_seq_len))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
