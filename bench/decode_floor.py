@@ -30,8 +30,8 @@ from vllm_oscar.kernels.benchmark import (GEOMETRIES, OscarCase, error_summary, 
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 
 #: (words per program, warps per program) of the streaming launches tried; the fastest is the floor.
-STREAM_SHAPES: tuple[tuple[int, int], ...] = ((256, 1), (512, 1), (1024, 1), (2048, 2), (4096, 1), (4096, 4), (16384, 4),
-                                                 (65536, 8))
+STREAM_SHAPES: tuple[tuple[int, int], ...] = ((256, 1), (512, 1), (1024, 1), (2048, 2), (4096, 1), (4096, 4),
+                                                 (16384, 4), (65536, 8))
 BLOCK_SIZE = 64
 
 
@@ -110,7 +110,8 @@ def main() -> int:
                     assert nbytes == row["oscar"]["bytes"], (nbytes, row["oscar"]["bytes"])
                     ms, shape = floor_ms(nbytes, args.reps, device)
                 except Exception as error:  # noqa: BLE001 - reported per cell
-                    rows.append({"geometry": geometry, "context": length, "batch": batch, "error": error_summary(error)})
+                    rows.append({"geometry": geometry, "context": length, "batch": batch,
+                                 "error": error_summary(error)})
                     print(f"{geometry} {length} {batch} ERROR {rows[-1]['error']}", flush=True)
                     continue
                 sdpa = row["best_sdpa"]["ms"]

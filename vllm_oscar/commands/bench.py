@@ -257,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
         if args.gluon:
             from vllm_oscar.kernels.triton_ops import AttentionConfig
 
-            chosen = {g: dataclasses.replace(chosen.get(g, AttentionConfig()), gluon_splits=None) for g in args.geometry}
+            chosen = {g: dataclasses.replace(chosen.get(g, AttentionConfig()), gluon_splits=None)
+                      for g in args.geometry}
         if args.autotune:
             report["autotune"] = {}
             for geometry in args.geometry:

@@ -126,15 +126,21 @@ def _row_scales(ptr, ROWS: gl.constexpr):
 
 
 @gluon.jit
+def _axes4(N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, N3: gl.constexpr, L: gl.constexpr):
+    """Index vectors of the four axes of an [N0, N1, N2, N3] tensor in layout L (slices of L, ready to broadcast)."""
+    return (gl.arange(0, N0, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L)))),
+            gl.arange(0, N1, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L)))),
+            gl.arange(0, N2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L)))),
+            gl.arange(0, N3, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L)))))
+
+
+@gluon.jit
 def _codes_raw(base, Q: gl.constexpr):
     """The tile's packed key codes [8 (gid), 8 (r), 4 (tig), W] uint8: lane (gid, tig) holds bytes W tig ..
     W tig + W - 1 (W = 8 at Q = 32, 4 at Q = 16) of positions 8 gid + r, one load per position."""
     W: gl.constexpr = 8 if Q == 32 else 4
     L: gl.constexpr = gl.BlockedLayout([1, 8, 1, W], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
-    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
-    i = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    g, r, t, i = _axes4(8, 8, 4, W, L)
     rows = ((8 * g)[:, None] + r[None, :]) * Q
     return gl.load(base + rows[:, :, None, None] + (W * t)[None, None, :, None] + i[None, None, None, :])
 
@@ -169,7 +175,8 @@ def _query_step(q_base, stride_qh, h, S: gl.constexpr, Q: gl.constexpr, GROUP: g
 
 @gluon.jit
 def _query_operand(f, inv_scale, S: gl.constexpr, STEPS: gl.constexpr):
-    """K step S's int8 query operand: round(f / s_q) (half up) in the columns of the part holding step S, 0 elsewhere."""
+    """K step S's int8 query operand: round(f / s_q) (half up) in the columns of the part holding step S, 0
+    elsewhere."""
     part = gl.arange(0, 8, layout=gl.SliceLayout(0, QUERY_OP)) % KPARTS
     q8 = gl.floor(f * inv_scale[None, :] + 0.5)
     return gl.where((part == S // (STEPS // KPARTS))[None, :], q8, 0.0).to(gl.int8)
@@ -203,10 +210,7 @@ def _value_pairs(base, Q: gl.constexpr):
     if Q == 32:
         LOADED: gl.constexpr = gl.BlockedLayout([1, 16, 1, 2], [4, 1, 8, 1], [1, 1, 1, 1], [3, 1, 0, 2])
         PAIRED: gl.constexpr = gl.BlockedLayout([1, 2, 8, 1, 2], [4, 1, 1, 8, 1], [1, 1, 1, 1, 1], [1, 2, 4, 0, 3])
-        t = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LOADED))))
-        r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LOADED))))
-        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LOADED))))
-        jj = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LOADED))))
+        t, r, g, jj = _axes4(4, 16, 8, 2, LOADED)
         offs = (((16 * t)[:, None] + r[None, :]) * (Q // 2))[:, :, None, None] + (2 * g)[None, None, :, None] \
             + jj[None, None, None, :]
         return gl.convert_layout(gl.reshape(gl.load(base + offs), [4, 2, 8, 8, 2]), PAIRED)
@@ -304,10 +308,7 @@ def _window_logits(wk_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D: gl.
     a time; lane tig takes channels C tig + 4 s + 0..3 (C = D / 4) of step s, the query the same."""
     C: gl.constexpr = D // 4
     L: gl.constexpr = gl.BlockedLayout([1, 8, 1, 4], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
-    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    r = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
-    i = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    g, r, t, i = _axes4(8, 8, 4, 4, L)
     rows = ((8 * g)[:, None] + r[None, :]) * stride_w1
     k_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     q_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -335,10 +336,7 @@ def _window_plane(wv_head, stride_w1, w, P: gl.constexpr, Q: gl.constexpr):
     16 tig + 15 (Q = 32: four channels, 8 bytes per position; Q = 16: two), and the operand pairs positions."""
     W: gl.constexpr = 4 if Q == 32 else 2
     L: gl.constexpr = gl.BlockedLayout([1, 16, 1, W], [4, 1, 8, 1], [1, 1, 1, 1], [3, 1, 0, 2])
-    t = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
-    i = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    t, r, g, i = _axes4(4, 16, 8, W, L)
     rows = ((16 * t)[:, None] + r[None, :]) * stride_w1
     v = gl.load(wv_head + rows[:, :, None, None] + (P * Q + W * g)[None, None, :, None] + i[None, None, None, :])
     if Q == 32:  # [tig, e, kk, hk, gid, hf, parity] -> rows (parity, hf, gid), K (kk, hk, tig, e)

@@ -926,9 +926,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                             _split_args(*args, _cached_descriptors(int2_cache, layout, tma_block_t)))
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
+                runtime = {"NSPLIT": 1} if gluon_splits else {"NSPLIT": 1, "NSPLIT_SHORT": 1}
                 per_sm = _programs_per_sm(_gluon_kernel() if gluon_splits else int2_split_kernel, probe_args,
-                                          {**split_consts, "NSPLIT": 1, **({} if gluon_splits else {"NSPLIT_SHORT": 1})},
-                                          dtypes, device)
+                                          {**split_consts, **runtime}, dtypes, device)
             if small_merge:
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
