@@ -1,10 +1,12 @@
-"""The INT2 split programs of the decode in Gluon: int2_split_kernel's int8-key split path with every MMA operand
-built in registers (no shared memory, no barrier).
+"""The decode's INT2 split programs and BF16 window programs in Gluon (AttentionConfig.gluon_splits): the job of
+triton_decode_int2.int2_split_kernel with its int8-key path and FULL_TILES, every INT2 MMA operand built in registers
+(no shared memory, no barrier).
 
-Same job, grid, arguments and partials as triton_decode_int2.int2_split_kernel's programs pid < NSPLIT with
-FULL_TILES (whole tiles of the pure INT2 range, no masks); the window programs stay in that Triton kernel, launched
-after this one (triton_ops.oscar_decode). Scope (triton_ops.gluon_splits_apply): int8 keys, tiles of 64 positions =
-cache blocks of 64, one group per row with fp16 scales, GQA groups <= 4, head_dim 64 or 128, the PTX code layout
+Same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials as int2_split_kernel, but window tiles of 64
+positions (whole cache blocks): program pid < NSPLIT walks split pid of the whole INT2 tiles of (request, KV head),
+program NSPLIT + w takes window tile w (BF16 copies where the block has one, INT2 codes for the edges of the INT2
+range and for blocks without a copy). Scope (triton_ops.gluon_splits_apply): int8 keys, tiles of 64 positions = cache
+blocks of 64, one group per row with fp16 scales, GQA groups <= 4, head_dim 64 or 128, the PTX code layout
 (triton_common). Gluon kernels do not run under TRITON_INTERPRET=1: the CPU tests compile this module for sm_90
 (tests/test_gluon_decode.py) and bench/check_kernels_gpu.py checks it against float64 references on the GPU.
 
@@ -30,7 +32,12 @@ head_dim 64: step s = planes 2 s (c < 16) and 2 s + 1, byte c % 16, one 4-byte l
 is channel P Q + 2 pair + parity for r = (2 P + parity) Q / 2 + jl (pair = 2 (jl % 8) + jl // 8 at head_dim 128,
 so that a lane loads one word per position; jl at 64). Each permutation is expressed as reshapes and permutes of the
 loaded tensors whose conversion to the MMA layout is checked to be free (convert_layout(assert_trivial=True)).
-docs/notes/kernels.md G2 has the measurements (H200: 1.04-1.15x the Triton split programs at head_dim 128).
+
+A window tile computes its BF16 logits one K step (16 channels) at a time and its BF16 V product a plane at a time
+(_window_logits, _window_values), each lane loading only its own operand elements, so that the window path needs
+no shared memory (an allocation would cut the split programs' residency); its INT2 positions reuse the tile code of
+the splits under masks. docs/notes/kernels.md G2 has the measurements (H200, graph replays: the decode 5-15% faster
+than int2_split_kernel's from 32K on and at 4K batch 64).
 """
 
 from __future__ import annotations
