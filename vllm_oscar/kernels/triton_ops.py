@@ -857,6 +857,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if config.gluon_splits and not gluon_ok:
             raise ValueError(f"AttentionConfig(gluon_splits=True) needs {gluon_missing}. Use gluon_splits=None to "
                              f"run gluon_decode only where it applies, or False (the default).")
+        if config.gluon_splits and config.tma_stages:
+            raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
+                             f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
         gluon_splits = gluon_ok and (config.gluon_splits or gluon_pays(config, tma_stages, max_seq_len))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
