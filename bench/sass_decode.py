@@ -89,15 +89,9 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
                                                                              **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
-#: Runtime arguments of gluon_decode.int2_split_gluon_kernel and their types (as the launcher specialises them).
-GLUON_SIGNATURE = {
-    "q_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "cache_ptr": "*u8", "stride_cb": "i32",
-    "stride_ch": "i32", "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32",
-    "stride_w2": "i32", "bt_ptr": "*i32", "wbt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32",
-    "part_ptr": "*fp32", "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32",
-    "stride_lb": "i32", "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32",
-}
-GLUON_PLAIN_SCALARS = ("qk_scale", "stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT")
+#: Runtime arguments of gluon_decode.int2_split_gluon_kernel: int2_split_kernel's but the descriptors and NSPLIT_SHORT.
+GLUON_SIGNATURE = {name: kind for name, kind in SIGNATURE.items() if name != "NSPLIT_SHORT"}
+GLUON_PLAIN_SCALARS = tuple(name for name in PLAIN_SCALARS if name != "NSPLIT_SHORT")
 
 
 def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,

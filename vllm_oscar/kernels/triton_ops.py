@@ -661,7 +661,8 @@ class _DecodePlan:
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
                 part: torch.Tensor, lse: torch.Tensor, sink: int, recent: int, softmax_scale: float,
                 descriptors: list) -> list:
-    """The runtime arguments of int2_split_kernel (tensors, strides, scalars, plane descriptors)."""
+    """The runtime arguments of int2_split_kernel (tensors, strides, scalars, plane descriptors); with no
+    descriptors, those of gluon_decode's kernel but NSPLIT (the same ABI up to qk_scale)."""
     return [query_rot, query_rot.stride(0), query_rot.stride(1),
             int2_cache, int2_cache.stride(0), int2_cache.stride(1),
             window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
@@ -923,10 +924,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             if split_int2:
                 def probe_args() -> list:  # partial outputs of one slot: the compile needs only their dtype
                     probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
-                    args = (query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
-                            probe, probe[..., 0], sink, recent, softmax_scale)
-                    return (_gluon_args(*args) if gluon_splits else
-                            _split_args(*args, _cached_descriptors(int2_cache, layout, tma_block_t)))
+                    return _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table,
+                                       seq_lens, probe, probe[..., 0], sink, recent, softmax_scale,
+                                       [] if gluon_splits else _cached_descriptors(int2_cache, layout, tma_block_t))
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
                 runtime = {"NSPLIT": 1} if gluon_splits else {"NSPLIT": 1, "NSPLIT_SHORT": 1}
@@ -1047,10 +1047,10 @@ def oscar_decode(
     meta, nsplit, total, split_int2, nsink = plan.meta, plan.num_splits, plan.total, plan.split_int2, plan.nsink
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
-    if split_int2 and plan.gluon_splits:  # the split and window programs in gluon_decode's kernel
+    if split_int2 and plan.gluon_splits:  # the split and window programs in gluon_decode's kernel (no descriptors)
         _gluon_kernel()[(batch, hkv, total)](
-            *_gluon_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
-                         lse, sink, recent, softmax_scale), nsplit, **plan.split_consts)
+            *_split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
+                         lse, sink, recent, softmax_scale, []), nsplit, **plan.split_consts)
     elif split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
         args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
                            lse, sink, recent, softmax_scale, _cached_descriptors(int2_cache, layout, plan.tma_block_t))
@@ -1079,16 +1079,6 @@ def _gluon_kernel():
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
 
     return int2_split_gluon_kernel
-
-
-def _gluon_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part, lse,
-                sink: int, recent: int, softmax_scale: float) -> list:
-    """The runtime arguments of gluon_decode's kernel but NSPLIT (tensors, strides, scalars)."""
-    return [query_rot, query_rot.stride(0), query_rot.stride(1), int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
-            block_table, window_block_table, block_table.stride(0), seq_lens,
-            part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
-            sink, recent, softmax_scale * LOG2E]
 
 
 def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], max_query_len: int, sink: int,
