@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Time the served decode with gluon_decode's kernel (AttentionConfig(gluon_splits=None)) against the default
-(int2_split_kernel) side by side in one run: gluon / default / gluon / default per case, graph replays at blocks of
+"""Time the served decode with gluon_decode's kernel (the default, AttentionConfig(gluon_splits=None)) against
+int2_split_kernel (gluon_splits=False) side by side in one run: gluon / triton / gluon / triton per case, graph replays at blocks of
 64 as `bench decode` times them, with each variant's per-kernel times (docs/notes/kernels.md G2). GPU only.
 
     python bench/gluon_served_ab.py --json ab.json
@@ -24,7 +24,7 @@ from vllm_oscar.kernels.benchmark import format_breakdown, measure_bandwidth, ru
 CASES = (("qwen3-8b", 4096, 1), ("qwen3-8b", 4096, 8), ("qwen3-8b", 4096, 64), ("qwen3-8b", 32768, 1),
          ("qwen3-8b", 32768, 8), ("qwen3-8b", 32768, 64), ("qwen3-8b", 131072, 1), ("qwen3-8b", 131072, 32),
          ("smollm2-135m", 4096, 8), ("smollm2-135m", 32768, 1), ("smollm2-135m", 32768, 64))
-VARIANTS = (("gluon", triton_ops.AttentionConfig(gluon_splits=None)), ("default", triton_ops.AttentionConfig()))
+VARIANTS = (("gluon", triton_ops.AttentionConfig()), ("triton", triton_ops.AttentionConfig(gluon_splits=False)))
 
 
 def main() -> int:

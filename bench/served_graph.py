@@ -374,8 +374,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="time: batch sizes")
     parser.add_argument("--long-splits", action="store_true",
                         help="decode with AttentionConfig.long_splits (opt-in), for comparisons")
-    parser.add_argument("--gluon", action="store_true",
-                        help="decode with AttentionConfig(gluon_splits=None): gluon_decode where it applies")
+    parser.add_argument("--no-gluon", action="store_true",
+                        help="decode with AttentionConfig(gluon_splits=False): int2_split_kernel only, for comparisons")
     parser.add_argument("--max-model-len", type=int,
                         help="time: capture the graphs for this many positions (a long-context deployment)")
     parser.add_argument("--profile", nargs=2, type=int, metavar=("CONTEXT", "BATCH"),
@@ -385,15 +385,15 @@ def main() -> int:
     parser.add_argument("--kernels", nargs=2, type=int, action="append", metavar=("CONTEXT", "BATCH"),
                         help="also: GPU time per kernel of graph replays at this context and batch (repeatable)")
     args = parser.parse_args()
-    if args.rotate_precision or args.long_splits or args.gluon:
+    if args.rotate_precision or args.long_splits or args.no_gluon:
         from vllm_oscar.kernels import triton_ops
 
         if args.rotate_precision:
             triton_ops.ROTATE_PRECISION = args.rotate_precision
         if args.long_splits:  # decode_config builds the served configs from DEFAULT_DECODE
             triton_ops.DEFAULT_DECODE = dataclasses.replace(triton_ops.DEFAULT_DECODE, long_splits=True)
-        if args.gluon:
-            triton_ops.DEFAULT_DECODE = dataclasses.replace(triton_ops.DEFAULT_DECODE, gluon_splits=None)
+        if args.no_gluon:
+            triton_ops.DEFAULT_DECODE = dataclasses.replace(triton_ops.DEFAULT_DECODE, gluon_splits=False)
     if args.profile:
         profile_eager(*args.profile, calls=args.calls, top=45)
         return 0

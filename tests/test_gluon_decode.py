@@ -85,9 +85,10 @@ def _plan(config: triton_ops.AttentionConfig, dim: int = 128, block_size: int = 
                                    blocks * block_size, config)
 
 
-def test_plan_keeps_the_triton_kernel_by_default_and_where_gluon_does_not_apply() -> None:
-    assert not triton_ops.DEFAULT_DECODE.gluon_splits
-    assert not _plan(triton_ops.AttentionConfig(gluon_splits=None)).gluon_splits  # CPU tensors: no GPU for Gluon
+def test_gluon_is_the_default_where_it_applies_and_the_triton_kernel_elsewhere() -> None:
+    assert triton_ops.DEFAULT_DECODE.gluon_splits is None  # auto: gluon_decode where it applies and pays
+    assert not _plan(triton_ops.DEFAULT_DECODE).gluon_splits  # CPU tensors: no GPU for Gluon
+    assert not _plan(triton_ops.AttentionConfig(gluon_splits=False)).gluon_splits
 
 
 def test_gluon_auto_unless_a_triton_split_knob_is_set_or_short_tma_pays() -> None:

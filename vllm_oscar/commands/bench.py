@@ -118,9 +118,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune: 1 = size the grid for more split programs, used by (request, KV head) pairs whose "
                              "splits would be long (AttentionConfig.long_splits, opt-in)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
-    parser.add_argument("--gluon", action="store_true",
-                        help="decode: time AttentionConfig(gluon_splits=None), gluon_decode's kernel where it "
-                             "applies and pays (off by default)")
+    parser.add_argument("--no-gluon", action="store_true",
+                        help="decode: time AttentionConfig(gluon_splits=False), int2_split_kernel where the default "
+                             "would run gluon_decode's kernel (for comparisons)")
 
 
 def refit_rounds(text: str) -> int | tuple[int, int]:
@@ -254,10 +254,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         rows = []
         chosen: dict = fastest_configs(args.config_from, args.geometry) if args.config_from else {}
-        if args.gluon:
+        if args.no_gluon:
             from vllm_oscar.kernels.triton_ops import AttentionConfig
 
-            chosen = {g: dataclasses.replace(chosen.get(g, AttentionConfig()), gluon_splits=None)
+            chosen = {g: dataclasses.replace(chosen.get(g, AttentionConfig()), gluon_splits=False)
                       for g in args.geometry}
         if args.autotune:
             report["autotune"] = {}

@@ -295,10 +295,10 @@ class AttentionConfig:
     the capture); gluon_splits: the int8-key split programs and the window programs run as gluon_decode's Gluon
     kernel instead of int2_split_kernel (every INT2 operand built in registers; window tiles of 64). It applies
     (gluon_splits_apply) on a CUDA GPU of compute capability >= 8.0 with int8 keys, whole tiles of 64 in cache blocks
-    of 64, one fp16 scale group per row, GQA groups <= 4 and head_dim 64 or 128. False (the default until the served
-    step's check has run with it on a GPU, docs/notes/kernels.md "The next GPU call") = int2_split_kernel; None =
-    where it applies and gluon_pays (no knob of int2_split_kernel's splits set, and not where that kernel would use
-    TMA for a short context); True = where it applies, else raises. H200, graph replays, bf16 queries
+    of 64, one fp16 scale group per row, GQA groups <= 4 and head_dim 64 or 128. None (the default since session 19,
+    after the served step's check and the kernel checks passed with it on the H200) = where it applies and gluon_pays
+    (no knob of int2_split_kernel's splits set, and not where that kernel would use TMA for a short context);
+    False = int2_split_kernel always; True = where it applies, else raises. H200, graph replays, bf16 queries
     (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry).
     """
 
@@ -325,7 +325,7 @@ class AttentionConfig:
     tma_stages: Optional[int] = None
     long_splits: bool = False
     cuda_graph: bool = False
-    gluon_splits: Optional[bool] = False
+    gluon_splits: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
