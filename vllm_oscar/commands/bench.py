@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--programs-per-sm", type=int, nargs="+", default=[0],
                         help="tune: split-K sizing, split programs per SM (0 = as many as one SM holds at once, "
                              "the default)")
+    parser.add_argument("--num-splits", type=int, nargs="+", default=[0],
+                        help="tune: a fixed split-K count per (request, KV head) (AttentionConfig.num_splits; 0 = "
+                             "sized by --programs-per-sm and --min-tiles, the default)")
     parser.add_argument("--min-tiles", type=int, nargs="+", default=[MIN_TILES_PER_SPLIT],
                         help="tune: the fewest tiles per decode split (short contexts / batch 1)")
     parser.add_argument("--int8-keys", nargs="+", default=["auto"], choices=("auto", "0", "1"),
@@ -146,16 +149,16 @@ def tune_configs(args: argparse.Namespace) -> list:
     from vllm_oscar.kernels.triton_ops import DEFAULT_DECODE, AttentionConfig
 
     warps_default = DEFAULT_DECODE.num_warps if args.rows_on_m else DEFAULT_DECODE.split_warps
-    return [AttentionConfig(block_t=bt, num_stages=ns, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}),
-                            unpack=up, tokens_on_m=not args.rows_on_m, programs_per_sm=pps or None,
+    return [AttentionConfig(block_t=bt, num_stages=stages, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}),
+                            unpack=up, tokens_on_m=not args.rows_on_m, programs_per_sm=pps or None, num_splits=ns or None,
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
                             tma_stages=_auto(tma, int), long_splits=ls == "1", cuda_graph=True)
-            for bt, nw, ns, up, pps, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls in itertools.product(
+            for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
-                args.programs_per_sm, args.min_tiles, args.int8_keys, args.max_registers, args.prefetch,
+                args.programs_per_sm, args.num_splits, args.min_tiles, args.int8_keys, args.max_registers, args.prefetch,
                 args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl,
                 args.tma_stages, args.long_splits)]
 
