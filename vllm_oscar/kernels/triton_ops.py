@@ -218,6 +218,9 @@ PREFILL_AUTO_SPLITS: int = 4
 #: head_dim 128 (Triton 3.6, offline SASS) and cost the split programs a quarter of their residency; at 128 (the
 #: Triton split kernel's count) the window path spills 40 B and the split loop is unchanged.
 GLUON_MAX_REGISTERS: int = 128
+#: Register cap of gluon_decode's kernel with TWO_TILES (AttentionConfig.gluon_two_tiles): its loop holds two tiles'
+#: loads, 168 registers at head_dim 128 without spills (153 at 64; Triton 3.6, offline SASS): 12 warps per SM.
+GLUON_TWO_TILE_REGISTERS: int = 168
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -326,6 +329,7 @@ class AttentionConfig:
     long_splits: bool = False
     cuda_graph: bool = False
     gluon_splits: Optional[bool] = None
+    gluon_two_tiles: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -857,7 +861,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                                      device)
         if config.gluon_splits and not gluon_ok:
             raise ValueError(f"AttentionConfig(gluon_splits=True) needs {gluon_missing}. Use gluon_splits=None to "
-                             f"run gluon_decode only where it applies, or False (the default).")
+                             f"run gluon_decode only where it applies (the default), or False for int2_split_kernel.")
         if config.gluon_splits and config.tma_stages:
             raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
@@ -911,7 +915,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            maxnreg=GLUON_MAX_REGISTERS, **_plane_offsets(layout))
+                            TWO_TILES=bool(config.gluon_two_tiles),
+                            maxnreg=GLUON_TWO_TILE_REGISTERS if config.gluon_two_tiles else GLUON_MAX_REGISTERS,
+                            **_plane_offsets(layout))
         tma_block_t = None
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
