@@ -458,22 +458,25 @@ def int2_split_gluon_kernel(
         per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
         lo = gl.minimum(pid * per_split, n_tiles)
         hi = gl.minimum(lo + per_split, n_tiles)
-        # The blocks of the next tiles come from their L2 prefetches, one step ahead: no block-table wait per tile.
+        # TWO_TILES takes its tiles' blocks from their L2 prefetches, one step ahead (one tile at a time, the same
+        # was 2-7% slower at Qwen3-8B batch 1-8: docs/notes/kernels.md G3).
         blk = _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
         if TWO_TILES:
             blk2 = _prefetch_region(head_base, bt_row, stride_cb, first + (lo + 1) * TILE, lo + 1 < hi, BS, REGION)
         q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q, GROUP)
         for i in range(lo, hi, 1 + TWO_TILES):
             t0 = first + i * TILE
-            codes, pairs, ks, kz, vs, vz = _tile_loads(head_base + blk * stride_cb, ROWS, Q, K_CODES, V_CODES, K_SCALE,
-                                                       K_ZERO, V_SCALE, V_ZERO)
             if TWO_TILES:  # both tiles' loads issued before either's math (the second reads block 0 past hi)
+                codes, pairs, ks, kz, vs, vz = _tile_loads(head_base + blk * stride_cb, ROWS, Q, K_CODES, V_CODES,
+                                                           K_SCALE, K_ZERO, V_SCALE, V_ZERO)
                 codes2, pairs2, ks2, kz2, vs2, vz2 = _tile_loads(head_base + blk2 * stride_cb, ROWS, Q, K_CODES,
                                                                  V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO)
                 blk = _prefetch_region(head_base, bt_row, stride_cb, t0 + 2 * TILE, i + 2 < hi, BS, REGION)
                 blk2 = _prefetch_region(head_base, bt_row, stride_cb, t0 + 3 * TILE, i + 3 < hi, BS, REGION)
             else:
-                blk = _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
+                _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
+                codes, pairs, ks, kz, vs, vz = _tile_loads(_tile_base(head_base, bt_row, stride_cb, t0, True, BS), ROWS,
+                                                           Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO)
             m_i, l_acc, sums, acc = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, m_i, l_acc,
                                                sums, acc, ones, zero_s, Q)
             if TWO_TILES:
