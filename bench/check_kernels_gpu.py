@@ -196,15 +196,14 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: masked tiles instead of the default whole-tile splits (full_tiles=False), the merge launched without
 #: programmatic dependent launch (merge_pdl=False; the default uses it on Hopper), TMA tile loads (16-position
 #: tiles, which every block size here holds whole) and, at blocks of 64, TMA loads of the default 64-position tile
-#: and int2_split_kernel where the default runs gluon_decode's kernel (gluon_splits=False: blocks of 64), and
-#: gluon_decode's kernel walking two tiles at a time (gluon_two_tiles=True).
+#: and int2_split_kernel where the default runs gluon_decode's kernel (gluon_splits=False: blocks of 64).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
                   dict(unpack=UNPACK_PTX, windows_first=True, programs_per_sm=24),
                   dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, merge_pdl=False),
                   dict(unpack=UNPACK_PTX, block_t=16, tma_stages=2), dict(unpack=UNPACK_PTX, tma_stages=3),
-                  dict(unpack=UNPACK_PTX, gluon_splits=False), dict(unpack=UNPACK_PTX, gluon_two_tiles=True))
+                  dict(unpack=UNPACK_PTX, gluon_splits=False))
 
 
 
@@ -277,8 +276,7 @@ def check_decode_int8_keys(report: list) -> None:
                             dense_context(state, b, n, DEVICE), 0, 0, scale)[0]
             for b, n in enumerate(lens)])
         # int2_split_kernel and, at blocks of 64, gluon_decode (the default, gluon_splits=None)
-        for variant in (dict(int8_keys=True, prefetch=0), dict(int8_keys=True, prefetch=2), dict(int8_keys=True),
-                        dict(int8_keys=True, gluon_two_tiles=True)):
+        for variant in (dict(int8_keys=True, prefetch=0), dict(int8_keys=True, prefetch=2), dict(int8_keys=True)):
             out = torch.full_like(query, float("nan"))
             triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                     state.window_block_table, state.seq_lens, 0, 0, scale, out=out, max_seq_len=max(lens),

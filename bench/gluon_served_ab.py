@@ -25,8 +25,7 @@ CASES = (("qwen3-8b", 4096, 1), ("qwen3-8b", 4096, 8), ("qwen3-8b", 4096, 64), (
          ("qwen3-8b", 32768, 8), ("qwen3-8b", 32768, 64), ("qwen3-8b", 131072, 1), ("qwen3-8b", 131072, 32),
          ("smollm2-135m", 4096, 8), ("smollm2-135m", 32768, 1), ("smollm2-135m", 32768, 8), ("smollm2-135m", 32768, 64),
          ("smollm2-135m", 131072, 1))
-VARIANTS = {"gluon": triton_ops.AttentionConfig(), "triton": triton_ops.AttentionConfig(gluon_splits=False),
-            "two_tiles": triton_ops.AttentionConfig(gluon_two_tiles=True)}
+VARIANTS = {"gluon": triton_ops.AttentionConfig(), "triton": triton_ops.AttentionConfig(gluon_splits=False)}
 
 
 def main() -> int:
@@ -34,7 +33,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["gluon", "triton"],
-                        help="configs timed in turn, twice over (two_tiles: AttentionConfig.gluon_two_tiles)")
+                        help="configs timed in turn, twice over")
     args = parser.parse_args()
     device = torch.device("cuda")
     bandwidth = measure_bandwidth(device)

@@ -95,19 +95,18 @@ GLUON_PLAIN_SCALARS = tuple(name for name in PLAIN_SCALARS if name != "NSPLIT_SH
 
 
 def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,
-                         query: str = "bf16", window: str = "bf16", two_tiles: bool = False):
+                         query: str = "bf16", window: str = "bf16"):
     """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
     triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
     the compiler's register count; query / window: the element types of the query (fp32 from the served query
-    rotation) and of the BF16 window store; two_tiles: its TWO_TILES (tiles walked two at a time)."""
+    rotation) and of the BF16 window store."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
 
     layout = PageLayout(head_dim, head_dim, 64)
     constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT,
-                     REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, TWO_TILES=two_tiles,
-                     **_plane_offsets(layout))
+                     REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, **_plane_offsets(layout))
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(
         fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, "q_ptr": f"*{query}", "wk_ptr": f"*{window}",
@@ -197,14 +196,11 @@ def main() -> int:
     parser.add_argument("--gluon", action="store_true",
                         help="gluon_decode's split programs instead (AttentionConfig.gluon_splits; --head-dim and "
                              "--group only)")
-    parser.add_argument("--two-tiles", action="store_true",
-                        help="with --gluon: TWO_TILES, tiles walked two at a time")
     parser.add_argument("--top", type=int, default=18, help="opcodes listed per loop")
     parser.add_argument("--dump", metavar="FILE", help="write the full SASS listing here")
     args = parser.parse_args()
     if args.gluon:
-        kernel = compile_gluon_kernel(args.head_dim, args.group, maxnreg=args.maxnreg or GLUON_MAX_REGISTERS,
-                                      two_tiles=args.two_tiles)
+        kernel = compile_gluon_kernel(args.head_dim, args.group, maxnreg=args.maxnreg or GLUON_MAX_REGISTERS)
     else:
         kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                                 args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),

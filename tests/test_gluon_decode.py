@@ -27,19 +27,15 @@ import json, re, sys
 sys.path[:0] = [ROOT, ROOT + "/bench"]
 from sass_decode import backward_branches, compile_gluon_kernel, instructions, read_compiled
 
-from vllm_oscar.kernels.triton_ops import GLUON_MAX_REGISTERS, GLUON_TWO_TILE_REGISTERS
-
 report = {}
-for dim, group, two in ((128, 4, False), (64, 3, False), (128, 4, True), (64, 3, True)):
-    # as triton_ops launches it (register cap included)
-    kernel = compile_gluon_kernel(dim, group, maxnreg=GLUON_TWO_TILE_REGISTERS if two else GLUON_MAX_REGISTERS,
-                                  two_tiles=two)
+for dim, group in ((128, 4), (64, 3)):
+    kernel = compile_gluon_kernel(dim, group)  # as triton_ops launches it (register cap included)
     sass, registers, stack = read_compiled(kernel, None)
     lines = [line for line in sass.splitlines() if line.strip().startswith("/*")]
     first = lambda text: next((i for i, line in enumerate(lines) if text in line), -1)
     loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
     body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
-    report[f"gluon_{dim}" + ("_two" if two else "")] = dict(shared=kernel.metadata.shared, stack=int(stack), registers=int(registers),
+    report[f"gluon_{dim}"] = dict(shared=kernel.metadata.shared, stack=int(stack), registers=int(registers),
                                   preexit=first("PREEXIT"), first_load=first("LDG"), loops=len(loops),
                                   loop_imma=body.count("IMMA"), loop_hmma=body.count("HMMA"),
                                   loop_local=body.count("LDL") + body.count("STL"),
@@ -60,19 +56,16 @@ def compiled() -> dict:
 
 
 @pytest.mark.parametrize("dim", [128, 64])
-@pytest.mark.parametrize("two_tiles", [False, True])
-def test_gluon_kernel_keeps_operands_in_registers(compiled: dict, dim: int, two_tiles: bool) -> None:
-    kernel = compiled[f"gluon_{dim}" + ("_two" if two_tiles else "")]
+def test_gluon_kernel_keeps_operands_in_registers(compiled: dict, dim: int) -> None:
+    kernel = compiled[f"gluon_{dim}"]
     assert kernel["shared"] == 0 and kernel["lds"] == 0 and kernel["sts"] == 0, kernel  # no shared memory at all
-    cap = triton_ops.GLUON_TWO_TILE_REGISTERS if two_tiles else triton_ops.GLUON_MAX_REGISTERS
-    assert kernel["registers"] <= cap, kernel
+    assert kernel["registers"] <= triton_ops.GLUON_MAX_REGISTERS, kernel
     assert kernel["loops"] == 1 and kernel["loop_local"] == 0, kernel  # the split loop: no spills (window path may)
     # Per tile: 4 (head_dim 128) or 2 int8 K steps over 4 M tiles; the V product over D / 16 M tiles and 4 K steps,
-    # plus the column sums' 4; TWO_TILES' loop body holds two tiles.
+    # plus the column sums' 4.
     steps = 4 if dim == 128 else 2
-    tiles = 2 if two_tiles else 1
-    assert kernel["loop_imma"] == tiles * 4 * steps, kernel
-    assert kernel["loop_hmma"] == tiles * (4 * (dim // 16) + 4), kernel
+    assert kernel["loop_imma"] == 4 * steps, kernel
+    assert kernel["loop_hmma"] == 4 * (dim // 16) + 4, kernel
     assert 0 <= kernel["preexit"] < kernel["first_load"], kernel  # the merge may start at once
 
 
@@ -106,14 +99,6 @@ def test_gluon_auto_unless_a_triton_split_knob_is_set_or_short_tma_pays() -> Non
     for knob in (dict(tma_stages=0), dict(prefetch=1), dict(window_block_t=32), dict(windows_first=True),
                  dict(max_registers=128), dict(split_warps=2)):
         assert not pays(triton_ops.AttentionConfig(**knob), 0, 32768), knob
-
-
-def test_two_tiles_where_the_pairs_fill_the_sms_unless_configured() -> None:
-    cpu = torch.device("cpu")  # sized as a 132-SM GPU
-    assert triton_ops.gluon_two_tiles(triton_ops.AttentionConfig(), 132, cpu)
-    assert not triton_ops.gluon_two_tiles(triton_ops.AttentionConfig(), 131, cpu)
-    assert triton_ops.gluon_two_tiles(triton_ops.AttentionConfig(gluon_two_tiles=True), 8, cpu)
-    assert not triton_ops.gluon_two_tiles(triton_ops.AttentionConfig(gluon_two_tiles=False), 512, cpu)
 
 
 def test_plan_explains_why_gluon_splits_cannot_run() -> None:

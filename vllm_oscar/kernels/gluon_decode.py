@@ -110,21 +110,13 @@ def _unpacked_planes(pairs):
 
 @gluon.jit
 def _prefetch_region(head_base, bt_row, stride_cb, t0, live, BS: gl.constexpr, REGION: gl.constexpr):
-    """prefetch.global.L2 every line of the (block, KV head) region holding position t0 (nothing unless live).
-    Returns that block (int64; 0 unless live), so that the tile's own loads need not wait for the block table."""
+    """prefetch.global.L2 every line of the (block, KV head) region holding position t0 (nothing unless live)."""
     blk = gl.load(bt_row + t0 // BS, mask=live, other=0).to(gl.int64)
     line = gl.arange(0, PREFETCH_LINES, layout=LINES)
     addr = (head_base + blk * stride_cb + line * PREFETCH_LINE).to(gl.int64, bitcast=True)
     want = ((line * PREFETCH_LINE < REGION) & live).to(gl.int32)
     gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
                               "=r,l,r", [addr, want], dtype=gl.int32, is_pure=False, pack=1)
-    return blk
-
-
-@gluon.jit
-def _tile_base(head_base, bt_row, stride_cb, t0, live, BS: gl.constexpr):
-    """The (block, KV head) region holding position t0 (block 0's, in bounds, unless live)."""
-    return head_base + gl.load(bt_row + t0 // BS, mask=live, other=0).to(gl.int64) * stride_cb
 
 
 @gluon.jit
@@ -317,27 +309,6 @@ def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr):
 
 
 @gluon.jit
-def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, m_i, l_acc, sums, acc, ones, zero_s,
-               Q: gl.constexpr):
-    """One INT2 tile of a split from its loads (_tile_loads): logits, the lazy rescale of the running state and
-    its V product. Returns the running (m_i [4], l_acc [64, 4], sums [16, 8], acc [D, 8])."""
-    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
-    tile_max = gl.max(x, axis=0) * l_scale
-    if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
-        m_new = gl.maximum(m_i, tile_max)
-        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-        l_acc *= alpha[None, :]
-        alpha_c = _per_column(alpha)
-        acc *= alpha_c[None, :]
-        sums *= alpha_c[None, :]
-        m_i = m_new
-    p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-    l_acc += p
-    sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q)
-    return m_i, l_acc, sums, acc
-
-
-@gluon.jit
 def _window_logits(wk_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D: gl.constexpr, GROUP: gl.constexpr):
     """fold(K @ q) [64, 4] fp32 over a BF16 window tile: K rows at wk_head + position * stride_w1 (the tile's block,
     KV head h), row m of the result = position ROW_POS(m); the query rounded to K's dtype. One K step (16 channels) at
@@ -416,15 +387,13 @@ def int2_split_gluon_kernel(
     GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
-    TRIGGER_DEPENDENTS: gl.constexpr = False, TWO_TILES: gl.constexpr = False,
+    TRIGGER_DEPENDENTS: gl.constexpr = False,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
     (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
     [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
-    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once.
-    TWO_TILES: a split program walks its tiles two at a time, both tiles' loads issued before either's math (and
-    L2 asked for the next two), so the second tile's load latency hides behind the first's math."""
+    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -458,31 +427,27 @@ def int2_split_gluon_kernel(
         per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
         lo = gl.minimum(pid * per_split, n_tiles)
         hi = gl.minimum(lo + per_split, n_tiles)
-        # TWO_TILES takes its tiles' blocks from their L2 prefetches, one step ahead (one tile at a time, the same
-        # was 2-7% slower at Qwen3-8B batch 1-8: docs/notes/kernels.md G3).
-        blk = _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
-        if TWO_TILES:
-            blk2 = _prefetch_region(head_base, bt_row, stride_cb, first + (lo + 1) * TILE, lo + 1 < hi, BS, REGION)
+        _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
         q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q, GROUP)
-        for i in range(lo, hi, 1 + TWO_TILES):
+        for i in range(lo, hi):
             t0 = first + i * TILE
-            if TWO_TILES:  # both tiles' loads issued before either's math (the second reads block 0 past hi)
-                codes, pairs, ks, kz, vs, vz = _tile_loads(head_base + blk * stride_cb, ROWS, Q, K_CODES, V_CODES,
-                                                           K_SCALE, K_ZERO, V_SCALE, V_ZERO)
-                codes2, pairs2, ks2, kz2, vs2, vz2 = _tile_loads(head_base + blk2 * stride_cb, ROWS, Q, K_CODES,
-                                                                 V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO)
-                blk = _prefetch_region(head_base, bt_row, stride_cb, t0 + 2 * TILE, i + 2 < hi, BS, REGION)
-                blk2 = _prefetch_region(head_base, bt_row, stride_cb, t0 + 3 * TILE, i + 3 < hi, BS, REGION)
-            else:
-                _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
-                codes, pairs, ks, kz, vs, vz = _tile_loads(_tile_base(head_base, bt_row, stride_cb, t0, True, BS), ROWS,
-                                                           Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO)
-            m_i, l_acc, sums, acc = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, m_i, l_acc,
-                                               sums, acc, ones, zero_s, Q)
-            if TWO_TILES:
-                if i + 1 < hi:
-                    m_i, l_acc, sums, acc = _tile_step(codes2, pairs2, ks2, kz2, vs2, vz2, q0, q1, q2, q3, qo, l_scale,
-                                                       m_i, l_acc, sums, acc, ones, zero_s, Q)
+            _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
+            base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
+            codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
+                                                       V_ZERO)
+            x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
+            tile_max = gl.max(x, axis=0) * l_scale
+            if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
+                m_new = gl.maximum(m_i, tile_max)
+                alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+                l_acc *= alpha[None, :]
+                alpha_c = _per_column(alpha)
+                acc *= alpha_c[None, :]
+                sums *= alpha_c[None, :]
+                m_i = m_new
+            p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+            l_acc += p
+            sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
@@ -503,7 +468,7 @@ def int2_split_gluon_kernel(
             if any_copy:
                 x_copy = _window_logits(wk_ptr + w_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D, GROUP)
                 logits = gl.where(copy[:, None], x_copy * qk_scale, logits)
-            base = _tile_base(head_base, bt_row, stride_cb, t0, True, BS)
+            base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
             if any_int2:
                 q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
                                                           GROUP)

@@ -218,9 +218,6 @@ PREFILL_AUTO_SPLITS: int = 4
 #: head_dim 128 (Triton 3.6, offline SASS) and cost the split programs a quarter of their residency; at 128 (the
 #: Triton split kernel's count) the window path spills 40 B and the split loop is unchanged.
 GLUON_MAX_REGISTERS: int = 128
-#: Register cap of gluon_decode's kernel with TWO_TILES (AttentionConfig.gluon_two_tiles): its loop holds two tiles'
-#: loads, 168 registers at head_dim 128 without spills (153 at 64; Triton 3.6, offline SASS): 12 warps per SM.
-GLUON_TWO_TILE_REGISTERS: int = 168
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -302,9 +299,7 @@ class AttentionConfig:
     after the served step's check and the kernel checks passed with it on the H200) = where it applies and gluon_pays
     (no knob of int2_split_kernel's splits set, and not where that kernel would use TMA for a short context);
     False = int2_split_kernel always; True = where it applies, else raises. H200, graph replays, bf16 queries
-    (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry);
-    gluon_two_tiles: gluon_decode's split programs walk their tiles two at a time, both tiles' loads issued first
-    (TWO_TILES, GLUON_TWO_TILE_REGISTERS); None = where the (request, KV head) pairs fill the SMs (gluon_two_tiles).
+    (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry).
     """
 
     block_t: Optional[int] = None
@@ -331,7 +326,6 @@ class AttentionConfig:
     long_splits: bool = False
     cuda_graph: bool = False
     gluon_splits: Optional[bool] = None
-    gluon_two_tiles: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -831,16 +825,6 @@ def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int) -> bo
     return not (tma_stages and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT)
 
 
-def gluon_two_tiles(config: AttentionConfig, pairs: int, device: torch.device) -> bool:
-    """Whether gluon_decode's split programs walk their tiles two at a time (TWO_TILES): config.gluon_two_tiles,
-    or (None) where the (request, KV head) pairs fill the SMs (at least one each, so few splits per pair and the
-    register cap's lower residency costs no split). H200, graph replays (docs/notes/kernels.md G3): Qwen3-8B 1-4%
-    faster at batch 32-64, SmolLM2 at batch 64 equal; at batch 1-8 (fewer pairs than SMs) Qwen3-8B 1-10% slower."""
-    if config.gluon_two_tiles is not None:
-        return config.gluon_two_tiles
-    return pairs >= _device_sms(device)
-
-
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
@@ -925,10 +909,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
-        two_tiles = gluon_two_tiles(config, batch * hkv, device)
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            TWO_TILES=two_tiles, maxnreg=GLUON_TWO_TILE_REGISTERS if two_tiles else GLUON_MAX_REGISTERS,
+                            maxnreg=GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
