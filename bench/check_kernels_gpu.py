@@ -196,14 +196,15 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: masked tiles instead of the default whole-tile splits (full_tiles=False), the merge launched without
 #: programmatic dependent launch (merge_pdl=False; the default uses it on Hopper), TMA tile loads (16-position
 #: tiles, which every block size here holds whole) and, at blocks of 64, TMA loads of the default 64-position tile
-#: and int2_split_kernel where the default runs gluon_decode's kernel (gluon_splits=False: blocks of 64).
+#: and int2_split_kernel where the default runs gluon_decode's kernel (gluon_splits=False: blocks of 64), and a
+#: fixed 384 splits (most of them empty: the merge's widest partial lists).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
                   dict(unpack=UNPACK_PTX, windows_first=True, programs_per_sm=24),
                   dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, merge_pdl=False),
                   dict(unpack=UNPACK_PTX, block_t=16, tma_stages=2), dict(unpack=UNPACK_PTX, tma_stages=3),
-                  dict(unpack=UNPACK_PTX, gluon_splits=False))
+                  dict(unpack=UNPACK_PTX, gluon_splits=False), dict(unpack=UNPACK_PTX, num_splits=384))
 
 
 
