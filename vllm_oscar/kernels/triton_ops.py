@@ -135,7 +135,11 @@ SM_PARTITIONS: int = 4
 DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
 MIN_TILES_PER_SPLIT: int = 2
-MAX_SPLITS: int = 256
+#: The most splits per (request, KV head): it binds only where the pairs are few (one-wave count above it: SmolLM2
+#: geometry, 3 KV heads, batch 1-2). H200, graph replays, Gluon splits (docs/notes/kernels.md S19): SmolLM2 batch 1
+#: 384 vs 256 splits 0.0126 / 0.0142 ms at 128K, 0.0092 / 0.0098 at 64K, equal at 32K (where two-tile splits cap
+#: it at 256); batch 2 (264 one-wave splits): 256 vs 320 0.0117 / 0.0125 at 64K, 0.0175 / 0.0183 at 128K.
+MAX_SPLITS: int = 384
 #: A split walking fewer tiles than this is "short": its window programs, trailing as a second wave,
 #: then cost as much as the split itself, so decode_splits makes room for them in the first wave
 #: (H200, docs/notes/kernels.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
