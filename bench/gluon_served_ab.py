@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Time the served decode with gluon_decode's kernel (the default, AttentionConfig(gluon_splits=None)) against
-int2_split_kernel (gluon_splits=False) side by side in one run: gluon / triton / gluon / triton per case, graph replays at blocks of
-64 as `bench decode` times them, with each variant's per-kernel times (docs/notes/kernels.md G2). GPU only.
+int2_split_kernel (gluon_splits=False) side by side in one run: gluon / triton / gluon / triton per case, graph
+replays at blocks of 64 as `bench decode` times them, with each variant's per-kernel times (docs/notes/kernels.md
+G2). GPU only.
 
     python bench/gluon_served_ab.py --json ab.json
 """
@@ -23,8 +24,8 @@ from vllm_oscar.kernels.benchmark import format_breakdown, measure_bandwidth, ru
 #: (geometry, context, batch) of the A/B (session 18's, and SmolLM2 32K B=8, 128K B=1 since session 19).
 CASES = (("qwen3-8b", 4096, 1), ("qwen3-8b", 4096, 8), ("qwen3-8b", 4096, 64), ("qwen3-8b", 32768, 1),
          ("qwen3-8b", 32768, 8), ("qwen3-8b", 32768, 64), ("qwen3-8b", 131072, 1), ("qwen3-8b", 131072, 32),
-         ("smollm2-135m", 4096, 8), ("smollm2-135m", 32768, 1), ("smollm2-135m", 32768, 8), ("smollm2-135m", 32768, 64),
-         ("smollm2-135m", 131072, 1))
+         ("smollm2-135m", 4096, 8), ("smollm2-135m", 32768, 1), ("smollm2-135m", 32768, 8),
+         ("smollm2-135m", 32768, 64), ("smollm2-135m", 131072, 1))
 VARIANTS = {"gluon": triton_ops.AttentionConfig(), "triton": triton_ops.AttentionConfig(gluon_splits=False)}
 
 

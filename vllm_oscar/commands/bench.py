@@ -149,8 +149,9 @@ def tune_configs(args: argparse.Namespace) -> list:
     from vllm_oscar.kernels.triton_ops import DEFAULT_DECODE, AttentionConfig
 
     warps_default = DEFAULT_DECODE.num_warps if args.rows_on_m else DEFAULT_DECODE.split_warps
-    return [AttentionConfig(block_t=bt, num_stages=stages, **({"num_warps": nw} if args.rows_on_m else {"split_warps": nw}),
-                            unpack=up, tokens_on_m=not args.rows_on_m, programs_per_sm=pps or None, num_splits=ns or None,
+    warps_field = "num_warps" if args.rows_on_m else "split_warps"
+    return [AttentionConfig(block_t=bt, num_stages=stages, **{warps_field: nw}, unpack=up, tokens_on_m=not args.rows_on_m,
+                            programs_per_sm=pps or None, num_splits=ns or None,
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
@@ -158,9 +159,9 @@ def tune_configs(args: argparse.Namespace) -> list:
             for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
-                args.programs_per_sm, args.num_splits, args.min_tiles, args.int8_keys, args.max_registers, args.prefetch,
-                args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles, args.merge_pdl,
-                args.tma_stages, args.long_splits)]
+                args.programs_per_sm, args.num_splits, args.min_tiles, args.int8_keys, args.max_registers,
+                args.prefetch, args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles,
+                args.merge_pdl, args.tma_stages, args.long_splits)]
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list:
