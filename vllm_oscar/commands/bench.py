@@ -150,8 +150,8 @@ def tune_configs(args: argparse.Namespace) -> list:
 
     warps_default = DEFAULT_DECODE.num_warps if args.rows_on_m else DEFAULT_DECODE.split_warps
     warps_field = "num_warps" if args.rows_on_m else "split_warps"
-    return [AttentionConfig(block_t=bt, num_stages=stages, **{warps_field: nw}, unpack=up, tokens_on_m=not args.rows_on_m,
-                            programs_per_sm=pps or None, num_splits=ns or None,
+    return [AttentionConfig(block_t=bt, num_stages=stages, **{warps_field: nw}, unpack=up,
+                            tokens_on_m=not args.rows_on_m, programs_per_sm=pps or None, num_splits=ns or None,
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
