@@ -11,13 +11,14 @@
 #     KERNEL=. CASES="qwen3-8b:131072:32:--sdpa" OUT=/tmp/b bash bench/ncu_breakdown.sh   # the cuDNN baseline
 #
 # CASES: geometry:context:batch[:extra profile_decode.py flags, comma-separated] (blocks of 64 always).
-# KERNEL: the profiled kernels' name regex (default int2_split_kernel).
+# KERNEL: the profiled kernels' name regex (default int2_split: int2_split_kernel and gluon_decode's
+# int2_split_gluon_kernel, whichever the case runs; profile_decode.py --no-gluon keeps the former).
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:?set OUT to a folder for the results}"
 CASES="${CASES:-qwen3-8b:131072:32 qwen3-8b:131072:32:--tma-stages=3,--prefetch=0 qwen3-8b:131072:32:--prefetch=0 smollm2-135m:32768:64}"
 NCU="${NCU:-ncu}"
-KERNEL="${KERNEL:-int2_split_kernel}"
+KERNEL="${KERNEL:-int2_split}"
 BREAKDOWNS="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed"
 BREAKDOWNS="$BREAKDOWNS,breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed"
 BREAKDOWNS="$BREAKDOWNS,breakdown:l1tex__throughput.avg.pct_of_peak_sustained_elapsed"

@@ -21,13 +21,13 @@ for c in $CASES; do
   IFS=: read -r geometry context batch <<< "$c"
   name="${geometry}_${context}_b${batch}${TAG:+_$TAG}"
   echo "[ncu_decode] $name ($EXTRA) at ${SECONDS} s"
-  "$NCU" --clock-control none --kernel-name regex:'int2_split_kernel|merge_kernel' --launch-skip 2 --launch-count 2 \
+  "$NCU" --clock-control none --kernel-name regex:'int2_split|merge_kernel' --launch-skip 2 --launch-count 2 \
     --set full --import-source no -f -o "$OUT/$name" \
     python bench/profile_decode.py --geometry "$geometry" --context "$context" --batch "$batch" --calls 2 $EXTRA \
     > "$OUT/${name}_run.log" 2>&1 || { echo "[ncu_decode] $name: ncu failed"; tail -5 "$OUT/${name}_run.log"; continue; }
   "$NCU" -i "$OUT/$name.ncu-rep" --page details > "$OUT/${name}_details.txt" 2>&1
   "$NCU" -i "$OUT/$name.ncu-rep" --page raw --csv > "$OUT/${name}_raw.csv" 2>&1
-  "$NCU" -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass --kernel-name regex:int2_split_kernel \
+  "$NCU" -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass --kernel-name regex:int2_split \
     > "$OUT/${name}_sass.csv" 2>&1 || echo "[ncu_decode] $name: no source page from this ncu"
 done
 (cd "$OUT" && tar czf ncu_text.tgz ./*_details.txt ./*_raw.csv ./*_sass.csv ./*_run.log 2>/dev/null \

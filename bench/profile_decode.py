@@ -2,13 +2,14 @@
 """Run one decode case a few times, for a profiler (Nsight Compute) to attach to.
 
 Builds the benchmark's random OSCAR case (one layer) and calls ``oscar_decode`` ``--calls``
-times with the default launch config (or the knobs given). Prints the kernels' names and the
+times with the default launch config (or the knobs given: gluon_decode's kernel where it applies, as served, unless
+a knob of int2_split_kernel is set or --no-gluon). Prints the kernels' names and the
 mean wall time per call so that a profiled run can be matched to the benchmark table. Used by
 bench/ncu_decode.sh:
 
     python bench/profile_decode.py --geometry qwen3-8b --context 32768 --batch 32
     python bench/profile_decode.py ... --dump-compiled /tmp/split   # + registers, PTX and cubin of each
-                                                                      # compiled int2_split_kernel
+                                                                      # compiled split kernel
 """
 
 from __future__ import annotations
@@ -43,14 +44,17 @@ def main() -> int:
                         help="AttentionConfig.full_tiles (default: on wherever the split kernel runs)")
     parser.add_argument("--merge-pdl", type=int, choices=(0, 1), default=None,
                         help="AttentionConfig.merge_pdl (default: on for compute capability >= 9.0)")
-    parser.add_argument("--tma-stages", type=int, default=0,
-                        help="AttentionConfig.tma_stages (0 = plain loads, the default)")
+    parser.add_argument("--tma-stages", type=int, default=None,
+                        help="AttentionConfig.tma_stages (default: the eager launch's, plain loads; 0 or more picks "
+                             "int2_split_kernel)")
+    parser.add_argument("--no-gluon", action="store_true",
+                        help="AttentionConfig(gluon_splits=False): int2_split_kernel where gluon_decode would run")
     parser.add_argument("--sdpa", action="store_true",
                         help="run the BF16 baseline instead: cuDNN scaled_dot_product_attention on contiguous K/V of "
                              "the same geometry (for comparing profiler metrics with OSCAR's kernels)")
     parser.add_argument("--dump-compiled", metavar="DIR",
                         help="write registers, spills, specialisation, PTX and cubin of every compiled "
-                             "int2_split_kernel here")
+                             "split kernel (int2_split_kernel, gluon_decode's) here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (this script feeds a GPU profiler)")
@@ -64,7 +68,8 @@ def main() -> int:
         block_t=args.block_t, prefetch=args.prefetch, max_registers=args.max_registers,
         full_tiles=None if args.full_tiles is None else bool(args.full_tiles),
         int8_keys=None if args.int8_keys is None else bool(args.int8_keys),
-        merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl), tma_stages=args.tma_stages)
+        merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl), tma_stages=args.tma_stages,
+        gluon_splits=False if args.no_gluon else None)
     out = torch.empty_like(case.query)
 
     def decode() -> None:
@@ -113,24 +118,30 @@ def profile_sdpa(geometry: str, context: int, batch: int, calls: int, device: to
 
 
 def dump_compiled(folder: str) -> None:
-    """One line per compiled int2_split_kernel (registers, spills, shared bytes, constexprs) and its
-    PTX / cubin, as the launch compiled them (the offline tool bench/sass_decode.py may specialise
-    differently)."""
+    """One line per compiled split kernel (int2_split_kernel's and gluon_decode's: registers, spills, shared
+    bytes, constexprs) and its PTX / cubin, as the launch compiled them (the offline tool bench/sass_decode.py may
+    specialise differently)."""
+    from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
     from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
 
     os.makedirs(folder, exist_ok=True)
-    for entry in int2_split_kernel.device_caches.values():
-        for n, compiled in enumerate(entry[0].values()):
-            compiled._init_handles()
-            name = os.path.join(folder, f"split_{n}")
-            for ext in ("ptx", "ttgir", "cubin"):
-                mode = "wb" if ext == "cubin" else "w"
-                with open(f"{name}.{ext}", mode) as handle:
-                    handle.write(compiled.asm[ext])
-            src = getattr(compiled, "src", None)
-            print(f"{name}: registers {compiled.n_regs}, spills {compiled.n_spills}, shared "
-                  f"{compiled.metadata.shared} B, constants {getattr(src, 'constants', '?')}, "
-                  f"attrs {getattr(src, 'attrs', '?')}")
+    for prefix, kernel in (("split", int2_split_kernel), ("gluon", int2_split_gluon_kernel)):
+        for entry in kernel.device_caches.values():
+            for n, compiled in enumerate(entry[0].values()):
+                _dump_one(compiled, os.path.join(folder, f"{prefix}_{n}"))
+
+
+def _dump_one(compiled, name: str) -> None:
+    """compiled's PTX, TTGIR and cubin as name.<ext>, and its one summary line."""
+    compiled._init_handles()
+    for ext in ("ptx", "ttgir", "cubin"):
+        mode = "wb" if ext == "cubin" else "w"
+        with open(f"{name}.{ext}", mode) as handle:
+            handle.write(compiled.asm[ext])
+    src = getattr(compiled, "src", None)
+    print(f"{name}: registers {compiled.n_regs}, spills {compiled.n_spills}, shared "
+          f"{compiled.metadata.shared} B, constants {getattr(src, 'constants', '?')}, "
+          f"attrs {getattr(src, 'attrs', '?')}")
 
 
 if __name__ == "__main__":
