@@ -470,9 +470,10 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 #: Launch configs the decode benchmark's autotune tries (AttentionConfig arguments): the default and
-#: one step away from it on each knob that the H200 tunes found close (docs/notes/kernels.md).
+#: one step away from it on each knob that the H200 tunes found close (docs/notes/kernels.md); a knob of
+#: int2_split_kernel's splits (prefetch, window_block_t, max_registers) times that kernel instead of gluon_decode's.
 AUTOTUNE_CANDIDATES: tuple[dict, ...] = (
-    dict(), dict(block_t=32), dict(programs_per_sm=24), dict(min_tiles_per_split=1), dict(min_tiles_per_split=4),
+    dict(), dict(gluon_splits=False), dict(block_t=32), dict(programs_per_sm=24), dict(min_tiles_per_split=1), dict(min_tiles_per_split=4),
     dict(prefetch=0), dict(prefetch=2), dict(int8_keys=False), dict(window_block_t=16), dict(window_block_t=64),
     dict(merge_block_d=16), dict(max_registers=128), dict(full_tiles=False),
 )
