@@ -26,22 +26,19 @@ CASES = (("qwen3-8b", 4096, 1), ("qwen3-8b", 4096, 8), ("qwen3-8b", 4096, 64), (
          ("qwen3-8b", 32768, 8), ("qwen3-8b", 32768, 64), ("qwen3-8b", 131072, 1), ("qwen3-8b", 131072, 32),
          ("smollm2-135m", 4096, 8), ("smollm2-135m", 32768, 1), ("smollm2-135m", 32768, 8),
          ("smollm2-135m", 32768, 64), ("smollm2-135m", 131072, 1))
-VARIANTS = {"gluon": triton_ops.AttentionConfig(), "triton": triton_ops.AttentionConfig(gluon_splits=False)}
+VARIANTS = (("gluon", triton_ops.AttentionConfig()), ("triton", triton_ops.AttentionConfig(gluon_splits=False)))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--json", help="write the rows here")
-    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["gluon", "triton"],
-                        help="configs timed in turn, twice over")
     args = parser.parse_args()
     device = torch.device("cuda")
     bandwidth = measure_bandwidth(device)
     rows = []
     for geometry, context, batch in CASES:
-        for name in args.variants * 2:
-            config = VARIANTS[name]
+        for name, config in VARIANTS * 2:
             row = run_case(geometry, context, batch, 64, args.reps, device, bandwidth, oscar_config=config,
                            with_baselines=False, breakdown=True)
             oscar = row["oscar"]
