@@ -10,18 +10,20 @@
 #     OUT=/tmp/ncu bash bench/ncu_decode.sh                       # the default cases
 #     CASES="qwen3-8b:32768:32" OUT=/tmp/ncu bash bench/ncu_decode.sh
 #     CASES="qwen3-8b:32768:32" EXTRA="--full-tiles 0" TAG=masked OUT=/tmp/ncu bash bench/ncu_decode.sh
+#     CACHE=none TAG=warm OUT=/tmp/ncu bash bench/ncu_decode.sh   # caches kept between kernels, as in a replay
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:?set OUT to a folder for the results}"
 CASES="${CASES:-qwen3-8b:32768:32 qwen3-8b:32768:1 smollm2-135m:32768:32}"
 EXTRA="${EXTRA:-}"   # extra profile_decode.py flags, e.g. "--int8-keys 0"
 NCU="${NCU:-ncu}"
+CACHE="${CACHE:-all}"   # ncu --cache-control: all flushes every cache before each profiled kernel, none keeps them
 
 for c in $CASES; do
   IFS=: read -r geometry context batch <<< "$c"
   name="${geometry}_${context}_b${batch}${TAG:+_$TAG}"
   echo "[ncu_decode] $name ($EXTRA) at ${SECONDS} s"
-  "$NCU" --clock-control none --kernel-name regex:'int2_split|merge_kernel' --launch-skip 2 --launch-count 2 \
+  "$NCU" --clock-control none --cache-control "$CACHE" --kernel-name regex:'int2_split|merge_kernel' --launch-skip 2 --launch-count 2 \
     --set full --import-source no -f -o "$OUT/$name" \
     python bench/profile_decode.py --geometry "$geometry" --context "$context" --batch "$batch" --calls 2 $EXTRA \
     > "$OUT/${name}_run.log" 2>&1 || { echo "[ncu_decode] $name: ncu failed"; tail -5 "$OUT/${name}_run.log"; continue; }

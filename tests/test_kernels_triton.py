@@ -521,6 +521,27 @@ def test_triton_decode_merge_by_channel_blocks(dim, merge_block_d) -> None:
     run_decode([200, 65, 3], 4, 2, dim, dim, 16, 8, 24, 1, 16, 9, seed=41 + merge_block_d, merge_block_d=merge_block_d)
 
 
+def test_merge_of_partials_matches_float64() -> None:
+    """The log-sum-exp merge alone on fresh partials with empty ones (lse -inf, NaN inside: never read) and a row
+    with none (zeros, as a CUDA graph's padding row must get): float64's sum_i 2^lse_i o_i / sum_i 2^lse_i."""
+    gen = torch.Generator().manual_seed(61)
+    rows, heads, slots, dim = 3, 4, 11, 64
+    part = torch.randn(rows, heads, slots, dim, generator=gen) * 3.0
+    lse = torch.randn(rows, heads, slots, generator=gen) * 6.0
+    empty = torch.rand(rows, heads, slots, generator=gen) < 0.3
+    empty[:2, :, 0] = False  # every real (row, head) keeps a partial
+    empty[2] = True
+    lse[empty] = float("-inf")
+    part[empty] = float("nan")
+    weight = torch.exp2(lse[:2].double() - lse[:2].double().amax(dim=-1, keepdim=True))
+    expected = (weight[..., None] * torch.nan_to_num(part[:2].double())).sum(2) / weight.sum(2)[..., None]
+    out = torch.full((rows, heads, dim), 7.0, dtype=torch.bfloat16)
+    triton_ops._merge_partials(part, lse, out, triton_ops.AttentionConfig(), emulated=True, pdl=False,
+                               zero_empty=True)
+    assert relative_error(out[:2], expected) < BF16_TOLERANCE
+    assert torch.equal(out[2].float(), torch.zeros(heads, dim))
+
+
 def test_triton_decode_rejects_a_bad_merge_block() -> None:
     with pytest.raises(ValueError, match="merge_block_d=48 must be a power of two"):
         run_decode([40], 2, 1, 64, 64, 16, 4, 8, 0, 16, 1, seed=3, merge_block_d=48)
