@@ -3,7 +3,8 @@
 # issue slots go (warp stall reasons), occupancy, memory throughput, and per-SASS-line samples.
 # Needs ncu (the device's Firecracker machines have it; clocks are left alone: --clock-control none).
 # Outputs under $OUT: <case>.ncu-rep, <case>_details.txt (sections), <case>_raw.csv (all metrics),
-# <case>_sass.csv (source page: SASS with per-line stall samples, where this ncu prints it), packed
+# <case>_sass.csv (source page: SASS with per-line stall samples, where this ncu prints it; summarised by
+# bench/ncu_sass_summary.py), packed
 # into $OUT/ncu_text.tgz at the end (the device tool returns only a few files per call); the
 # .ncu-rep reports stay beside it only with KEEP_REP=1.
 #

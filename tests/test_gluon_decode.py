@@ -97,8 +97,9 @@ def test_gluon_auto_unless_a_triton_split_knob_is_set_or_short_tma_pays() -> Non
     assert pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, 32768)  # TMA at long contexts: Gluon
     assert not pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, triton_ops.GRAPH_TMA_SHORT_CONTEXT)
     for knob in (dict(tma_stages=0), dict(prefetch=1), dict(window_block_t=32), dict(windows_first=True),
-                 dict(max_registers=128), dict(split_warps=2)):
+                 dict(split_warps=2)):
         assert not pays(triton_ops.AttentionConfig(**knob), 0, 32768), knob
+    assert pays(triton_ops.AttentionConfig(max_registers=96), 0, 32768)  # a register cap applies to either kernel
 
 
 def test_plan_explains_why_gluon_splits_cannot_run() -> None:

@@ -95,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune: 1 = the int8-MMA key path of the INT2 splits (head_dim >= 64); auto = "
                              "the default (on where it applies)")
     parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
-                        help="tune: maxnreg of the INT2 split programs (0 = compiler's choice)")
+                        help="tune: maxnreg of the INT2 split programs (0 = the default: the compiler's choice, "
+                             "triton_ops.GLUON_MAX_REGISTERS for the Gluon kernel)")
     parser.add_argument("--prefetch", nargs="+", default=["auto"],
                         help="tune: L2 prefetch distance of the INT2 split programs in tiles (0 = off; auto = the default)")
     parser.add_argument("--window-block-t", nargs="+", default=["auto"],

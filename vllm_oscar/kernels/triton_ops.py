@@ -246,8 +246,8 @@ class AttentionConfig:
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
     head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8, V39: 1.1-1.2x on
     the H200; scripts/int8_query_error.py: the rounding adds 1.6% of the INT2 key error in amplitude);
-    max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice;
-    fewer registers let more programs share an SM);
+    max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice, GLUON_MAX_REGISTERS
+    for gluon_decode's kernel; fewer registers let more programs share an SM);
     prefetch: the INT2 split programs ask L2 for the tile this many steps ahead (prefetch.global.L2;
     0 = off; needs the PTX unpack mode, i.e. a CUDA GPU). A hint: results do not change. None =
     PREFETCH_TILES with the PTX unpack and plain tile loads, 0 otherwise (with TMA tile loads too); the hint
@@ -819,11 +819,11 @@ def gluon_splits_apply(layout: PageLayout, group: int, int8_keys: bool, full_til
 
 def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int) -> bool:
     """Whether AttentionConfig(gluon_splits=None) picks gluon_decode's kernel where it applies: unless a knob
-    of int2_split_kernel's split programs is set (tma_stages, prefetch, window_block_t, windows_first, split_warps,
-    max_registers: the caller asked for that kernel), or int2_split_kernel would load its tiles by TMA for a short
-    context (tma_pays' GRAPH_TMA_SHORT_CONTEXT rule: Qwen3-8B 4K batch 1-8, where it was 2-9% faster)."""
-    triton_knobs = (config.tma_stages, config.prefetch, config.window_block_t, config.windows_first,
-                    config.max_registers)
+    of int2_split_kernel's split programs is set (tma_stages, prefetch, window_block_t, windows_first, split_warps:
+    the caller asked for that kernel; max_registers caps either kernel), or int2_split_kernel would load its tiles by
+    TMA for a short context (tma_pays' GRAPH_TMA_SHORT_CONTEXT rule: Qwen3-8B 4K batch 1-8, where it was 2-9%
+    faster)."""
+    triton_knobs = (config.tma_stages, config.prefetch, config.window_block_t, config.windows_first)
     if any(knob is not None for knob in triton_knobs) or config.split_warps != SPLIT_WARPS:
         return False
     return not (tma_stages and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT)
@@ -915,7 +915,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            maxnreg=GLUON_MAX_REGISTERS,
+                            maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
