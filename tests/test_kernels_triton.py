@@ -521,11 +521,14 @@ def test_triton_decode_merge_by_channel_blocks(dim, merge_block_d) -> None:
     run_decode([200, 65, 3], 4, 2, dim, dim, 16, 8, 24, 1, 16, 9, seed=41 + merge_block_d, merge_block_d=merge_block_d)
 
 
-def test_merge_of_partials_matches_float64() -> None:
-    """The log-sum-exp merge alone on fresh partials with empty ones (lse -inf, NaN inside: never read) and a row
-    with none (zeros, as a CUDA graph's padding row must get): float64's sum_i 2^lse_i o_i / sum_i 2^lse_i."""
-    gen = torch.Generator().manual_seed(61)
-    rows, heads, slots, dim = 3, 4, 11, 64
+@pytest.mark.parametrize("slots", [11, 200])
+def test_merge_of_partials_matches_float64(slots) -> None:
+    """The decode's log-sum-exp merge alone on fresh partials with empty ones (lse -inf, NaN inside: never read) and
+    a row with none (zeros, as a CUDA graph's padding row must get): float64's sum_i 2^lse_i o_i / sum_i 2^lse_i,
+    with one warp per program (11 partials) and MERGE_WARPS (200)."""
+    assert triton_ops.merge_warps(slots, triton_ops.MERGE_BLOCK_D) == (1 if slots == 11 else triton_ops.MERGE_WARPS)
+    gen = torch.Generator().manual_seed(61 + slots)
+    rows, heads, dim = 3, 4, 64
     part = torch.randn(rows, heads, slots, dim, generator=gen) * 3.0
     lse = torch.randn(rows, heads, slots, generator=gen) * 6.0
     empty = torch.rand(rows, heads, slots, generator=gen) < 0.3
@@ -537,7 +540,7 @@ def test_merge_of_partials_matches_float64() -> None:
     expected = (weight[..., None] * torch.nan_to_num(part[:2].double())).sum(2) / weight.sum(2)[..., None]
     out = torch.full((rows, heads, dim), 7.0, dtype=torch.bfloat16)
     triton_ops._merge_partials(part, lse, out, triton_ops.AttentionConfig(), emulated=True, pdl=False,
-                               zero_empty=True)
+                               zero_empty=True, decode=True)
     assert relative_error(out[:2], expected) < BF16_TOLERANCE
     assert torch.equal(out[2].float(), torch.zeros(heads, dim))
 

@@ -191,6 +191,13 @@ WIDE_WINDOW_MIN_PAIRS_PER_SM: float = 0.5
 #: (docs/perf/tune_h200_w2_merge_window.json): 32 beat one program per head in 17 of 18 cases, most at batch 1
 #: and long contexts (Qwen3-8B 32K B=1 0.0230 -> 0.0205 ms), where the per-head [partials, D] tile spilled.
 MERGE_BLOCK_D: int = 32
+#: Warps of a merge program whose [next_pow2(partials), channels] fp32 tile holds at most MERGE_ONE_WARP_VALUES
+#: values (128 per lane): one, so the reductions over the partials stay in the warp; MERGE_WARPS above that, where
+#: one warp would spill. H200, 2026-12-01 (docs/notes/kernels.md "Session 20", graph replays, ms at 4 / 1 warp):
+#: Qwen3-8B 4K B=8 0.0177 / 0.0167-0.0170, SmolLM2 4K B=8 0.0073-0.0074 / 0.0071-0.0073, 32K B=8 0.0182 /
+#: 0.0177-0.0178; one warp at 256 partials: SmolLM2 32K B=1 0.0077 / 0.0389, Qwen3-8B 32K B=1 0.0135 / 0.0147.
+MERGE_ONE_WARP_VALUES: int = 4096
+MERGE_WARPS: int = 4
 #: L2 prefetch distance (tiles) of the INT2 split programs on a GPU. H200, Qwen3-8B geometry, 32K,
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
 #: (docs/notes/kernels.md V8).
@@ -629,6 +636,11 @@ def _window_block_t(config: AttentionConfig, block_t: int, head_dim: int, pairs:
                       min(block_t, WIDE_WINDOW_BLOCK_T if wide else WINDOW_BLOCK_T))
 
 
+def merge_warps(slots: int, block_d: int) -> int:
+    """Warps of each merge program over ``slots`` partials of ``block_d`` channels (MERGE_ONE_WARP_VALUES)."""
+    return 1 if next_power_of_2(slots) * block_d <= MERGE_ONE_WARP_VALUES else MERGE_WARPS
+
+
 def _merge_block_d(config: AttentionConfig, head_dim: int) -> int:
     """config.merge_block_d, or min(head_dim, MERGE_BLOCK_D); a power of two >= 16 that divides head_dim."""
     return _tile_size("merge_block_d", config.merge_block_d, min(head_dim, MERGE_BLOCK_D), divides=head_dim)
@@ -718,16 +730,18 @@ def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
 
 
 def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: AttentionConfig,
-                    emulated: bool, pdl: bool, zero_empty: bool = False) -> None:
+                    emulated: bool, pdl: bool, zero_empty: bool = False, decode: bool = False) -> None:
     """out[r, h] = the exact log-sum-exp merge of part[r, h, :] ([R, Hq, S, D] fp32, lse [R, Hq, S]);
     rows whose partials are all empty are left as they are, or set to zero with zero_empty (merge_kernel).
-    pdl: launched with programmatic dependent launch (_merge_pdl)."""
+    pdl: launched with programmatic dependent launch (_merge_pdl). decode: the decode's merge, whose programs take
+    merge_warps (the prefill's keep MERGE_WARPS: not timed with one)."""
     rows, hq, slots, d = part.shape
     merge_d = _merge_block_d(config, d)
     merge_kernel[(rows, hq, d // merge_d)](
         part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1),
         out, out.stride(0), out.stride(1), NS=slots, NSP=next_power_of_2(slots), D=d, EMU=emulated,
         BLOCK_D=None if merge_d == d else merge_d, WAIT_PRIOR=pdl, ZERO_EMPTY=zero_empty, TRIGGER_DEPENDENTS=pdl,
+        num_warps=merge_warps(slots, merge_d) if decode else MERGE_WARPS,
         **({"launch_pdl": True} if pdl else {}),
     )
 
@@ -1075,7 +1089,7 @@ def oscar_decode(
             BLOCK_M=1, M=max(16, meta["GP"]), NSPLIT=nsplit, DECODE=True, NEW_T=meta["WIN_T"],
             NSINK=nsink, CHUNK_FROM_CACHE=False, **meta,
         )
-    _merge_partials(part, lse, out, config, meta["EMU"], plan.merge_pdl, zero_empty=True)
+    _merge_partials(part, lse, out, config, meta["EMU"], plan.merge_pdl, zero_empty=True, decode=True)
     return out
 
 
