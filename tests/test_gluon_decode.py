@@ -1,7 +1,8 @@
 """gluon_decode's kernel without a GPU: it compiles for sm_90 at both head_dims as triton_ops launches it (each
 layout conversion of the INT2 operands is asserted free at compile time), keeps every operand in registers (no
-shared memory; no spills in the split loop) and lets the merge start before its first load; and the decode plan uses
-it only when asked, with a clear error where it does not apply.
+shared memory; no spills in the split loop) and lets the merge start before its first load; with gluon_copy_stages
+it stages tiles in shared memory by cp.async instead; and the decode plan uses it only when asked, with a clear error
+where it does not apply.
 
 Its numbers are checked on the GPU against float64 references (bench/check_kernels_gpu.py: every decode case at
 head_dim 128 runs it) and against int2_split_kernel's split programs (bench/gluon_probe.py)."""
@@ -26,6 +27,7 @@ PROBE = r'''
 import json, re, sys
 sys.path[:0] = [ROOT, ROOT + "/bench"]
 from sass_decode import backward_branches, compile_gluon_kernel, instructions, read_compiled
+from vllm_oscar.kernels import triton_ops
 
 report = {}
 for dim, group in ((128, 4), (64, 3)):
@@ -40,6 +42,15 @@ for dim, group in ((128, 4), (64, 3)):
                                   loop_imma=body.count("IMMA"), loop_hmma=body.count("HMMA"),
                                   loop_local=body.count("LDL") + body.count("STL"),
                                   lds=len(re.findall(r"\bLDS", sass)), sts=len(re.findall(r"\bSTS", sass)))
+    for stages in triton_ops.GLUON_COPY_STAGES:  # tiles staged in shared memory by cp.async
+        staged = compile_gluon_kernel(dim, group, copy_stages=stages)
+        sass, registers, stack = read_compiled(staged, None)
+        loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+        body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
+        report[f"staged_{dim}_{stages}"] = dict(shared=staged.metadata.shared, registers=int(registers),
+                                                loops=len(loops), loop_local=body.count("LDL") + body.count("STL"),
+                                                loop_copies=body.count("LDGSTS"), loop_ldg=body.count("LDG"),
+                                                loop_prefetch=body.count("CCTL"))
 for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
     report[f"types_{query}_{window}"] = compile_gluon_kernel(128, 4, query=query, window=window).metadata.shared
 print(json.dumps(report))
@@ -67,6 +78,29 @@ def test_gluon_kernel_keeps_operands_in_registers(compiled: dict, dim: int) -> N
     assert kernel["loop_imma"] == 4 * steps, kernel
     assert kernel["loop_hmma"] == 4 * (dim // 16) + 4, kernel
     assert 0 <= kernel["preexit"] < kernel["first_load"], kernel  # the merge may start at once
+
+
+@pytest.mark.parametrize("dim", [128, 64])
+@pytest.mark.parametrize("stages", triton_ops.GLUON_COPY_STAGES)
+def test_gluon_kernel_stages_tiles_by_cp_async(compiled: dict, dim: int, stages: int) -> None:
+    """gluon_copy_stages: each stage holds one tile's region (codes of K and V, the four scale planes); the split loop
+    copies with cp.async (LDGSTS) instead of loading its tile (one LDG: the block-table entry of a later tile) and
+    asks L2 for nothing; no spills, within the register cap."""
+    kernel = compiled[f"staged_{dim}_{stages}"]
+    region = PageLayout(dim, dim, 64, torch.float16).head_region_bytes
+    assert kernel["shared"] == stages * region, kernel
+    assert kernel["registers"] <= triton_ops.GLUON_MAX_REGISTERS and kernel["loop_local"] == 0, kernel
+    assert kernel["loops"] == 1 and kernel["loop_prefetch"] == 0, kernel
+    assert kernel["loop_copies"] == region // (16 * 32) and kernel["loop_ldg"] == 1, kernel  # 16 bytes per lane
+
+
+def test_gluon_copy_stages_are_checked() -> None:
+    with pytest.raises(ValueError, match="gluon_copy_stages=1: choose 0"):
+        _plan(triton_ops.AttentionConfig(gluon_copy_stages=1))
+    with pytest.raises(ValueError, match="gluon_copy_stages=2 stages tiles in gluon_decode's kernel.*CUDA GPU"):
+        _plan(triton_ops.AttentionConfig(gluon_copy_stages=2))  # CPU tensors: no Gluon kernel here
+    with pytest.raises(ValueError, match="gluon_copy_stages=3 .*gluon_splits not False"):
+        _plan(triton_ops.AttentionConfig(gluon_copy_stages=3, gluon_splits=False))
 
 
 def test_gluon_kernel_compiles_for_every_query_and_window_dtype(compiled: dict) -> None:

@@ -121,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-splits", nargs="+", default=["0"], choices=("0", "1"),
                         help="tune: 1 = size the grid for more split programs, used by (request, KV head) pairs whose "
                              "splits would be long (AttentionConfig.long_splits, opt-in)")
+    parser.add_argument("--gluon-copy-stages", type=int, nargs="+", default=[0],
+                        help="tune: gluon_decode's split programs stage tiles in shared memory by cp.async, this many "
+                             "(AttentionConfig.gluon_copy_stages: 0 = off, the default; 2 or 3)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
     parser.add_argument("--no-gluon", action="store_true",
                         help="decode: time AttentionConfig(gluon_splits=False), int2_split_kernel where the default "
@@ -156,13 +159,15 @@ def tune_configs(args: argparse.Namespace) -> list:
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
-                            tma_stages=_auto(tma, int), long_splits=ls == "1", cuda_graph=True)
-            for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls in itertools.product(
+                            tma_stages=_auto(tma, int), long_splits=ls == "1", gluon_copy_stages=copy,
+                            cuda_graph=True)
+            for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls, copy
+            in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
                 args.programs_per_sm, args.num_splits, args.min_tiles, args.int8_keys, args.max_registers,
                 args.prefetch, args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles,
-                args.merge_pdl, args.tma_stages, args.long_splits)]
+                args.merge_pdl, args.tma_stages, args.long_splits, args.gluon_copy_stages)]
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list:
@@ -252,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
-                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']} ls={c['long_splits']}: {line}",
+                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']} ls={c['long_splits']} "
+                      f"copy={c['gluon_copy_stages']}: {line}",
                       flush=True)
                 rows.append(r)
         report["tune"] = rows

@@ -38,16 +38,37 @@ A window tile computes its BF16 logits one K step (16 channels) at a time and it
 no shared memory (an allocation would cut the split programs' residency); its INT2 positions reuse the tile code of
 the splits under masks. docs/notes/kernels.md G2 has the measurements (H200, graph replays: the decode 5-15% faster
 than int2_split_kernel's from 32K on and at 4K batch 64).
+
+COPY_STAGES > 0 (AttentionConfig.gluon_copy_stages; opt-in, built in session 20 and compiled for sm_90, not yet
+checked or timed on a GPU): instead of an L2 prefetch one tile ahead and register loads, a split program copies the
+regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no registers held while they are in
+flight) and reads each tile from there into the same register layouts (_staged_tile; the code lines swizzled so that
+those reads are free of bank conflicts). The window programs load as before.
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from vllm_oscar.kernels.triton_common import BIAS
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
+
+#: bar.sync of the program's warps (Gluon's name for it: thread_barrier in Triton 3.6, barrier from 3.7 on).
+_sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+#: cp.async from global into shared memory (async_copy_global_to_shared in Triton 3.6, async_load later).
+_copy_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
+
+
+
+@builtin
+def _view_as(desc, dtype, shape, layout, _semantic=None):
+    """A shared memory descriptor read as another dtype and shape (reinterpret; _reinterpret in Triton 3.6)."""
+    method = desc.reinterpret if hasattr(desc, "reinterpret") else desc._reinterpret
+    return method(dtype, shape, layout, _semantic=_semantic)
+
 
 #: Positions per tile (and per cache block: one tile is one block's region).
 TILE: gl.constexpr = gl.constexpr(64)
@@ -77,6 +98,44 @@ ROW_PHYS = gl.DistributedLinearLayout(reg_bases=[[1], [2], [4]], lane_bases=[[0]
 LINES = gl.BlockedLayout([2], [32], [1], [0])
 #: The epilogue's small vectors.
 EPI = gl.BlockedLayout([1, 1], [4, 8], [1, 1], [1, 0])
+#: The key codes as _codes_raw holds them, [8 (gid), 8 (r), 4 (tig), W] uint8 (W = 8 at head_dim 128, 4 at 64).
+CODE_BYTES_128 = gl.BlockedLayout([1, 8, 1, 8], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
+CODE_BYTES_64 = gl.BlockedLayout([1, 8, 1, 4], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
+#: The V byte pairs as _value_pairs returns them: [4 (tig), 2 (e), 8 (r'), 8 (g), 2 (jj)] int16 at head_dim 128,
+#: [4, 2, 8, 8] at 64.
+PAIRS_128 = gl.BlockedLayout([1, 2, 8, 1, 2], [4, 1, 1, 8, 1], [1, 1, 1, 1, 1], [1, 2, 4, 0, 3])
+PAIRS_64 = gl.BlockedLayout([1, 2, 8, 1], [4, 1, 1, 8], [1, 1, 1, 1], [1, 2, 0, 3])
+#: Copy stages in shared memory (COPY_STAGES > 0), a tile's region in three buffers of [stages, ...]: the key codes
+#: as [lines of 128 bytes, 128] uint8 (4 positions per line at head_dim 128, 8 at 64), the V codes as the same lines
+#: of int16 [lines, 64], the four scale planes flat. The code lines are swizzled in 16-byte chunks (chunk ^ phase,
+#: the phase from the line) so that the reads below, eight positions 8 apart per instruction, fall on distinct banks;
+#: the V lines change phase every second line at head_dim 128 (their reads step four lines per lane group).
+STAGED = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+STAGED_KEYS = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+STAGED_V_128 = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=8, order=[1, 0])
+STAGED_V_64 = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+#: The staged code lines read straight into _codes_raw's and _value_pairs' register layouts (as [lines, columns];
+#: a reshape then gives their axes): key byte (8 gid + r, W tig + i) is line (8 gid + r) // P, column
+#: ((8 gid + r) % P) 128 / P + W tig + i for P positions per line; V pair (tig, e, r', gid, jj) is int16 element
+#: 256 tig + 128 e + 16 r' + 2 gid + jj at head_dim 128, 128 tig + 64 e + 8 r' + gid at 64, of the [lines, 64] rows.
+STAGED_CODES_128 = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [0, 4], [0, 32], [0, 64], [1, 0]],
+                                              lane_bases=[[0, 8], [0, 16], [2, 0], [4, 0], [8, 0]],
+                                              warp_bases=[], block_bases=[], shape=[16, 128])
+STAGED_CODES_64 = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [0, 16], [0, 32], [0, 64]],
+                                             lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+                                             warp_bases=[], block_bases=[], shape=[8, 128])
+STAGED_PAIRS_128 = gl.DistributedLinearLayout(reg_bases=[[2, 0], [0, 16], [0, 32], [1, 0], [0, 1]],
+                                              lane_bases=[[4, 0], [8, 0], [0, 2], [0, 4], [0, 8]],
+                                              warp_bases=[], block_bases=[], shape=[16, 64])
+STAGED_PAIRS_64 = gl.DistributedLinearLayout(reg_bases=[[1, 0], [0, 8], [0, 16], [0, 32]],
+                                             lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+                                             warp_bases=[], block_bases=[], shape=[8, 64])
+#: cp.async of 16 bytes per lane and copy: flat bytes, and [lines, 128 bytes] / [lines, 64 int16] rows.
+COPY_LANES = gl.BlockedLayout([16], [32], [1], [0])
+COPY_BYTE_LINES = gl.BlockedLayout([1, 16], [4, 8], [1, 1], [1, 0])
+COPY_PAIR_LINES = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+#: Bytes of the four scale planes of a tile (k_scale, k_offset, v_scale, v_offset: 64 fp16 each), contiguous.
+SCALE_BYTES: gl.constexpr = gl.constexpr(4 * 64 * 2)
 
 
 @gluon.jit
@@ -146,7 +205,7 @@ def _codes_raw(base, Q: gl.constexpr):
     """The tile's packed key codes [8 (gid), 8 (r), 4 (tig), W] uint8: lane (gid, tig) holds bytes W tig ..
     W tig + W - 1 (W = 8 at Q = 32, 4 at Q = 16) of positions 8 gid + r, one load per position."""
     W: gl.constexpr = 8 if Q == 32 else 4
-    L: gl.constexpr = gl.BlockedLayout([1, 8, 1, W], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
+    L: gl.constexpr = CODE_BYTES_128 if Q == 32 else CODE_BYTES_64
     g, r, t, i = _axes4(8, 8, 4, W, L)
     rows = ((8 * g)[:, None] + r[None, :]) * Q
     return gl.load(base + rows[:, :, None, None] + (W * t)[None, None, :, None] + i[None, None, None, :])
@@ -216,19 +275,17 @@ def _value_pairs(base, Q: gl.constexpr):
     Q = 16; laid out so that the two values of an e pair share a register (the V operand's K pairs)."""
     if Q == 32:
         LOADED: gl.constexpr = gl.BlockedLayout([1, 16, 1, 2], [4, 1, 8, 1], [1, 1, 1, 1], [3, 1, 0, 2])
-        PAIRED: gl.constexpr = gl.BlockedLayout([1, 2, 8, 1, 2], [4, 1, 1, 8, 1], [1, 1, 1, 1, 1], [1, 2, 4, 0, 3])
         t, r, g, jj = _axes4(4, 16, 8, 2, LOADED)
         offs = (((16 * t)[:, None] + r[None, :]) * (Q // 2))[:, :, None, None] + (2 * g)[None, None, :, None] \
             + jj[None, None, None, :]
-        return gl.convert_layout(gl.reshape(gl.load(base + offs), [4, 2, 8, 8, 2]), PAIRED)
+        return gl.convert_layout(gl.reshape(gl.load(base + offs), [4, 2, 8, 8, 2]), PAIRS_128)
     else:
         LOADED: gl.constexpr = gl.BlockedLayout([1, 16, 1], [4, 1, 8], [1, 1, 1], [1, 0, 2])
-        PAIRED: gl.constexpr = gl.BlockedLayout([1, 2, 8, 1], [4, 1, 1, 8], [1, 1, 1, 1], [1, 2, 0, 3])
         t = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LOADED)))
         r = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, LOADED)))
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LOADED)))
         offs = (((16 * t)[:, None] + r[None, :]) * (Q // 2))[:, :, None] + g[None, None, :]
-        return gl.convert_layout(gl.reshape(gl.load(base + offs), [4, 2, 8, 8]), PAIRED)
+        return gl.convert_layout(gl.reshape(gl.load(base + offs), [4, 2, 8, 8]), PAIRS_64)
 
 
 @gluon.jit
@@ -286,6 +343,76 @@ def _tile_loads(base, ROWS: gl.constexpr, Q: gl.constexpr, K_CODES: gl.constexpr
     vs = _row_scales(base + V_SCALE, ROWS)
     vz = _row_scales(base + V_ZERO, ROWS)
     return codes, pairs, ks, kz, vs, vz
+
+
+@gluon.jit
+def _copy_lines(stage, src, live, LINES: gl.constexpr, WIDTH: gl.constexpr):
+    """cp.async of [LINES, WIDTH] contiguous elements at src into stage (zeros unless live), 16 bytes per lane and
+    copy (WIDTH 128 uint8 or 64 int16)."""
+    L: gl.constexpr = COPY_BYTE_LINES if WIDTH == 128 else COPY_PAIR_LINES
+    line = gl.arange(0, LINES, layout=gl.SliceLayout(1, L))
+    col = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, L))
+    offs = line[:, None] * WIDTH + col[None, :]
+    _copy_async(stage, src + offs, mask=(offs >= 0) & live)
+
+
+@gluon.jit
+def _copy_tile(codes_k, codes_v, scales, base, live, Q: gl.constexpr, K_CODES: gl.constexpr,
+               V_CODES: gl.constexpr, K_SCALE: gl.constexpr):
+    """Start the copies of one INT2 tile (the (block, KV head) region at base) into one stage: key codes and V codes
+    (TILE Q bytes each, as lines of 128 bytes) and the four scale planes (SCALE_BYTES from K_SCALE), as one cp.async
+    group."""
+    LINES: gl.constexpr = TILE * Q // 128
+    _copy_lines(codes_k, base + K_CODES, live, LINES, 128)
+    _copy_lines(codes_v, (base + V_CODES).to(gl.pointer_type(gl.int16)), live, LINES, 64)
+    flat = gl.arange(0, SCALE_BYTES, layout=COPY_LANES)
+    _copy_async(scales, base + K_SCALE + flat, mask=(flat >= 0) & live)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr):
+    """Scale plane P (0 k_scale, 1 k_offset, 2 v_scale, 3 v_offset) of a staged tile as _row_scales returns it."""
+    plane = _view_as(scales, gl.float16, [4, TILE], STAGED).index(P)
+    return gl.convert_layout(_rows_logical(plane.load(ROW_PHYS)), ROWS, assert_trivial=True).to(gl.float32)
+
+
+@gluon.jit
+def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr):
+    """_tile_loads' tensors of a tile copied by _copy_tile, read from shared memory into the same layouts."""
+    if Q == 32:
+        codes = gl.convert_layout(gl.reshape(codes_k.load(STAGED_CODES_128), [8, 8, 4, 8]), CODE_BYTES_128,
+                                  assert_trivial=True)
+        pairs = gl.convert_layout(gl.reshape(codes_v.load(STAGED_PAIRS_128), [4, 2, 8, 8, 2]), PAIRS_128,
+                                  assert_trivial=True)
+    else:
+        codes = gl.convert_layout(gl.reshape(codes_k.load(STAGED_CODES_64), [8, 8, 4, 4]), CODE_BYTES_64,
+                                  assert_trivial=True)
+        pairs = gl.convert_layout(gl.reshape(codes_v.load(STAGED_PAIRS_64), [4, 2, 8, 8]), PAIRS_64,
+                                  assert_trivial=True)
+    return (codes, pairs, _staged_scales(scales, 0, ROWS), _staged_scales(scales, 1, ROWS),
+            _staged_scales(scales, 2, ROWS), _staged_scales(scales, 3, ROWS))
+
+
+@gluon.jit
+def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s, ones, m_i, l_acc, acc, sums,
+               Q: gl.constexpr):
+    """One INT2 tile of a split program (its loads given): logits, lazy-rescaled online softmax, V products.
+    Returns the running (m_i, l_acc, acc, sums)."""
+    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
+    tile_max = gl.max(x, axis=0) * l_scale
+    if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
+        m_new = gl.maximum(m_i, tile_max)
+        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+        l_acc *= alpha[None, :]
+        alpha_c = _per_column(alpha)
+        acc *= alpha_c[None, :]
+        sums *= alpha_c[None, :]
+        m_i = m_new
+    p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+    l_acc += p
+    sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q)
+    return m_i, l_acc, acc, sums
 
 
 @gluon.jit
@@ -387,7 +514,7 @@ def int2_split_gluon_kernel(
     GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
-    TRIGGER_DEPENDENTS: gl.constexpr = False,
+    TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
@@ -427,27 +554,46 @@ def int2_split_gluon_kernel(
         per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
         lo = gl.minimum(pid * per_split, n_tiles)
         hi = gl.minimum(lo + per_split, n_tiles)
-        _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
-        q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q, GROUP)
-        for i in range(lo, hi):
-            t0 = first + i * TILE
-            _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
-            base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
-            codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
-                                                       V_ZERO)
-            x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
-            tile_max = gl.max(x, axis=0) * l_scale
-            if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
-                m_new = gl.maximum(m_i, tile_max)
-                alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-                l_acc *= alpha[None, :]
-                alpha_c = _per_column(alpha)
-                acc *= alpha_c[None, :]
-                sums *= alpha_c[None, :]
-                m_i = m_new
-            p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-            l_acc += p
-            sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q)
+        if COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
+            LINES: gl.constexpr = TILE * Q // 128
+            codes_k = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, LINES, 128], STAGED_KEYS)
+            codes_v = gl.allocate_shared_memory(gl.int16, [COPY_STAGES, LINES, 64],
+                                                STAGED_V_128 if Q == 32 else STAGED_V_64)
+            scales = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, SCALE_BYTES], STAGED)
+            for s in gl.static_range(COPY_STAGES - 1):
+                blk = gl.load(bt_row + (first + (lo + s) * TILE) // BS, mask=lo + s < hi, other=0)
+                _copy_tile(codes_k.index(s), codes_v.index(s), scales.index(s),
+                           head_base + blk.to(gl.int64) * stride_cb, lo + s < hi, Q, K_CODES, V_CODES, K_SCALE)
+            ahead = lo + COPY_STAGES - 1
+            blk_ahead = gl.load(bt_row + (first + ahead * TILE) // BS, mask=ahead < hi, other=0)
+            q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
+                                                      GROUP)
+            for i in range(lo, hi):
+                stage = (i - lo) % COPY_STAGES
+                refill = (stage + COPY_STAGES - 1) % COPY_STAGES  # the stage every lane read one tile ago
+                ahead = i + COPY_STAGES - 1
+                _sync_warps()
+                _copy_tile(codes_k.index(refill), codes_v.index(refill), scales.index(refill),
+                           head_base + blk_ahead.to(gl.int64) * stride_cb, ahead < hi, Q, K_CODES, V_CODES, K_SCALE)
+                blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
+                async_copy.wait_group(COPY_STAGES - 1)
+                _sync_warps()  # every lane's copies of tile i have landed
+                codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k.index(stage), codes_v.index(stage),
+                                                            scales.index(stage), ROWS, Q)
+                m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
+                                                   ones, m_i, l_acc, acc, sums, Q)
+        else:
+            _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
+            q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
+                                                      GROUP)
+            for i in range(lo, hi):
+                t0 = first + i * TILE
+                _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
+                base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
+                codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
+                                                           V_ZERO)
+                m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
+                                                   ones, m_i, l_acc, acc, sums, Q)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK

@@ -229,6 +229,9 @@ PREFILL_AUTO_SPLITS: int = 4
 #: head_dim 128 (Triton 3.6, offline SASS) and cost the split programs a quarter of their residency; at 128 (the
 #: Triton split kernel's count) the window path spills 40 B and the split loop is unchanged.
 GLUON_MAX_REGISTERS: int = 128
+#: AttentionConfig.gluon_copy_stages values besides 0: shared-memory stages of gluon_decode's cp.async tile copies
+#: (3 stages at head_dim 128 take 13.5 KB per program, 15 programs per SM of the H200's 227 KB).
+GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -310,7 +313,11 @@ class AttentionConfig:
     after the served step's check and the kernel checks passed with it on the H200) = where it applies and gluon_pays
     (no knob of int2_split_kernel's splits set, and not where that kernel would use TMA for a short context);
     False = int2_split_kernel always; True = where it applies, else raises. H200, graph replays, bf16 queries
-    (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry).
+    (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry);
+    gluon_copy_stages: 0 (the default) = gluon_decode's split programs load each tile into registers after an L2
+    prefetch; GLUON_COPY_STAGES (2 or 3) = they copy tiles that many minus one ahead into shared memory (cp.async)
+    and read them from there (needs gluon_decode's kernel, so it runs wherever that applies; built and compiled for
+    sm_90 in session 20, not yet checked or timed on a GPU: docs/notes/kernels.md "Session 20").
     """
 
     block_t: Optional[int] = None
@@ -337,6 +344,7 @@ class AttentionConfig:
     long_splits: bool = False
     cuda_graph: bool = False
     gluon_splits: Optional[bool] = None
+    gluon_copy_stages: int = 0
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -847,6 +855,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
     """The launch plan of oscar_decode (arguments as there, already checked)."""
+    if config.gluon_copy_stages and config.gluon_copy_stages not in GLUON_COPY_STAGES:
+        raise ValueError(f"gluon_copy_stages={config.gluon_copy_stages}: choose 0 (off) or one of "
+                         f"{GLUON_COPY_STAGES}.")
     batch, hq, d = query_rot.shape
     hkv = int2_cache.shape[1]
     block_t = resolved_block_t(config)
@@ -870,6 +881,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             f"head_dim {layout.head_dim}, full_tiles={config.full_tiles}, contiguous={int2_cache.is_contiguous()}. "
             f"Leave tma_stages at 0.")
     gluon_splits = False
+    gluon_missing = "gluon_splits not False" if split_int2 else "the INT2 split kernel (tokens_on_m, one group per row)"
     if split_int2 and config.gluon_splits is not False:
         gluon_ok, gluon_missing = gluon_splits_apply(layout, group, int8_keys, full_tiles, block_t, meta, config,
                                                      device)
@@ -879,11 +891,15 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if config.gluon_splits and config.tma_stages:
             raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
-        gluon_splits = gluon_ok and (config.gluon_splits or gluon_pays(config, tma_stages, max_seq_len))
+        gluon_splits = gluon_ok and (config.gluon_splits or config.gluon_copy_stages > 0
+                                     or gluon_pays(config, tma_stages, max_seq_len))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
                          f"group per row); got group_size {layout.group_size}, head_dim {layout.head_dim}, "
                          f"tokens_on_m={config.tokens_on_m}.")
+    if config.gluon_copy_stages and not gluon_splits:
+        raise ValueError(f"gluon_copy_stages={config.gluon_copy_stages} stages tiles in gluon_decode's kernel, which "
+                         f"this launch does not run (it needs {gluon_missing}). Leave gluon_copy_stages at 0.")
     if gluon_splits:
         window_t = block_t  # gluon_decode's window tiles are whole cache blocks
         tma_stages = 0
@@ -929,6 +945,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
+                            COPY_STAGES=config.gluon_copy_stages,
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
