@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--tma-stages", type=int, default=None,
                         help="AttentionConfig.tma_stages (default: the eager launch's, plain loads; 0 or more picks "
                              "int2_split_kernel)")
+    parser.add_argument("--gluon-copy-stages", type=int, default=0,
+                        help="AttentionConfig.gluon_copy_stages: gluon_decode's tiles staged by cp.async (0 = off)")
     parser.add_argument("--no-gluon", action="store_true",
                         help="AttentionConfig(gluon_splits=False): int2_split_kernel where gluon_decode would run")
     parser.add_argument("--sdpa", action="store_true",
@@ -69,7 +71,7 @@ def main() -> int:
         full_tiles=None if args.full_tiles is None else bool(args.full_tiles),
         int8_keys=None if args.int8_keys is None else bool(args.int8_keys),
         merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl), tma_stages=args.tma_stages,
-        gluon_splits=False if args.no_gluon else None)
+        gluon_splits=False if args.no_gluon else None, gluon_copy_stages=args.gluon_copy_stages)
     out = torch.empty_like(case.query)
 
     def decode() -> None:
