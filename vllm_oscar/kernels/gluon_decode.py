@@ -555,6 +555,8 @@ def int2_split_gluon_kernel(
         lo = gl.minimum(pid * per_split, n_tiles)
         hi = gl.minimum(lo + per_split, n_tiles)
         if COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
+            gl.static_assert((K_ZERO == K_SCALE + 2 * TILE) & (V_SCALE == K_SCALE + 4 * TILE)
+                             & (V_ZERO == K_SCALE + 6 * TILE), "the four fp16 scale planes, contiguous, in this order")
             LINES: gl.constexpr = TILE * Q // 128
             codes_k = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, LINES, 128], STAGED_KEYS)
             codes_v = gl.allocate_shared_memory(gl.int16, [COPY_STAGES, LINES, 64],
