@@ -210,7 +210,9 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
 
 
 
-def check_decode(report: list, quick: bool = False) -> None:
+def check_decode(report: list, quick: bool = False, with_knob: str | None = None) -> None:
+    """Every decode case against float64, in each launch variant (QUICK_VARIANTS with quick, else DECODE_VARIANTS);
+    with_knob: only the variants that set that AttentionConfig field (e.g. gluon_copy_stages), to fit a call."""
     sink, recent = 64, 256
     for name, lens, hq, hkv, dim, group, bs, drop in DECODE_CASES:
         if quick and group != dim:
@@ -225,6 +227,8 @@ def check_decode(report: list, quick: bool = False) -> None:
                             dense_context(state, b, n, DEVICE), sink, recent, scale)[0]
             for b, n in enumerate(lens)])
         for variant in QUICK_VARIANTS if quick else DECODE_VARIANTS:
+            if with_knob is not None and with_knob not in variant:
+                continue
             if variant.get("tma_stages") and bs % variant.get("block_t", triton_ops.DECODE_BLOCK_T):
                 continue  # TMA tiles need blocks that hold whole tiles (oscar_decode would raise)
             out = torch.full_like(query, float("nan"))
@@ -242,6 +246,8 @@ def check_decode(report: list, quick: bool = False) -> None:
             ok = max(errors) < TOLERANCE
             report.append({"check": "decode", "case": name, "config": variant, "rel_errors": errors, "ok": ok})
             print(f"decode {name} {variant}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
+        if with_knob is not None:
+            continue  # the two checks below set no launch variant
         # long_splits (opt-in) with a low long-split threshold, so that the long pairs of these cases use the
         # extended grid and the short ones the one-wave count (docs/notes/kernels.md K1).
         threshold, triton_ops.LONG_SPLIT_TILES = triton_ops.LONG_SPLIT_TILES, 2
@@ -422,13 +428,16 @@ def main() -> int:
                         default=["graph", "prefill", "write", "decode", "int8", "rotate", "rotate_write"])
     parser.add_argument("--quick", action="store_true",
                         help="decode: only the default launch config (both unpack paths) on the G = D cases")
+    parser.add_argument("--with-knob", metavar="FIELD",
+                        help="decode: only the launch variants that set this AttentionConfig field (e.g. "
+                             "gluon_copy_stages with --quick)")
     args = parser.parse_args()
     report: list = []
     failures = 0
     for name in args.only:
         try:
             if name == "decode":
-                check_decode(report, args.quick)
+                check_decode(report, args.quick, args.with_knob)
             else:
                 {"write": check_write, "prefill": check_prefill, "graph": check_graph,
                  "int8": check_decode_int8_keys, "rotate": check_rotate, "rotate_write": check_rotate_write}[name](report)
