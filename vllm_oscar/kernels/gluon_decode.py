@@ -62,7 +62,6 @@ _sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 _copy_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
 
 
-
 @builtin
 def _view_as(desc, dtype, shape, layout, _semantic=None):
     """A shared memory descriptor read as another dtype and shape (reinterpret; _reinterpret in Triton 3.6)."""
@@ -347,8 +346,9 @@ def _tile_loads(base, ROWS: gl.constexpr, Q: gl.constexpr, K_CODES: gl.constexpr
 
 @gluon.jit
 def _copy_lines(stage, src, live, LINES: gl.constexpr, WIDTH: gl.constexpr):
-    """cp.async of [LINES, WIDTH] contiguous elements at src into stage (zeros unless live), 16 bytes per lane and
-    copy (WIDTH 128 uint8 or 64 int16)."""
+    """cp.async of [LINES, WIDTH] contiguous elements at src into stage, 16 bytes per lane and copy (WIDTH 128 uint8
+    or 64 int16); unless live no copy is issued and the stage keeps what it held (a tile past the split's end, never
+    read)."""
     L: gl.constexpr = COPY_BYTE_LINES if WIDTH == 128 else COPY_PAIR_LINES
     line = gl.arange(0, LINES, layout=gl.SliceLayout(1, L))
     col = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, L))
