@@ -198,7 +198,8 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: tiles, which every block size here holds whole) and, at blocks of 64, TMA loads of the default 64-position tile
 #: and int2_split_kernel where the default runs gluon_decode's kernel (gluon_splits=False: blocks of 64), and a
 #: fixed 384 splits (most of them empty: the merge's widest partial lists), and gluon_decode's tiles staged in shared
-#: memory by cp.async (gluon_copy_stages, where gluon_decode applies; skipped elsewhere).
+#: memory by cp.async or not (gluon_copy_stages 0, 2, 3: the default stages where staging_pays; 2 and 3 are skipped
+#: where gluon_decode does not run).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
@@ -206,7 +207,7 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
                   dict(unpack=UNPACK_PTX, full_tiles=False), dict(unpack=UNPACK_PTX, merge_pdl=False),
                   dict(unpack=UNPACK_PTX, block_t=16, tma_stages=2), dict(unpack=UNPACK_PTX, tma_stages=3),
                   dict(unpack=UNPACK_PTX, gluon_splits=False), dict(unpack=UNPACK_PTX, num_splits=384),
-                  *(dict(unpack=UNPACK_PTX, gluon_copy_stages=stages) for stages in triton_ops.GLUON_COPY_STAGES))
+                  *(dict(unpack=UNPACK_PTX, gluon_copy_stages=stages) for stages in (0, *triton_ops.GLUON_COPY_STAGES)))
 
 
 

@@ -47,8 +47,9 @@ def main() -> int:
     parser.add_argument("--tma-stages", type=int, default=None,
                         help="AttentionConfig.tma_stages (default: the eager launch's, plain loads; 0 or more picks "
                              "int2_split_kernel)")
-    parser.add_argument("--gluon-copy-stages", type=int, default=0,
-                        help="AttentionConfig.gluon_copy_stages: gluon_decode's tiles staged by cp.async (0 = off)")
+    parser.add_argument("--gluon-copy-stages", type=int, default=None,
+                        help="AttentionConfig.gluon_copy_stages: gluon_decode's tiles staged by cp.async (0 = off; "
+                             "default: 2 where triton_ops.staging_pays)")
     parser.add_argument("--no-gluon", action="store_true",
                         help="AttentionConfig(gluon_splits=False): int2_split_kernel where gluon_decode would run")
     parser.add_argument("--sdpa", action="store_true",

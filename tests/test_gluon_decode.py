@@ -103,6 +103,15 @@ def test_gluon_copy_stages_are_checked() -> None:
         _plan(triton_ops.AttentionConfig(gluon_copy_stages=3, gluon_splits=False))
 
 
+def test_default_stages_where_the_h200_timed_them_faster() -> None:
+    """gluon_copy_stages None: head_dim 64 always; head_dim 128 only for plans of >= 8192 positions per SM (the H200's
+    132 SMs: Qwen3-8B geometry, 8 KV heads, staged at 32K batch 8, 4K batch 64; not at 32K batch 1, 4K batch 32)."""
+    assert triton_ops.staging_pays(64, 3, 4096, 132) and triton_ops.staging_pays(64, 3, 131072, 132)
+    assert triton_ops.staging_pays(128, 8 * 8, 32768, 132) and triton_ops.staging_pays(128, 64 * 8, 4096, 132)
+    assert not triton_ops.staging_pays(128, 8, 32768, 132) and not triton_ops.staging_pays(128, 32 * 8, 4096, 132)
+    assert not triton_ops.staging_pays(128, 8, 131072, 132)
+
+
 def test_gluon_kernel_compiles_for_every_query_and_window_dtype(compiled: dict) -> None:
     assert compiled["types_fp32_bf16"] == 0 and compiled["types_bf16_fp16"] == 0, compiled
 

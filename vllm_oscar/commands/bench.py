@@ -121,9 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-splits", nargs="+", default=["0"], choices=("0", "1"),
                         help="tune: 1 = size the grid for more split programs, used by (request, KV head) pairs whose "
                              "splits would be long (AttentionConfig.long_splits, opt-in)")
-    parser.add_argument("--gluon-copy-stages", type=int, nargs="+", default=[0],
+    parser.add_argument("--gluon-copy-stages", nargs="+", default=["auto"],
                         help="tune: gluon_decode's split programs stage tiles in shared memory by cp.async, this many "
-                             "(AttentionConfig.gluon_copy_stages: 0 = off, the default; 2 or 3)")
+                             "(AttentionConfig.gluon_copy_stages: 0 = off, 2 or 3; auto = the default: 2 where "
+                             "triton_ops.staging_pays)")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
     parser.add_argument("--no-gluon", action="store_true",
                         help="decode: time AttentionConfig(gluon_splits=False), int2_split_kernel where the default "
@@ -159,7 +160,7 @@ def tune_configs(args: argparse.Namespace) -> list:
                             min_tiles_per_split=tiles, int8_keys=_auto(int8, bool), max_registers=reg or None,
                             prefetch=_auto(pf, int), window_block_t=_auto(wbt, int), merge_block_d=_auto(mbd, int),
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
-                            tma_stages=_auto(tma, int), long_splits=ls == "1", gluon_copy_stages=copy,
+                            tma_stages=_auto(tma, int), long_splits=ls == "1", gluon_copy_stages=_auto(copy, int),
                             cuda_graph=True)
             for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls, copy
             in itertools.product(

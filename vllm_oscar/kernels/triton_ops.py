@@ -232,6 +232,18 @@ GLUON_MAX_REGISTERS: int = 128
 #: AttentionConfig.gluon_copy_stages values besides 0: shared-memory stages of gluon_decode's cp.async tile copies
 #: (3 stages at head_dim 128 take 13.5 KB per program, 15 programs per SM of the H200's 227 KB).
 GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
+#: AttentionConfig.gluon_copy_stages None: GLUON_AUTO_COPY_STAGES where gluon_decode runs and staging pays
+#: (staging_pays): at head_dim <= STAGED_MAX_HEAD_DIM always, above it where the plan holds at least
+#: STAGED_MIN_POSITIONS_PER_SM cached positions of (request, KV head) pairs per SM (the bandwidth-bound launches).
+#: H200, graph replays, blocks of 64, ms at 0 / 2 / 3 stages (docs/notes/kernels.md "Session 21", S1): SmolLM2
+#: geometry (head_dim 64) 3-17% faster at every context (4K-128K) and batch (1-64), e.g. 4K B=1 0.0059 / 0.0049 /
+#: 0.0049, 128K B=64 0.3307 / 0.2900 / 0.2901; Qwen3-8B geometry (head_dim 128) 4-5% faster at >= 32K B >= 8 (32K
+#: B=32 0.2049 / 0.1967 / 0.2221, 128K B=64 1.4163 / 1.3482 / 1.7566), equal at 128K B=1 and 4K B=32/64 (7.9K /
+#: 15.9K positions per SM), 15% slower at 32K B=1 (0.0134 / 0.0154 / 0.0148; 2K positions per SM). Three stages
+#: cost residency at head_dim 128 (fewer splits) and gain nothing at 64.
+GLUON_AUTO_COPY_STAGES: int = 2
+STAGED_MAX_HEAD_DIM: int = 64
+STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -314,10 +326,12 @@ class AttentionConfig:
     (no knob of int2_split_kernel's splits set, and not where that kernel would use TMA for a short context);
     False = int2_split_kernel always; True = where it applies, else raises. H200, graph replays, bf16 queries
     (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry);
-    gluon_copy_stages: 0 (the default) = gluon_decode's split programs load each tile into registers after an L2
-    prefetch; GLUON_COPY_STAGES (2 or 3) = they copy tiles that many minus one ahead into shared memory (cp.async)
-    and read them from there (needs gluon_decode's kernel, so it runs wherever that applies; built and compiled for
-    sm_90 in session 20, not yet checked or timed on a GPU: docs/notes/kernels.md "Session 20").
+    gluon_copy_stages: 0 = gluon_decode's split programs load each tile into registers after an L2 prefetch;
+    GLUON_COPY_STAGES (2 or 3) = they copy tiles that many minus one ahead into shared memory (cp.async) and read
+    them from there (needs gluon_decode's kernel, so it runs that kernel wherever it applies); None (the default) =
+    GLUON_AUTO_COPY_STAGES where gluon_decode runs anyway and staging_pays (head_dim 64, or bandwidth-bound plans at
+    head_dim 128), else 0. H200 (docs/notes/kernels.md "Session 21"): 3-17% faster at head_dim 64, 4-5% at head_dim
+    128 from 32K and batch 8 on, 15% slower at head_dim 128 batch 1 32K (hence the rule).
     """
 
     block_t: Optional[int] = None
@@ -344,7 +358,7 @@ class AttentionConfig:
     long_splits: bool = False
     cuda_graph: bool = False
     gluon_splits: Optional[bool] = None
-    gluon_copy_stages: int = 0
+    gluon_copy_stages: Optional[int] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -851,6 +865,13 @@ def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int) -> bo
     return not (tma_stages and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT)
 
 
+def staging_pays(head_dim: int, pairs: int, max_seq_len: int, sms: int) -> bool:
+    """Whether gluon_decode's split programs stage their tiles in shared memory (AttentionConfig.gluon_copy_stages
+    None) for ``pairs`` (request, KV head) pairs planned for ``max_seq_len`` positions on ``sms`` SMs: at head_dim
+    <= STAGED_MAX_HEAD_DIM always, above where the plan holds >= STAGED_MIN_POSITIONS_PER_SM positions per SM."""
+    return head_dim <= STAGED_MAX_HEAD_DIM or pairs * max_seq_len >= STAGED_MIN_POSITIONS_PER_SM * sms
+
+
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
                  config: AttentionConfig) -> _DecodePlan:
@@ -891,7 +912,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if config.gluon_splits and config.tma_stages:
             raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
-        gluon_splits = gluon_ok and (config.gluon_splits or config.gluon_copy_stages > 0
+        gluon_splits = gluon_ok and (config.gluon_splits or bool(config.gluon_copy_stages)
                                      or gluon_pays(config, tma_stages, max_seq_len))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
@@ -900,6 +921,10 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.gluon_copy_stages and not gluon_splits:
         raise ValueError(f"gluon_copy_stages={config.gluon_copy_stages} stages tiles in gluon_decode's kernel, which "
                          f"this launch does not run (it needs {gluon_missing}). Leave gluon_copy_stages at 0.")
+    copy_stages = config.gluon_copy_stages
+    if copy_stages is None:
+        copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
+            layout.head_dim, batch * hkv, max_seq_len, _device_sms(device)) else 0
     if gluon_splits:
         window_t = block_t  # gluon_decode's window tiles are whole cache blocks
         tma_stages = 0
@@ -945,7 +970,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            COPY_STAGES=config.gluon_copy_stages,
+                            COPY_STAGES=copy_stages,
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
