@@ -155,6 +155,13 @@ SMALL_MERGE_PROGRAMS_PER_SM: int = 12
 #: faster at >= 64K and B >= 32, 4-5% slower at 64K-128K and B 8-16, 4K unchanged: not a default.
 LONG_SPLIT_TILES: int = 64
 LONG_SPLIT_PROGRAMS_PER_SM: int = 32
+#: gluon_decode's splits at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs are sized
+#: for two waves of resident programs, not one (AttentionConfig.programs_per_sm None). H200, graph replays, Qwen3-8B
+#: geometry, blocks of 64, ms at one wave / two (docs/notes/kernels.md "Session 21"): B=64 (4 / 8 splits) 16K 0.2016 /
+#: 0.1969, 32K 0.3644 / 0.3522, 64K 0.6922 / 0.6736, 128K 1.4174 / 1.3412; B=32 (8 / 16) 16K 0.1041 / 0.1038, 32K
+#: 0.1914 / 0.1876, 64K 0.3542 / 0.3420, 128K 0.6804 / 0.6593. Not at head_dim 64 (SmolLM2 geometry B=32 / 64,
+#: <= 1.5 pairs per SM: 0-5% slower), nor with fewer pairs than SMs (Qwen3-8B B=8: one wave of 33 splits fastest).
+TWO_WAVE_MIN_HEAD_DIM: int = 128
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
@@ -262,7 +269,8 @@ class AttentionConfig:
     programs_per_sm: decode split-K sizing target when num_splits is None: the split programs number
     at most programs_per_sm per SM (rounded down to whole splits per (request, KV head), so a multiple
     of the SM's capacity fills whole waves). None = as many as one SM holds at once (from the compiled
-    split kernel's registers, warps and shared memory: one full wave; docs/notes/kernels.md V10);
+    split kernel's registers, warps and shared memory: one full wave, docs/notes/kernels.md V10; two waves for
+    gluon_decode at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
@@ -995,6 +1003,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                           {**split_consts, **runtime}, dtypes, device)
             if small_merge:
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
+            if gluon_splits and d >= TWO_WAVE_MIN_HEAD_DIM and batch * hkv > _device_sms(device):
+                per_sm *= 2  # two waves of half-length splits: a shorter tail
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
     short = nsplit
