@@ -112,6 +112,17 @@ def test_default_stages_where_the_h200_timed_them_faster() -> None:
     assert not triton_ops.staging_pays(128, 8, 131072, 132)
 
 
+def test_two_waves_only_for_long_head_dim_128_splits_with_more_pairs_than_sms() -> None:
+    """H200 (132 SMs, 16 programs per SM), Qwen3-8B geometry: two waves at 32K batch 32 / 64 and 16K batch 64 (each
+    two-wave split >= 32 tiles of 64), not at 4K or 16K batch 32 (short splits), batch 8 (64 pairs), head_dim 64
+    or the Triton split kernel."""
+    pays = triton_ops.two_waves_pay
+    assert pays(True, 128, 32 * 8, 132, 16, 512) and pays(True, 128, 64 * 8, 132, 16, 512)
+    assert pays(True, 128, 64 * 8, 132, 16, 256) and not pays(True, 128, 32 * 8, 132, 16, 256)
+    assert not pays(True, 128, 64 * 8, 132, 16, 64) and not pays(True, 128, 8 * 8, 132, 16, 2048)
+    assert not pays(True, 64, 64 * 3, 132, 16, 2048) and not pays(False, 128, 64 * 8, 132, 16, 2048)
+
+
 def test_gluon_kernel_compiles_for_every_query_and_window_dtype(compiled: dict) -> None:
     assert compiled["types_fp32_bf16"] == 0 and compiled["types_bf16_fp16"] == 0, compiled
 

@@ -160,8 +160,11 @@ LONG_SPLIT_PROGRAMS_PER_SM: int = 32
 #: geometry, blocks of 64, ms at one wave / two (docs/notes/kernels.md "Session 21"): B=64 (4 / 8 splits) 16K 0.2016 /
 #: 0.1969, 32K 0.3644 / 0.3522, 64K 0.6922 / 0.6736, 128K 1.4174 / 1.3412; B=32 (8 / 16) 16K 0.1041 / 0.1038, 32K
 #: 0.1914 / 0.1876, 64K 0.3542 / 0.3420, 128K 0.6804 / 0.6593. Not at head_dim 64 (SmolLM2 geometry B=32 / 64,
-#: <= 1.5 pairs per SM: 0-5% slower), nor with fewer pairs than SMs (Qwen3-8B B=8: one wave of 33 splits fastest).
+#: <= 1.5 pairs per SM: 0-5% slower), nor with fewer pairs than SMs (Qwen3-8B B=8: one wave of 33 splits fastest),
+#: nor where the two-wave splits would walk fewer than TWO_WAVE_MIN_TILES tiles (4K B=32 / 64, 4 and 8 tiles:
+#: 0.0448 / 0.0478 and 0.0810 / 0.0853 ms; 16K B=32, 16 tiles: equal).
 TWO_WAVE_MIN_HEAD_DIM: int = 128
+TWO_WAVE_MIN_TILES: int = 32
 #: Default decode tile (cached positions per program step; H200 tune 2026-11-29 session 3:
 #: 64 beats 128 for D = 64 and D = 128 once the INT2 splits run on one warp).
 DECODE_BLOCK_T: int = 64
@@ -873,6 +876,15 @@ def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int) -> bo
     return not (tma_stages and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT)
 
 
+def two_waves_pay(gluon_splits: bool, head_dim: int, pairs: int, sms: int, per_sm: int, tiles: int) -> bool:
+    """Whether gluon_decode's splits are sized for two waves of ``per_sm`` resident programs per SM instead of one:
+    at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs, where each of the two-wave
+    splits still walks >= TWO_WAVE_MIN_TILES of the plan's ``tiles``."""
+    if not gluon_splits or head_dim < TWO_WAVE_MIN_HEAD_DIM or pairs <= sms:
+        return False
+    return tiles >= TWO_WAVE_MIN_TILES * max(1, 2 * per_sm * sms // pairs)
+
+
 def staging_pays(head_dim: int, pairs: int, max_seq_len: int, sms: int) -> bool:
     """Whether gluon_decode's split programs stage their tiles in shared memory (AttentionConfig.gluon_copy_stages
     None) for ``pairs`` (request, KV head) pairs planned for ``max_seq_len`` positions on ``sms`` SMs: at head_dim
@@ -1003,7 +1015,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                           {**split_consts, **runtime}, dtypes, device)
             if small_merge:
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
-            if gluon_splits and d >= TWO_WAVE_MIN_HEAD_DIM and batch * hkv > _device_sms(device):
+            if two_waves_pay(gluon_splits, d, batch * hkv, _device_sms(device), per_sm, cdiv(max_seq_len, block_t)):
                 per_sm *= 2  # two waves of half-length splits: a shorter tail
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
                                windows if split_int2 else 0)
