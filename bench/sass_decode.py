@@ -95,19 +95,18 @@ GLUON_PLAIN_SCALARS = tuple(name for name in PLAIN_SCALARS if name != "NSPLIT_SH
 
 
 def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,
-                         query: str = "bf16", window: str = "bf16", copy_stages: int = 0, l2_ahead: int = 0):
+                         query: str = "bf16", window: str = "bf16", copy_stages: int = 0):
     """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
     triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
     the compiler's register count; query / window: the element types of the query (fp32 from the served query
-    rotation) and of the BF16 window store; copy_stages / l2_ahead: its COPY_STAGES / L2_AHEAD
-    (AttentionConfig.gluon_copy_stages / gluon_l2_ahead)."""
+    rotation) and of the BF16 window store; copy_stages: its COPY_STAGES (AttentionConfig.gluon_copy_stages)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
 
     layout = PageLayout(head_dim, head_dim, 64)
     constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT,
-                     REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages, L2_AHEAD=l2_ahead,
+                     REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages,
                      **_plane_offsets(layout))
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(
@@ -191,8 +190,6 @@ def main() -> int:
     parser.add_argument("--maxnreg", type=int, default=0, help="register cap (0 = compiler's choice)")
     parser.add_argument("--copy-stages", type=int, default=0,
                         help="--gluon: COPY_STAGES, tiles staged in shared memory by cp.async (0 = the L2 prefetch)")
-    parser.add_argument("--l2-ahead", type=int, default=0,
-                        help="--gluon with --copy-stages: L2_AHEAD, tiles asked of L2 beyond the copies (0 = none)")
     parser.add_argument("--full-tiles", type=int, choices=(0, 1), default=1,
                         help="1 = splits walk whole tiles, unmasked (FULL_TILES, the default); 0 = masked tiles")
     parser.add_argument("--trigger-dependents", action="store_true",
@@ -207,7 +204,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.gluon:
         kernel = compile_gluon_kernel(args.head_dim, args.group, maxnreg=args.maxnreg or GLUON_MAX_REGISTERS,
-                                      copy_stages=args.copy_stages, l2_ahead=args.l2_ahead)
+                                      copy_stages=args.copy_stages)
     else:
         kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                                 args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),

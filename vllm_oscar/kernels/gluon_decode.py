@@ -169,13 +169,7 @@ def _unpacked_planes(pairs):
 @gluon.jit
 def _prefetch_region(head_base, bt_row, stride_cb, t0, live, BS: gl.constexpr, REGION: gl.constexpr):
     """prefetch.global.L2 every line of the (block, KV head) region holding position t0 (nothing unless live)."""
-    _prefetch_block(head_base, gl.load(bt_row + t0 // BS, mask=live, other=0), stride_cb, live, REGION)
-
-
-@gluon.jit
-def _prefetch_block(head_base, blk, stride_cb, live, REGION: gl.constexpr):
-    """prefetch.global.L2 every line of cache block blk's region of the KV head at head_base (nothing unless live)."""
-    blk = blk.to(gl.int64)
+    blk = gl.load(bt_row + t0 // BS, mask=live, other=0).to(gl.int64)
     line = gl.arange(0, PREFETCH_LINES, layout=LINES)
     addr = (head_base + blk * stride_cb + line * PREFETCH_LINE).to(gl.int64, bitcast=True)
     want = ((line * PREFETCH_LINE < REGION) & live).to(gl.int32)
@@ -520,7 +514,7 @@ def int2_split_gluon_kernel(
     GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
-    TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, L2_AHEAD: gl.constexpr = 0,
+    TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
@@ -574,12 +568,6 @@ def int2_split_gluon_kernel(
                            head_base + blk.to(gl.int64) * stride_cb, lo + s < hi, Q, K_CODES, V_CODES, K_SCALE)
             ahead = lo + COPY_STAGES - 1
             blk_ahead = gl.load(bt_row + (first + ahead * TILE) // BS, mask=ahead < hi, other=0)
-            if L2_AHEAD > 0:  # and asked of L2 L2_AHEAD tiles beyond the copies
-                for s in gl.static_range(1, L2_AHEAD):
-                    _prefetch_region(head_base, bt_row, stride_cb, first + (ahead + s) * TILE, ahead + s < hi, BS,
-                                     REGION)
-                blk_l2 = gl.load(bt_row + (first + (ahead + L2_AHEAD) * TILE) // BS, mask=ahead + L2_AHEAD < hi,
-                                 other=0)
             q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
                                                       GROUP)
             for i in range(lo, hi):
@@ -590,10 +578,6 @@ def int2_split_gluon_kernel(
                 _copy_tile(codes_k.index(refill), codes_v.index(refill), scales.index(refill),
                            head_base + blk_ahead.to(gl.int64) * stride_cb, ahead < hi, Q, K_CODES, V_CODES, K_SCALE)
                 blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
-                if L2_AHEAD > 0:
-                    _prefetch_block(head_base, blk_l2, stride_cb, ahead + L2_AHEAD < hi, REGION)
-                    blk_l2 = gl.load(bt_row + (first + (ahead + L2_AHEAD + 1) * TILE) // BS,
-                                     mask=ahead + L2_AHEAD + 1 < hi, other=0)
                 async_copy.wait_group(COPY_STAGES - 1)
                 _sync_warps()  # every lane's copies of tile i have landed
                 codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k.index(stage), codes_v.index(stage),

@@ -342,9 +342,7 @@ class AttentionConfig:
     them from there (needs gluon_decode's kernel, so it runs that kernel wherever it applies); None (the default) =
     GLUON_AUTO_COPY_STAGES where gluon_decode runs anyway and staging_pays (head_dim 64, or bandwidth-bound plans at
     head_dim 128), else 0. H200 (docs/notes/kernels.md "Session 21"): 3-17% faster at head_dim 64, 4-5% at head_dim
-    128 from 32K and batch 8 on, 15% slower at head_dim 128 batch 1 32K (hence the rule); gluon_l2_ahead (with
-    staged tiles, opt-in): the split programs also ask L2 for the tiles this many beyond those being copied
-    (prefetch.global.L2), so that more of their bytes are in flight than the shared-memory stages hold.
+    128 from 32K and batch 8 on, 15% slower at head_dim 128 batch 1 32K (hence the rule).
     """
 
     block_t: Optional[int] = None
@@ -372,7 +370,6 @@ class AttentionConfig:
     cuda_graph: bool = False
     gluon_splits: Optional[bool] = None
     gluon_copy_stages: Optional[int] = None
-    gluon_l2_ahead: int = 0
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -948,11 +945,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if copy_stages is None:
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
             layout.head_dim, batch * hkv, max_seq_len, _device_sms(device)) else 0
-    if config.gluon_l2_ahead and not copy_stages:
-        raise ValueError(f"gluon_l2_ahead={config.gluon_l2_ahead} prefetches beyond gluon_decode's staged tiles, and "
-                         f"this launch stages none (gluon_copy_stages={config.gluon_copy_stages}, gluon_decode "
-                         f"{'runs' if gluon_splits else 'does not run'}). Leave gluon_l2_ahead at 0 or set "
-                         f"gluon_copy_stages to one of {GLUON_COPY_STAGES}.")
     if gluon_splits:
         window_t = block_t  # gluon_decode's window tiles are whole cache blocks
         tma_stages = 0
@@ -998,7 +990,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            COPY_STAGES=copy_stages, L2_AHEAD=config.gluon_l2_ahead,
+                            COPY_STAGES=copy_stages,
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
