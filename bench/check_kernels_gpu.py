@@ -178,6 +178,8 @@ DECODE_CASES = [
     ("qwen3-8b bs64", [40000, 5000, 70], 32, 8, 128, 128, 64, 1),
     ("smollm2 gqa3 bs64", [20000, 777, 70], 9, 3, 64, 64, 64, 1),
     ("gqa2 D128 bs64", [9000, 300], 8, 4, 128, 128, 64, 1),
+    # 320 (request, KV head) pairs and 469 tiles: gluon_decode's staged tiles in two waves of 13 splits (H200)
+    ("qwen3-8b bs64 B=40", [30000, 12000, 5000, 700, 70] + [300 + 17 * i for i in range(35)], 32, 8, 128, 128, 64, 1),
 ]
 
 
@@ -211,12 +213,13 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
 
 
 
-def check_decode(report: list, quick: bool = False, with_knob: str | None = None) -> None:
+def check_decode(report: list, quick: bool = False, with_knob: str | None = None, case: str | None = None) -> None:
     """Every decode case against float64, in each launch variant (QUICK_VARIANTS with quick, else DECODE_VARIANTS);
-    with_knob: only the variants that set that AttentionConfig field (e.g. gluon_copy_stages), to fit a call."""
+    with_knob: only the variants that set that AttentionConfig field (e.g. gluon_copy_stages), to fit a call; case:
+    only the cases whose name contains this."""
     sink, recent = 64, 256
     for name, lens, hq, hkv, dim, group, bs, drop in DECODE_CASES:
-        if quick and group != dim:
+        if (quick and group != dim) or (case is not None and case not in name):
             continue
         gen = torch.Generator().manual_seed(sum(lens))
         layout = PageLayout(dim, group, bs, torch.float16)
@@ -245,8 +248,13 @@ def check_decode(report: list, quick: bool = False, with_knob: str | None = None
                 continue
             errors = [rel(out[b], expected[b]) for b in range(len(lens))]
             ok = max(errors) < TOLERANCE
-            report.append({"check": "decode", "case": name, "config": variant, "rel_errors": errors, "ok": ok})
-            print(f"decode {name} {variant}: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
+            splits = triton_ops.decode_split_count(query, state.cache, state.window_k, state.window_v, layout,
+                                                   state.block_table, state.window_block_table, state.seq_lens, sink,
+                                                   recent, scale, max(lens), config)
+            report.append({"check": "decode", "case": name, "config": variant, "splits": splits, "rel_errors": errors,
+                           "ok": ok})
+            print(f"decode {name} {variant}: {splits} splits, max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}",
+                  flush=True)
         if with_knob is not None:
             continue  # the two checks below set no launch variant
         # long_splits (opt-in) with a low long-split threshold, so that the long pairs of these cases use the
@@ -432,13 +440,14 @@ def main() -> int:
     parser.add_argument("--with-knob", metavar="FIELD",
                         help="decode: only the launch variants that set this AttentionConfig field (e.g. "
                              "gluon_copy_stages with --quick)")
+    parser.add_argument("--case", help="decode: only the cases whose name contains this (e.g. 'B=40')")
     args = parser.parse_args()
     report: list = []
     failures = 0
     for name in args.only:
         try:
             if name == "decode":
-                check_decode(report, args.quick, args.with_knob)
+                check_decode(report, args.quick, args.with_knob, args.case)
             else:
                 {"write": check_write, "prefill": check_prefill, "graph": check_graph,
                  "int8": check_decode_int8_keys, "rotate": check_rotate, "rotate_write": check_rotate_write}[name](report)
