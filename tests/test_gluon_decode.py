@@ -48,7 +48,8 @@ for dim, group in ((128, 4), (64, 3)):
         loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
         body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
         report[f"staged_{dim}_{stages}"] = dict(shared=staged.metadata.shared, registers=int(registers),
-                                                loops=len(loops), loop_local=body.count("LDL") + body.count("STL"),
+                                                loops=len(loops), loop_stores=body.count("STL"),
+                                                loop_reloads=body.count("LDL"),
                                                 loop_copies=body.count("LDGSTS"), loop_ldg=body.count("LDG"),
                                                 loop_prefetch=body.count("CCTL"))
 for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
@@ -85,11 +86,14 @@ def test_gluon_kernel_keeps_operands_in_registers(compiled: dict, dim: int) -> N
 def test_gluon_kernel_stages_tiles_by_cp_async(compiled: dict, dim: int, stages: int) -> None:
     """gluon_copy_stages: each stage holds one tile's region (codes of K and V, the four scale planes); the split loop
     copies with cp.async (LDGSTS) instead of loading its tile (one LDG: the block-table entry of a later tile) and
-    asks L2 for nothing; no spills, within the register cap."""
+    asks L2 for nothing; within the register cap, nothing the loop carries spills (no local stores in it), and at
+    head_dim 128 at most a few loop invariants are reloaded from local memory per tile (an L1 hit each: 1 with Triton
+    3.6, 3 with 3.9 since the fold of the BIAS sums, FOLD_TILES), none at 64."""
     kernel = compiled[f"staged_{dim}_{stages}"]
     region = PageLayout(dim, dim, 64, torch.float16).head_region_bytes
     assert kernel["shared"] == stages * region, kernel
-    assert kernel["registers"] <= triton_ops.GLUON_MAX_REGISTERS and kernel["loop_local"] == 0, kernel
+    assert kernel["registers"] <= triton_ops.GLUON_MAX_REGISTERS and kernel["loop_stores"] == 0, kernel
+    assert kernel["loop_reloads"] <= (4 if dim == 128 else 0), kernel
     assert kernel["loops"] == 1 and kernel["loop_prefetch"] == 0, kernel
     assert kernel["loop_copies"] == region // (16 * 32) and kernel["loop_ldg"] == 1, kernel  # 16 bytes per lane
 

@@ -20,7 +20,9 @@ Per tile (positions on the MMA's M side, as in int2_split_kernel; KPARTS = 2 col
     acc [D, 8] fp32  += (BIAS + F_P code_v)^T [D, 64] @ W;  sums [16, 8] += ones [16, 64] @ W   (mma m16n8k16, bf16)
 
 so the column sums of W (sw_j, and zw_j = sum p v_offset) come from one more MMA, and the output of head j is
-((acc[:, 2 j] - BIAS sw_j) / F_P + zw_j) / l_j as in int2_split_kernel.
+((acc[:, 2 j] - BIAS sw_j) / F_P + zw_j) / l_j as in int2_split_kernel. Every FOLD_TILES tiles and at the end,
+F_P zw_j - BIAS sw_j of the tiles since moves into acc[:, 2 j] (_fold_bias: the tensor cores' accumulation would
+otherwise lose the code part of a long split's BIAS-sized sums), so that the epilogue divides by F_P l_j only.
 
 Operands straight from memory into the MMA layouts (the lanes of an m16n8 MMA: gid = lane // 4, tig = lane % 4):
 the tile's logical position m (M index of S^T, K index of the V product) is the physical position
@@ -81,6 +83,11 @@ HEAD_DIMS: tuple[int, ...] = (64, 128)
 MIN_CAPABILITY: tuple[int, int] = (8, 0)
 #: Lines a program can prefetch into L2 for one (block, KV head) region (two per lane).
 PREFETCH_LINES: gl.constexpr = gl.constexpr(64)
+#: Tiles between folds of the BIAS part out of a split program's V accumulator (_fold_bias). The tensor cores round
+#: their fp32 accumulation toward zero, so a sum of BIAS-sized terms left to grow loses the small code part by about
+#: 1e-4 per tile (H200: relative error 4.4e-2 for one split of 30000 positions, 0.18 for 120000, against 2e-3 for
+#: short splits; docs/notes/kernels.md "Session 21", F1).
+FOLD_TILES: gl.constexpr = gl.constexpr(8)
 
 #: The mma.sync accumulator layout of one warp (m16n8).
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -416,6 +423,16 @@ def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s
 
 
 @gluon.jit
+def _fold_bias(acc, sums, D: gl.constexpr):
+    """Move the column sums of W since the last fold out of sums (restarted at 0) into acc's head columns:
+    acc[:, 2 j] += F_P zw_j - BIAS sw_j, so that acc[:, 2 j] / F_P is head j's unnormalised output (columns
+    2 j + 1 take junk and are never stored). No register outlives the fold. Returns (acc, sums)."""
+    since = gl.max(sums, axis=0)  # every row of ones @ W holds the column sums: sw_j at 2 j, zw_j at 2 j + 1
+    zw = gl.split(gl.reshape(since, [4, 2]))[1]  # a lane holds both columns of its head: no data moves
+    return acc + _row_factor(D)[:, None] * _per_column(zw)[None, :] - BIAS * since[None, :], gl.zeros_like(sums)
+
+
+@gluon.jit
 def _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q: gl.constexpr):
     """x [64, 4] fp32 of one INT2 tile: k_scale (code . q8) + k_offset sum(q8) per position and head."""
     s = mma_v2(_codes_operand(codes, 0, Q), q0, zero_s)
@@ -584,6 +601,8 @@ def int2_split_gluon_kernel(
                                                             scales.index(stage), ROWS, Q)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
                                                    ones, m_i, l_acc, acc, sums, Q)
+                if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+                    acc, sums = _fold_bias(acc, sums, D)
         else:
             _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
             q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
@@ -596,6 +615,8 @@ def int2_split_gluon_kernel(
                                                            V_ZERO)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
                                                    ones, m_i, l_acc, acc, sums, Q)
+                if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+                    acc, sums = _fold_bias(acc, sums, D)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
@@ -634,13 +655,8 @@ def int2_split_gluon_kernel(
                 acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], l_acc, 0.0), D) \
                     * _row_factor(D)[:, None]
 
-    # Column 2 j holds head j's V sums; the sums' columns 2 j and 2 j + 1 are sw_j and zw_j.
+    acc, sums = _fold_bias(acc, sums, D)  # column 2 j: head j's output times F_P l_j
     COLS: gl.constexpr = gl.SliceLayout(0, MMA)
-    total = gl.convert_layout(gl.max(sums, axis=0), gl.SliceLayout(0, EPI))
-    ce = gl.arange(0, 8, layout=gl.SliceLayout(0, EPI))
-    re = gl.arange(0, 8, layout=gl.SliceLayout(1, EPI))
-    zw = gl.convert_layout(gl.sum(gl.where(ce[None, :] == re[:, None] + 1, total[None, :], 0.0), axis=1), COLS)
-    sw = gl.convert_layout(total, COLS)
     l_i = _per_column(gl.sum(l_acc, axis=0))
     m_c = _per_column(m_i)
     inv_l = gl.where(l_i > 0.0, 1.0 / gl.where(l_i > 0.0, l_i, 1.0), 0.0)
@@ -652,7 +668,7 @@ def int2_split_gluon_kernel(
     jl = r % (Q // 2)
     pair = 2 * (jl % 8) + jl // 8 if Q == 32 else jl
     chan = plane * Q + 2 * pair + (r // (Q // 2)) % 2
-    out = ((acc - BIAS * sw[None, :]) / _row_factor(D)[:, None] + zw[None, :]) * inv_l[None, :]
+    out = acc / _row_factor(D)[:, None] * inv_l[None, :]
     o_ptrs = part_ptr + b.to(gl.int64) * stride_pb + head[None, :] * stride_ph + pid * stride_ps + chan[:, None]
     gl.store(o_ptrs, out, mask=stored[None, :])
     lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))

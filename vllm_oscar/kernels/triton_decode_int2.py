@@ -37,7 +37,9 @@ ones [16, BT] @ w' [BT, NC], whose every row is the column sums of w', instead o
 (GP <= 4, where a [BT, GP] tile leaves half of the MMA's N = 8 unused): the tile has NC = 2 GP
 columns, column GP + j a copy of head j (same query, so the same logits and p), and w' carries
 bf16(p z_v) there, so that the same MMA sums the offset term too; the extra columns' V accumulators
-are never stored. Otherwise (NC = GP) zw is summed per tile as before.
+are never stored. Otherwise (NC = GP) zw is summed per tile as before. Every FOLD_TILES tiles (and at the end)
+BIAS sw leaves the V accumulators (_fold_bias), so that the tensor cores' accumulation, which rounds toward zero,
+never sums BIAS-sized terms over a long split.
 
 INT8_K (D >= 64; the default on CUDA): the key path as an int8 MMA with int32 accumulation: codes are
 exact int8 (one and.b32 per four), the query is rounded per head row to int8 with the
@@ -77,6 +79,10 @@ MMA_MIN_N: tl.constexpr = tl.constexpr(8)
 MMA_MIN_M: tl.constexpr = tl.constexpr(16)
 #: Smallest K of the int8 MMA instruction (m16n8k32): code planes of fewer channels (head_dim 64) go in pairs.
 INT8_MMA_MIN_K: tl.constexpr = tl.constexpr(32)
+#: Tiles between folds of the BIAS part out of a split program's V accumulators (_fold_bias): the tensor cores round
+#: their fp32 accumulation toward zero, so BIAS-sized sums left to grow lose the small code part, about 1e-4 relative
+#: per tile (H200: 4.4e-2 for one split of 30000 positions, 0.18 for 120000; docs/notes/kernels.md "Session 21", F1).
+FOLD_TILES: tl.constexpr = tl.constexpr(8)
 #: Rows of the all-ones operand whose MMA with the V weights sums them over the tile's positions.
 SUM_ROWS: tl.constexpr = tl.constexpr(16)
 
@@ -164,17 +170,18 @@ def accumulate_plane(vc, w, acc_even, acc_odd, P: tl.constexpr, MODE: tl.constex
 
 
 @triton.jit
-def _store_plane(o_row, acc_even, acc_odd, bias, zw, inv_l, pairs, jok, P: tl.constexpr, Q: tl.constexpr,
+def _store_plane(o_row, acc_even, acc_odd, zw, inv_l, pairs, jok, P: tl.constexpr, Q: tl.constexpr,
                  MODE: tl.constexpr):
-    """Store plane P's normalised outputs: even channels from acc_even, odd from acc_odd ([Q/2, NC]); STACK: both
-    from acc_even [Q, NC] (row r < Q/2: channel 2 r, else 2 (r - Q/2) + 1)."""
+    """Store plane P's normalised outputs (the accumulators' BIAS part folded out, _fold_bias): even channels from
+    acc_even, odd from acc_odd ([Q/2, NC]); STACK: both from acc_even [Q, NC] (row r < Q/2: channel 2 r, else
+    2 (r - Q/2) + 1)."""
     if Q // 2 < MMA_MIN_M:  # STACK
         r = tl.arange(0, Q)
-        out = ((acc_even - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+        out = (acc_even / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
         tl.store(o_row[None, :] + P * Q + (2 * (r % (Q // 2)) + r // (Q // 2))[:, None], out, mask=jok[None, :])
     else:
-        even = ((acc_even - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
-        odd = ((acc_odd - bias) / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+        even = (acc_even / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
+        odd = (acc_odd / plane_factor(P, MODE) + zw[None, :]) * inv_l[None, :]
         ptrs = o_row[None, :] + P * Q + 2 * pairs[:, None]
         tl.store(ptrs, even, mask=jok[None, :])
         tl.store(ptrs + 1, odd, mask=jok[None, :])
@@ -316,14 +323,23 @@ def _int2_tile_values(p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e
 
 
 @triton.jit
-def _weight_sums(sums, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
-    """(sw, zw) [NC] at the end of a program: sw_j = sum of head j's V weights (every row of sums holds the
-    same column sums), zw_j = sum of p z_v (ZW_COLS: moved from column GP + j)."""
-    total = tl.max(sums, axis=0)
+def _offset_sums(moved, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
+    """zw [NC] at the end of a program: zw_j = sum of p z_v (ZW_COLS: from column GP + j of the column sums moved
+    out of the accumulators, _fold_bias)."""
     if ZW_COLS:
-        c = tl.arange(0, total.shape[0])
-        zw = tl.sum(tl.where(c[None, :] == c[:, None] + GP, total[None, :], 0.0), axis=1)
-    return total, zw
+        c = tl.arange(0, moved.shape[0])
+        zw = tl.sum(tl.where(c[None, :] == c[:, None] + GP, moved[None, :], 0.0), axis=1)
+    return zw
+
+
+@triton.jit
+def _fold_bias(sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o):
+    """Take the BIAS part out of the V accumulators: acc -= BIAS * (column sums of w since the last fold), which move
+    from sums (restarted at 0) to moved [NC] (FOLD_TILES). Returns (sums, moved, the eight accumulators)."""
+    since = tl.max(sums, axis=0)  # every row of sums holds the column sums
+    bias = BIAS * since[None, :]
+    return (tl.zeros_like(sums), moved + since, acc0e - bias, acc0o - bias, acc1e - bias, acc1o - bias, acc2e - bias,
+            acc2o - bias, acc3e - bias, acc3o - bias)
 
 
 @triton.jit
@@ -386,7 +402,7 @@ def _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP: tl.constexpr
 
 @triton.jit
 def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
-               m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+               m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                BLOCK_T: tl.constexpr, GP: tl.constexpr, NC: tl.constexpr, MODE: tl.constexpr, EMU: tl.constexpr,
                INT8_K: tl.constexpr, MASKED: tl.constexpr, SUMS_MMA: tl.constexpr, ZW_COLS: tl.constexpr,
                KPARTS: tl.constexpr = 1):
@@ -399,6 +415,7 @@ def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
         alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
         l_i *= alpha
         sums *= alpha[None, :]
+        moved *= alpha
         zw *= alpha
         acc0e *= alpha[None, :]
         acc0o *= alpha[None, :]
@@ -414,7 +431,7 @@ def _tile_step(kc, ks, kz, vc, vs, vz, ok, q0, q1, q2, q3, qb, qo, l_scale,
     sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _int2_tile_values(
         p, vc, vs, vz, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o, GP, MODE, EMU, SUMS_MMA,
         ZW_COLS)
-    return m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
+    return m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o
 
 
 @triton.jit
@@ -535,6 +552,7 @@ def int2_split_kernel(
     m_i = tl.full([NC], float("-inf"), tl.float32)
     l_i = tl.zeros([NC], tl.float32)
     sums = tl.zeros([SUM_ROWS if SUMS_MMA else 1, NC], tl.float32)
+    moved = tl.zeros([NC], tl.float32)  # column sums of w folded out of the V accumulators (_fold_bias)
     zw = tl.zeros([NC], tl.float32)
     pairs = tl.arange(0, Q // 2)
     acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = zero_accumulators(Q, NC)
@@ -555,10 +573,13 @@ def int2_split_kernel(
             region = tl.load(bt_row + t0 // BS) * heads + h
             kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile_tma(
                 kc_desc, vc_desc, ks_desc, kz_desc, vs_desc, vz_desc, region, t0 % BS, BLOCK_T, Q)
-            m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
+            m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
-                m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                 BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, SUMS_MMA, ZW_COLS, KPARTS)
+            if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+                sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _fold_bias(
+                    sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o)
     elif pid < NSPLIT:
         q0, q1, q2, q3, qb, qo, l_scale = _int2_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, GROUP, GP, NC, Q,
                                                       MODE, EMU, INT8_K, KPARTS, head_base, bt_row, stride_cb,
@@ -571,10 +592,13 @@ def int2_split_kernel(
             kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i = _load_tile(
                 head_base, bt_row, stride_cb, first + i * BLOCK_T, offs_t, cols, pairs, sink_end, int2_end,
                 K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE, V_ZERO, SCALE_T, BS, Q, SAME_BLOCK, not FULL_TILES)
-            m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
+            m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _tile_step(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
-                m_i, l_i, sums, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
+                m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                 BLOCK_T, GP, NC, MODE, EMU, INT8_K, not FULL_TILES, SUMS_MMA, ZW_COLS, KPARTS)
+            if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+                sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _fold_bias(
+                    sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
@@ -626,11 +650,12 @@ def int2_split_kernel(
 
     inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
     o_row = part_ptr + b.to(tl.int64) * stride_pb + head * stride_ph + pid * stride_ps
-    sw, zw = _weight_sums(sums, zw, GP, ZW_COLS)
-    bias = BIAS * sw[None, :]
-    _store_plane(o_row, acc0e, acc0o, bias, zw, inv_l, pairs, jst, 0, Q, MODE)
-    _store_plane(o_row, acc1e, acc1o, bias, zw, inv_l, pairs, jst, 1, Q, MODE)
-    _store_plane(o_row, acc2e, acc2o, bias, zw, inv_l, pairs, jst, 2, Q, MODE)
-    _store_plane(o_row, acc3e, acc3o, bias, zw, inv_l, pairs, jst, 3, Q, MODE)
+    sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _fold_bias(
+        sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o)
+    zw = _offset_sums(moved, zw, GP, ZW_COLS)
+    _store_plane(o_row, acc0e, acc0o, zw, inv_l, pairs, jst, 0, Q, MODE)
+    _store_plane(o_row, acc1e, acc1o, zw, inv_l, pairs, jst, 1, Q, MODE)
+    _store_plane(o_row, acc2e, acc2o, zw, inv_l, pairs, jst, 2, Q, MODE)
+    _store_plane(o_row, acc3e, acc3o, zw, inv_l, pairs, jst, 3, Q, MODE)
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=jst)
