@@ -940,7 +940,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                          f"tokens_on_m={config.tokens_on_m}.")
     if config.gluon_copy_stages and not gluon_splits:
         raise ValueError(f"gluon_copy_stages={config.gluon_copy_stages} stages tiles in gluon_decode's kernel, which "
-                         f"this launch does not run (it needs {gluon_missing}). Leave gluon_copy_stages at 0.")
+                         f"this launch does not run (it needs {gluon_missing}). Leave gluon_copy_stages at None (the "
+                         f"default: staged tiles only where gluon_decode runs and they pay) or 0.")
     copy_stages = config.gluon_copy_stages
     if copy_stages is None:
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
