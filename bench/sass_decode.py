@@ -36,6 +36,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from vllm_oscar.config import DEFAULT_SINK_TOKENS, GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
+from vllm_oscar.kernels.triton_common import FOLD_TILES  # noqa: E402
 from vllm_oscar.kernels.triton_ops import (FIRST_PREFETCH_TILES, GLUON_MAX_REGISTERS, MIN_TILES_PER_SPLIT,  # noqa: E402
                                           _plane_offsets)
 
@@ -76,7 +77,7 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
-                     MIN_TILES=MIN_TILES_PER_SPLIT, LONG_TILES=0, FIRST_PREFETCH=first_prefetch,
+                     MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=FOLD_TILES.value, LONG_TILES=0, FIRST_PREFETCH=first_prefetch,
                      **({} if tma_stages else dict.fromkeys(DESCRIPTOR_ARGS)), **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **descriptors, **{name: "constexpr" for name in constants}}
@@ -105,7 +106,7 @@ def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: i
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
 
     layout = PageLayout(head_dim, head_dim, 64)
-    constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT,
+    constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=FOLD_TILES.value,
                      REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages,
                      **_plane_offsets(layout))
     names = int2_split_gluon_kernel.arg_names

@@ -6,7 +6,7 @@ count per launch variant; prints per head the largest and the mean relative erro
 systematic loss in a split's accumulation grows with the split's length, so the one-split column shows it first
 (docs/notes/kernels.md F1: the fold of the BIAS sums, FOLD_TILES).
 
-    python bench/split_error.py [--lengths 30000 120000] [--splits 1 2 4 16 64 256]
+    python bench/split_error.py [--lengths 30000 120000] [--splits 1 2 4 16 64 256] [--fold-tiles 8 32]
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[30000, 120000])
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 16, 64, 256])
+    parser.add_argument("--fold-tiles", type=int, nargs="+", default=[None],
+                        help="AttentionConfig.fold_tiles values to compare (default: the shipped period)")
     args = parser.parse_args()
     sink, recent, hq, hkv, dim = 64, 256, 32, 8, 128
     for length in args.lengths:
@@ -45,7 +47,7 @@ def main() -> None:
         context = gpu_check.dense_context(state, 0, length, gpu_check.DEVICE)
         expected = gpu_check.dense_attention(query, torch.tensor([length - 1], device=gpu_check.DEVICE), context, sink,
                                              recent, scale)[0].double()
-        for variant in VARIANTS:
+        for variant in [dict(v, fold_tiles=fold) for fold in args.fold_tiles for v in VARIANTS]:
             cells = []
             for splits in args.splits:
                 out = torch.full_like(query, float("nan"))
@@ -55,7 +57,7 @@ def main() -> None:
                                         config=triton_ops.AttentionConfig(num_splits=splits, **variant))
                 per_head = (out[0].double() - expected).norm(dim=-1) / expected.norm(dim=-1)
                 cells.append(f"{splits}:{per_head.max():.2e}/{per_head.mean():.2e}")
-            print(length, variant or "default", " ".join(cells), flush=True)
+            print(length, variant, " ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,13 @@ def test_two_waves_only_for_long_head_dim_128_splits_with_more_pairs_than_sms() 
     assert not pays(True, 64, 64 * 3, 132, 16, 2048) and not pays(False, 128, 64 * 8, 132, 16, 2048)
 
 
+def test_fold_period_is_a_power_of_two() -> None:
+    assert _plan(triton_ops.AttentionConfig()).split_consts["FOLD"] == triton_ops.FOLD_TILES.value == 8
+    assert _plan(triton_ops.AttentionConfig(fold_tiles=1)).split_consts["FOLD"] == 1
+    with pytest.raises(ValueError, match="fold_tiles=3 must be a power of two"):
+        _plan(triton_ops.AttentionConfig(fold_tiles=3))
+
+
 def test_gluon_kernel_compiles_for_every_query_and_window_dtype(compiled: dict) -> None:
     assert compiled["types_fp32_bf16"] == 0 and compiled["types_bf16_fp16"] == 0, compiled
 

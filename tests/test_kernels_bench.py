@@ -153,6 +153,8 @@ def test_tune_without_launch_flags_times_exactly_the_shipped_decode_config() -> 
     assert splits == [shipped, dataclasses.replace(shipped, num_splits=384)]
     staged = tune_configs(_bench_args(["tune", "--gluon-copy-stages", "0", "2", "3", "auto"]))
     assert staged == [dataclasses.replace(shipped, gluon_copy_stages=stages) for stages in (0, 2, 3, None)]
+    folds = tune_configs(_bench_args(["tune", "--fold-tiles", "8", "32", "auto"]))
+    assert folds == [dataclasses.replace(shipped, fold_tiles=tiles) for tiles in (8, 32, None)]
     tiles = tune_configs(_bench_args(["tune", "--block-t", "32", "64", "--num-warps", "2"]))
     assert [(c.block_t, c.split_warps, c.num_stages) for c in tiles] == [(32, 2, triton_ops.DEFAULT_DECODE.num_stages),
                                                                         (64, 2, triton_ops.DEFAULT_DECODE.num_stages)]

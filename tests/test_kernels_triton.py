@@ -232,7 +232,7 @@ def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
 
 def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, splits, seed, qdtype=torch.bfloat16,
                tokens_on_m=True, query_scale=1.0, window_block_t=None, merge_block_d=None, windows_first=None,
-               full_tiles=None, tma_stages=0):
+               full_tiles=None, tma_stages=0, fold_tiles=None):
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, torch.float16)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
@@ -241,7 +241,8 @@ def run_decode(lens, hq, hkv, dim, group, bs, sink, recent, drop, block_t, split
     out = torch.full(query.shape, float("nan"), dtype=qdtype)
     config = triton_ops.AttentionConfig(block_t=block_t, num_splits=splits, tokens_on_m=tokens_on_m,
                                         window_block_t=window_block_t, merge_block_d=merge_block_d,
-                                        windows_first=windows_first, full_tiles=full_tiles, tma_stages=tma_stages)
+                                        windows_first=windows_first, full_tiles=full_tiles, tma_stages=tma_stages,
+                                        fold_tiles=fold_tiles)
     got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
                                   state.window_block_table, state.seq_lens, sink, recent, scale, out=out, config=config)
     assert got is out
@@ -335,6 +336,14 @@ def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
     max exceeds the running max by more than the lazy-rescale slack (rarely at 0.5, often at
     40, where the softmax is nearly one-hot), so both the skipped and the taken rescale run."""
     run_decode([220], 4, 1, 64, 64, 16, 0, 0, 0, 16, 1, seed=31, query_scale=query_scale)
+
+
+@pytest.mark.parametrize("fold_tiles,query_scale", [(1, 40.0), (4, 0.5), (16, 8.0)])
+def test_triton_decode_bias_fold_periods(fold_tiles, query_scale) -> None:
+    """The BIAS sums leave the V accumulators every fold_tiles tiles of a 14-tile split (every tile, three times,
+    only at the end), also between lazy rescales (query scale 40); ZW_COLS (GQA 4) and a D=128 case."""
+    run_decode([220], 4, 1, 64, 64, 16, 0, 0, 0, 16, 1, seed=37, query_scale=query_scale, fold_tiles=fold_tiles)
+    run_decode([150, 40], 8, 2, 128, 128, 16, 4, 16, 0, 16, 1, seed=41, query_scale=query_scale, fold_tiles=fold_tiles)
 
 
 @pytest.mark.parametrize("lens,hq,hkv,dim,bs,block_t,splits", [

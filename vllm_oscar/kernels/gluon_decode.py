@@ -20,7 +20,7 @@ Per tile (positions on the MMA's M side, as in int2_split_kernel; KPARTS = 2 col
     acc [D, 8] fp32  += (BIAS + F_P code_v)^T [D, 64] @ W;  sums [16, 8] += ones [16, 64] @ W   (mma m16n8k16, bf16)
 
 so the column sums of W (sw_j, and zw_j = sum p v_offset) come from one more MMA, and the output of head j is
-((acc[:, 2 j] - BIAS sw_j) / F_P + zw_j) / l_j as in int2_split_kernel. Every FOLD_TILES tiles and at the end,
+((acc[:, 2 j] - BIAS sw_j) / F_P + zw_j) / l_j as in int2_split_kernel. Every FOLD tiles and at the end,
 F_P zw_j - BIAS sw_j of the tiles since moves into acc[:, 2 j] (_fold_bias: the tensor cores' accumulation would
 otherwise lose the code part of a long split's BIAS-sized sums), so that the epilogue divides by F_P l_j only.
 
@@ -55,7 +55,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from vllm_oscar.kernels.triton_common import BIAS
+from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
 
 #: bar.sync of the program's warps (Gluon's name for it: thread_barrier in Triton 3.6, barrier from 3.7 on).
@@ -83,11 +83,6 @@ HEAD_DIMS: tuple[int, ...] = (64, 128)
 MIN_CAPABILITY: tuple[int, int] = (8, 0)
 #: Lines a program can prefetch into L2 for one (block, KV head) region (two per lane).
 PREFETCH_LINES: gl.constexpr = gl.constexpr(64)
-#: Tiles between folds of the BIAS part out of a split program's V accumulator (_fold_bias). The tensor cores round
-#: their fp32 accumulation toward zero, so a sum of BIAS-sized terms left to grow loses the small code part by about
-#: 1e-4 per tile (H200: relative error 4.4e-2 for one split of 30000 positions, 0.18 for 120000, against 2e-3 for
-#: short splits; docs/notes/kernels.md "Session 21", F1).
-FOLD_TILES: gl.constexpr = gl.constexpr(8)
 
 #: The mma.sync accumulator layout of one warp (m16n8).
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -531,7 +526,7 @@ def int2_split_gluon_kernel(
     GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
-    TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0,
+    TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
@@ -601,7 +596,7 @@ def int2_split_gluon_kernel(
                                                             scales.index(stage), ROWS, Q)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
                                                    ones, m_i, l_acc, acc, sums, Q)
-                if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+                if (i - lo) % FOLD == FOLD - 1:
                     acc, sums = _fold_bias(acc, sums, D)
         else:
             _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
@@ -615,7 +610,7 @@ def int2_split_gluon_kernel(
                                                            V_ZERO)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
                                                    ones, m_i, l_acc, acc, sums, Q)
-                if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+                if (i - lo) % FOLD == FOLD - 1:
                     acc, sums = _fold_bias(acc, sums, D)
     else:
         tile = pid - NSPLIT

@@ -37,7 +37,7 @@ ones [16, BT] @ w' [BT, NC], whose every row is the column sums of w', instead o
 (GP <= 4, where a [BT, GP] tile leaves half of the MMA's N = 8 unused): the tile has NC = 2 GP
 columns, column GP + j a copy of head j (same query, so the same logits and p), and w' carries
 bf16(p z_v) there, so that the same MMA sums the offset term too; the extra columns' V accumulators
-are never stored. Otherwise (NC = GP) zw is summed per tile as before. Every FOLD_TILES tiles (and at the end)
+are never stored. Otherwise (NC = GP) zw is summed per tile as before. Every FOLD tiles (and at the end)
 BIAS sw leaves the V accumulators (_fold_bias), so that the tensor cores' accumulation, which rounds toward zero,
 never sums BIAS-sized terms over a long split.
 
@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from vllm_oscar.kernels.triton_common import (BIAS, int8_mma, mma, plane_codes_int8, plane_factor, round_to,
+from vllm_oscar.kernels.triton_common import (BIAS, FOLD_TILES, int8_mma, mma, plane_codes_int8, plane_factor, round_to,
                                               unpack_pair_plane, unpack_plane)
 
 #: Lazy online softmax: the running max (log2 units) moves only when a tile's max exceeds it
@@ -79,10 +79,6 @@ MMA_MIN_N: tl.constexpr = tl.constexpr(8)
 MMA_MIN_M: tl.constexpr = tl.constexpr(16)
 #: Smallest K of the int8 MMA instruction (m16n8k32): code planes of fewer channels (head_dim 64) go in pairs.
 INT8_MMA_MIN_K: tl.constexpr = tl.constexpr(32)
-#: Tiles between folds of the BIAS part out of a split program's V accumulators (_fold_bias): the tensor cores round
-#: their fp32 accumulation toward zero, so BIAS-sized sums left to grow lose the small code part, about 1e-4 relative
-#: per tile (H200: 4.4e-2 for one split of 30000 positions, 0.18 for 120000; docs/notes/kernels.md "Session 21", F1).
-FOLD_TILES: tl.constexpr = tl.constexpr(8)
 #: Rows of the all-ones operand whose MMA with the V weights sums them over the tile's positions.
 SUM_ROWS: tl.constexpr = tl.constexpr(16)
 
@@ -335,7 +331,7 @@ def _offset_sums(moved, zw, GP: tl.constexpr, ZW_COLS: tl.constexpr):
 @triton.jit
 def _fold_bias(sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o):
     """Take the BIAS part out of the V accumulators: acc -= BIAS * (column sums of w since the last fold), which move
-    from sums (restarted at 0) to moved [NC] (FOLD_TILES). Returns (sums, moved, the eight accumulators)."""
+    from sums (restarted at 0) to moved [NC] (every FOLD tiles). Returns (sums, moved, the eight accumulators)."""
     since = tl.max(sums, axis=0)  # every row of sums holds the column sums
     bias = BIAS * since[None, :]
     return (tl.zeros_like(sums), moved + since, acc0e - bias, acc0o - bias, acc1e - bias, acc1o - bias, acc2e - bias,
@@ -481,6 +477,7 @@ def int2_split_kernel(
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
     FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, TMA_STAGES: tl.constexpr = 0,
     MIN_TILES: tl.constexpr = 1, LONG_TILES: tl.constexpr = 0, FIRST_PREFETCH: tl.constexpr = 0,
+    FOLD: tl.constexpr = FOLD_TILES,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -577,7 +574,7 @@ def int2_split_kernel(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                 BLOCK_T, GP, NC, MODE, EMU, INT8_K, False, SUMS_MMA, ZW_COLS, KPARTS)
-            if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+            if (i - lo) % FOLD == FOLD - 1:
                 sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _fold_bias(
                     sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o)
     elif pid < NSPLIT:
@@ -596,7 +593,7 @@ def int2_split_kernel(
                 kc_i, ks_i, kz_i, vc_i, vs_i, vz_i, ok_i, q0, q1, q2, q3, qb, qo, l_scale,
                 m_i, l_i, sums, moved, zw, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o,
                 BLOCK_T, GP, NC, MODE, EMU, INT8_K, not FULL_TILES, SUMS_MMA, ZW_COLS, KPARTS)
-            if (i - lo) % FOLD_TILES == FOLD_TILES - 1:
+            if (i - lo) % FOLD == FOLD - 1:
                 sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o = _fold_bias(
                     sums, moved, acc0e, acc0o, acc1e, acc1o, acc2e, acc2o, acc3e, acc3o)
     else:

@@ -27,7 +27,7 @@ from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_ext
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
-from vllm_oscar.kernels.triton_common import TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
+from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
 from vllm_oscar.kernels.triton_rotate import rotate_rows_kernel
 from vllm_oscar.kernels.triton_write import (
@@ -342,7 +342,10 @@ class AttentionConfig:
     them from there (needs gluon_decode's kernel, so it runs that kernel wherever it applies); None (the default) =
     GLUON_AUTO_COPY_STAGES where gluon_decode runs anyway and staging_pays (head_dim 64, or bandwidth-bound plans at
     head_dim 128), else 0. H200 (docs/notes/kernels.md "Session 21"): 3-17% faster at head_dim 64, 4-5% at head_dim
-    128 from 32K and batch 8 on, 15% slower at head_dim 128 batch 1 32K (hence the rule).
+    128 from 32K and batch 8 on, 15% slower at head_dim 128 batch 1 32K (hence the rule); fold_tiles: the INT2 split
+    programs move the BIAS part of their V sums out of the tensor-core accumulators every this many tiles (a power of
+    two; None = triton_common.FOLD_TILES, 8): longer periods cost fewer instructions and lose more of a long split's
+    accuracy (the tensor cores round their accumulation toward zero; docs/notes/kernels.md F1).
     """
 
     block_t: Optional[int] = None
@@ -370,6 +373,7 @@ class AttentionConfig:
     cuda_graph: bool = False
     gluon_splits: Optional[bool] = None
     gluon_copy_stages: Optional[int] = None
+    fold_tiles: Optional[int] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -942,6 +946,10 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         raise ValueError(f"gluon_copy_stages={config.gluon_copy_stages} stages tiles in gluon_decode's kernel, which "
                          f"this launch does not run (it needs {gluon_missing}). Leave gluon_copy_stages at None (the "
                          f"default: staged tiles only where gluon_decode runs and they pay) or 0.")
+    fold = FOLD_TILES.value if config.fold_tiles is None else config.fold_tiles
+    if fold < 1 or fold & (fold - 1):
+        raise ValueError(f"fold_tiles={config.fold_tiles} must be a power of two >= 1 (tiles between folds of the "
+                         f"BIAS sums); leave it None for the default, {FOLD_TILES.value}.")
     copy_stages = config.gluon_copy_stages
     if copy_stages is None:
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
@@ -987,11 +995,12 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         TRIGGER_DEPENDENTS=merge_pdl, TMA_STAGES=tma_stages,
         FIRST_PREFETCH=FIRST_PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0,
         MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
+        FOLD=fold,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            COPY_STAGES=copy_stages,
+                            COPY_STAGES=copy_stages, FOLD=fold,
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
