@@ -1,6 +1,6 @@
 """The decode's INT2 split programs and BF16 window programs in Gluon (AttentionConfig.gluon_splits): the job of
 triton_decode_int2.int2_split_kernel with its int8-key path and FULL_TILES, every INT2 MMA operand built in registers
-(no shared memory, no barrier).
+(no shared memory and no barrier, unless the tiles are staged: COPY_STAGES below).
 
 Same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials as int2_split_kernel, but window tiles of 64
 positions (whole cache blocks): program pid < NSPLIT walks split pid of the whole INT2 tiles of (request, KV head),
@@ -41,9 +41,9 @@ no shared memory (an allocation would cut the split programs' residency); its IN
 the splits under masks. docs/notes/kernels.md G2 has the measurements (H200, graph replays: the decode 5-15% faster
 than int2_split_kernel's from 32K on and at 4K batch 64).
 
-COPY_STAGES > 0 (AttentionConfig.gluon_copy_stages; opt-in, built in session 20 and compiled for sm_90, not yet
-checked or timed on a GPU): instead of an L2 prefetch one tile ahead and register loads, a split program copies the
-regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no registers held while they are in
+COPY_STAGES > 0 (AttentionConfig.gluon_copy_stages; by default 2 where triton_ops.staging_pays, H200 timings in
+docs/notes/kernels.md "Session 21"): instead of an L2 prefetch one tile ahead and register loads, a split program
+copies the regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no registers held while they are in
 flight) and reads each tile from there into the same register layouts (_staged_tile; the code lines swizzled so that
 those reads are free of bank conflicts). The window programs load as before.
 """
@@ -97,8 +97,6 @@ ROW_PHYS = gl.DistributedLinearLayout(reg_bases=[[1], [2], [4]], lane_bases=[[0]
                                       warp_bases=[], block_bases=[], shape=[64])
 #: Prefetch lines, two per lane.
 LINES = gl.BlockedLayout([2], [32], [1], [0])
-#: The epilogue's small vectors.
-EPI = gl.BlockedLayout([1, 1], [4, 8], [1, 1], [1, 0])
 #: The key codes as _codes_raw holds them, [8 (gid), 8 (r), 4 (tig), W] uint8 (W = 8 at head_dim 128, 4 at 64).
 CODE_BYTES_128 = gl.BlockedLayout([1, 8, 1, 8], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
 CODE_BYTES_64 = gl.BlockedLayout([1, 8, 1, 4], [8, 1, 4, 1], [1, 1, 1, 1], [3, 1, 2, 0])
