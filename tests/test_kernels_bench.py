@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from vllm_oscar.commands.bench import fastest_configs
 from vllm_oscar.kernels import triton_ops
 from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, AttentionConfig, SmLimits, decode_splits,
                                           resident_programs)
-from vllm_oscar.kernels.benchmark import bf16_bytes, format_breakdown, summarize_kernels, window_blocks
+from vllm_oscar.kernels.benchmark import (ALLOCATOR_ENV, ALLOCATOR_SETTINGS, bf16_bytes, configure_allocator,
+                                          format_breakdown, summarize_kernels, window_blocks)
 
 
 @pytest.mark.parametrize("length,bs,sink,recent", [(1, 16, 64, 256), (100, 16, 64, 256), (5000, 16, 64, 256),
@@ -29,9 +31,23 @@ def test_bf16_bytes_counts_k_v_query_and_output() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
-def test_bench_without_gpu_says_so(capsys: pytest.CaptureFixture) -> None:
+def test_bench_without_gpu_says_so(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ALLOCATOR_ENV, raising=False)  # the command sets it; undone after the test
     assert main(["bench", "decode"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_initialized(), reason="the allocator is chosen before CUDA starts")
+def test_configure_allocator_sets_the_choice_and_keeps_a_users_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
+    assert configure_allocator("expandable") == "expandable_segments:True" == ALLOCATOR_SETTINGS["expandable"]
+    assert os.environ[ALLOCATOR_ENV] == "expandable_segments:True"
+    monkeypatch.delenv(ALLOCATOR_ENV)
+    assert configure_allocator("default") == "" and ALLOCATOR_ENV not in os.environ
+    monkeypatch.setenv(ALLOCATOR_ENV, "max_split_size_mb:512")
+    assert configure_allocator("expandable") == "max_split_size_mb:512"  # the user's own setting wins
+    with pytest.raises(ValueError, match="choose one of"):
+        configure_allocator("huge")
 
 
 def _tune_row(geometry: str, batch: int, block_t: int, ms: float | None) -> dict:

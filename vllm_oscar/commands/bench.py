@@ -20,7 +20,7 @@ import torch
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SERVED_REFIT_ITERATIONS
-    from vllm_oscar.kernels.benchmark import BATCHES, CONTEXTS, GEOMETRIES
+    from vllm_oscar.kernels.benchmark import ALLOCATOR_ENV, ALLOCATOR_SETTINGS, BATCHES, CONTEXTS, GEOMETRIES
     from vllm_oscar.kernels.prefill_benchmark import PREFILL_BATCHES, PREFILL_CHUNKS, PREFILL_PREFIXES
     from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT, PREFILL_ROWS,
                                                ROTATION_PRECISIONS)
@@ -128,6 +128,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fold-tiles", nargs="+", default=["auto"],
                         help="tune: tiles between folds of the BIAS sums out of the split programs' V accumulators "
                              "(AttentionConfig.fold_tiles, a power of two; auto = the default, 8)")
+    parser.add_argument("--allocator", choices=sorted(ALLOCATOR_SETTINGS), default="expandable",
+                        help="PyTorch's CUDA allocator for every buffer of the run, OSCAR and baselines alike: "
+                             "expandable segments (the default; the same case reads within 1%% wherever it sits in "
+                             "a long run) or PyTorch's default segments (later cases read 2-7%% slower); a "
+                             f"{ALLOCATOR_ENV} set in the environment wins")
     parser.add_argument("--rows-on-m", action="store_true", help="tune: the general kernel for the INT2 splits")
     parser.add_argument("--no-gluon", action="store_true",
                         help="decode: time AttentionConfig(gluon_splits=False), int2_split_kernel where the default "
@@ -235,18 +240,21 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_oscar.kernels import benchmark
+
+    allocator = benchmark.configure_allocator(args.allocator)  # before anything initialises CUDA
     if not torch.cuda.is_available():
         print("vllm-oscar bench needs a CUDA GPU (the Triton kernels); none is visible.", file=sys.stderr)
         return 2
-    from vllm_oscar.kernels import benchmark
     from vllm_oscar.kernels.triton_ops import WriteConfig
 
     device = torch.device("cuda")
     info = benchmark.device_info(device)
     bandwidth = benchmark.measure_bandwidth(device)
     print(f"device: {info['name']} ({info['sms']} SMs), torch {info['torch']}, triton {info['triton']}; "
-          f"read {bandwidth['read_GBps']:.0f} GB/s, copy {bandwidth['copy_GBps']:.0f} GB/s", flush=True)
-    report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv}
+          f"read {bandwidth['read_GBps']:.0f} GB/s, copy {bandwidth['copy_GBps']:.0f} GB/s; "
+          f"{benchmark.ALLOCATOR_ENV}={allocator!r}", flush=True)
+    report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv, "allocator": allocator}
     cases = list(itertools.product(args.geometry, args.contexts, args.batches))
     if args.mode == "prefill":
         report["prefill"] = run_prefill(args, device)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Callable, Optional
 
@@ -39,6 +40,12 @@ MIN_GRAPH_BYTES: int = 512 << 20
 MAX_LAYERS: int = 36
 #: Fraction of free device memory a case may use.
 MEMORY_FRACTION: float = 0.85
+#: `--allocator` choice -> PYTORCH_CUDA_ALLOC_CONF for the whole run (OSCAR and baselines alike). With PyTorch's
+#: default segments the same OSCAR case read 2-7% slower late in a long run than fresh (cuDNN up to 15% in one
+#: reading); with expandable segments every position read within 1% (docs/notes/kernels.md, session 22).
+ALLOCATOR_SETTINGS: dict[str, str] = {"expandable": "expandable_segments:True", "default": ""}
+#: The environment variable PyTorch reads its CUDA allocator settings from (once, at CUDA initialisation).
+ALLOCATOR_ENV: str = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 @dataclasses.dataclass
@@ -405,6 +412,21 @@ def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.
             "num_warps": config.num_warps or triton_ops.write_warps(dim, tokens), "clip_search": config.clip_search,
             "rotation_precision": config.rotation_precision, "unroll_refit": config.unroll_refit, "ms": ms, "tokens_per_s": tokens / ms * 1e3,
             "GBps": moved / ms / 1e6}
+
+
+def configure_allocator(choice: str) -> str:
+    """Set PyTorch's CUDA allocator for this process (call before CUDA is initialised); returns the settings in
+    force. A PYTORCH_CUDA_ALLOC_CONF already in the environment wins over ``choice`` (ALLOCATOR_SETTINGS key)."""
+    if choice not in ALLOCATOR_SETTINGS:
+        raise ValueError(f"allocator {choice!r}: choose one of {sorted(ALLOCATOR_SETTINGS)}")
+    if ALLOCATOR_ENV in os.environ:
+        return os.environ[ALLOCATOR_ENV]
+    if torch.cuda.is_initialized():
+        raise RuntimeError(f"configure_allocator({choice!r}) after CUDA was initialised: PyTorch has read its "
+                           f"allocator settings already; call it first, or set {ALLOCATOR_ENV} in the environment.")
+    if ALLOCATOR_SETTINGS[choice]:
+        os.environ[ALLOCATOR_ENV] = ALLOCATOR_SETTINGS[choice]
+    return ALLOCATOR_SETTINGS[choice]
 
 
 def device_info(device: torch.device) -> dict:
