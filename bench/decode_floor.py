@@ -25,6 +25,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS  # noqa: E402
+from vllm_oscar.kernels import benchmark  # noqa: E402
 from vllm_oscar.kernels.benchmark import (GEOMETRIES, OscarCase, error_summary, layers_for,  # noqa: E402
                                           measure_bandwidth, oscar_bytes, run_case, time_graph)
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
@@ -95,7 +96,10 @@ def main() -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--allocator", choices=sorted(benchmark.ALLOCATOR_SETTINGS), default="expandable",
+                        help="PyTorch's CUDA allocator for the run (as `vllm-oscar bench --allocator`)")
     args = parser.parse_args()
+    allocator = benchmark.configure_allocator(args.allocator)
     device = torch.device("cuda")
     bandwidth = measure_bandwidth(device)
     print(f"{torch.cuda.get_device_name()}; read bandwidth {bandwidth['read_GBps']:.0f} GB/s; ms per layer")
@@ -126,7 +130,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"device": torch.cuda.get_device_name(), "bandwidth": bandwidth, "argv": sys.argv,
-                       "rows": rows}, handle, indent=1)
+                       "allocator": allocator, "rows": rows}, handle, indent=1)
     return 0
 
 
