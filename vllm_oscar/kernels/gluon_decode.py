@@ -5,7 +5,9 @@ triton_decode_int2.int2_split_kernel with its int8-key path and FULL_TILES, ever
 Same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials as int2_split_kernel, but window tiles of 64
 positions (whole cache blocks): program pid < NSPLIT walks split pid of the whole INT2 tiles of (request, KV head),
 program NSPLIT + w takes window tile w (BF16 copies where the block has one, INT2 codes for the edges of the INT2
-range and for blocks without a copy). Scope (triton_ops.gluon_splits_apply): int8 keys, tiles of 64 positions = cache
+range and for blocks without a copy); the split programs are dispatched first, or, with WINDOWS_FIRST
+(AttentionConfig.late_split_tiles), the window programs, and then the splits that start late walk fewer tiles (as
+int2_split_kernel's, triton_common.split_range). Scope (triton_ops.gluon_splits_apply): int8 keys, tiles of 64 positions = cache
 blocks of 64, one group per row with fp16 scales, GQA groups <= 4, head_dim 64 or 128, the PTX code layout
 (triton_common). Gluon kernels do not run under TRITON_INTERPRET=1: the CPU tests compile this module for sm_90
 (tests/test_gluon_decode.py) and bench/check_kernels_gpu.py checks it against float64 references on the GPU.
@@ -55,7 +57,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES
+from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES, split_range
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
 
 #: bar.sync of the program's warps (Gluon's name for it: thread_barrier in Triton 3.6, barrier from 3.7 on).
@@ -512,7 +514,7 @@ def _row_factor(D: gl.constexpr):
     return gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, 16.0))
 
 
-@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])
+@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT", "LATE"])
 def int2_split_gluon_kernel(
     q_ptr, stride_qb, stride_qh,
     cache_ptr, stride_cb, stride_ch,
@@ -520,17 +522,21 @@ def int2_split_gluon_kernel(
     bt_ptr, wbt_ptr, stride_bt, seq_ptr,
     part_ptr, stride_pb, stride_ph, stride_ps,
     lse_ptr, stride_lb, stride_lh,
-    sink, recent, qk_scale, NSPLIT,
+    sink, recent, qk_scale, NSPLIT, LATE,
     GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
+    WINDOWS_FIRST: gl.constexpr = False, LATE_FEWER: gl.constexpr = 0,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
     (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
     [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
-    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once."""
+    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once.
+    WINDOWS_FIRST: grid slots 0.. take the window tiles and the rest the splits (the partial index stays pid); with
+    LATE_FEWER > 0 the last LATE splits, which start only as the window programs end, walk up to LATE_FEWER tiles
+    fewer (triton_common.split_range)."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -541,6 +547,9 @@ def int2_split_gluon_kernel(
     b = gl.program_id(0)
     h = gl.program_id(1)
     pid = gl.program_id(2)
+    if WINDOWS_FIRST:
+        windows = gl.num_programs(2) - NSPLIT
+        pid = gl.where(pid < windows, NSPLIT + pid, pid - windows)
     length = gl.load(seq_ptr + b)
     sink_end = gl.minimum(sink, length)
     int2_end = gl.maximum(sink_end, length - recent)
@@ -561,9 +570,7 @@ def int2_split_gluon_kernel(
     sums = gl.full([16, 8], 0.0, gl.float32, layout=MMA)
     ones = gl.full([16, TILE], 1.0, gl.bfloat16, layout=VALUE_OP)
     if pid < NSPLIT:
-        per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
-        lo = gl.minimum(pid * per_split, n_tiles)
-        hi = gl.minimum(lo + per_split, n_tiles)
+        lo, hi = split_range(pid, n_tiles, NSPLIT, MIN_TILES, LATE, LATE_FEWER)
         if COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
             gl.static_assert((K_ZERO == K_SCALE + 2 * TILE) & (V_SCALE == K_SCALE + 4 * TILE)
                              & (V_ZERO == K_SCALE + 6 * TILE), "the four fp16 scale planes, contiguous, in this order")
