@@ -205,7 +205,7 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: where gluon_decode does not run), and one split per (request, KV head) (the longest accumulation: 4.4e-2 at 30000
 #: positions before the fold of the BIAS sums, bench/split_error.py), and the window programs first with the late
 #: splits shortened (late_split_tiles; with 4 programs per SM, so that the windows leave room for only part of the
-#: splits in every case, in either split kernel).
+#: splits in most cases, in either split kernel).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),

@@ -4,7 +4,7 @@
 Times the same OSCAR decode cases (graph replays, as `vllm-oscar bench decode`; random and sorted block tables) and
 cuDNN's SDPA on the same shapes four times in one process: fresh, after allocating and freeing --churn-gib of device
 memory in mixed sizes, after five other cases, and again. With PyTorch's default allocator segments the late readings
-were 2-7% slower (cuDNN once 15%); with expandable segments (`--allocator expandable`, the benchmark's default since
+were 3-7% slower (cuDNN once 14-15%); with expandable segments (`--allocator expandable`, the benchmark's default since
 session 22) all four agreed within 1%.
 
     python bench/position_effect.py --allocator default

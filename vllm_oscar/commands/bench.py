@@ -131,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allocator", choices=sorted(ALLOCATOR_SETTINGS), default="expandable",
                         help="PyTorch's CUDA allocator for every buffer of the run, OSCAR and baselines alike: "
                              "expandable segments (the default; the same case reads within 1%% wherever it sits in "
-                             "a long run) or PyTorch's default segments (later cases read 2-7%% slower); a "
+                             "a long run) or PyTorch's default segments (later cases read 3-7%% slower); a "
                              f"{ALLOCATOR_ENV} set in the environment wins")
     parser.add_argument("--late-split-tiles", nargs="+", default=["0"],
                         help="tune: > 0 = window programs first, and the splits that start only as they end walk up "

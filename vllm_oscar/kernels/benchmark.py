@@ -41,7 +41,7 @@ MAX_LAYERS: int = 36
 #: Fraction of free device memory a case may use.
 MEMORY_FRACTION: float = 0.85
 #: `--allocator` choice -> PYTORCH_CUDA_ALLOC_CONF for the whole run (OSCAR and baselines alike). With PyTorch's
-#: default segments the same OSCAR case read 2-7% slower late in a long run than fresh (cuDNN up to 15% in one
+#: default segments the same OSCAR case read 3-7% slower late in a long run than fresh (cuDNN up to 15% in one
 #: reading); with expandable segments every position read within 1% (docs/notes/kernels.md, session 22).
 ALLOCATOR_SETTINGS: dict[str, str] = {"expandable": "expandable_segments:True", "default": ""}
 #: The environment variable PyTorch reads its CUDA allocator settings from (once, at CUDA initialisation).
