@@ -204,8 +204,7 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: memory by cp.async or not (gluon_copy_stages 0, 2, 3: the default stages where staging_pays; 2 and 3 are skipped
 #: where gluon_decode does not run), and one split per (request, KV head) (the longest accumulation: 4.4e-2 at 30000
 #: positions before the fold of the BIAS sums, bench/split_error.py), and the window programs first with the late
-#: splits shortened (late_split_tiles; with 4 programs per SM, so that the windows leave room for only part of the
-#: splits in most cases, in either split kernel).
+#: splits shortened (late_split_tiles, in either split kernel).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
@@ -215,9 +214,8 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
                   dict(unpack=UNPACK_PTX, gluon_splits=False), dict(unpack=UNPACK_PTX, num_splits=384),
                   *(dict(unpack=UNPACK_PTX, gluon_copy_stages=stages) for stages in (0, *triton_ops.GLUON_COPY_STAGES)),
                   dict(unpack=UNPACK_PTX, num_splits=1),
-                  dict(unpack=UNPACK_PTX, late_split_tiles=3),
-                  *(dict(unpack=UNPACK_PTX, late_split_tiles=2, programs_per_sm=4, gluon_splits=gluon)
-                    for gluon in (None, False)))
+                  dict(unpack=UNPACK_PTX, late_split_tiles=2), dict(unpack=UNPACK_PTX, late_split_tiles=2,
+                                                                   gluon_splits=False))
 
 
 
