@@ -49,7 +49,7 @@ SIGNATURE = {
     "stride_ch": "i32", "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32",
     "stride_w2": "i32", "bt_ptr": "*i32", "wbt_ptr": "*i32", "stride_bt": "i32", "seq_ptr": "*i32", "part_ptr": "*fp32",
     "stride_pb": "i32", "stride_ph": "i32", "stride_ps": "i32", "lse_ptr": "*fp32", "stride_lb": "i32",
-    "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32", "NSPLIT_SHORT": "i32", "LATE": "i32",
+    "stride_lh": "i32", "sink": "i32", "recent": "i32", "qk_scale": "fp32", "NSPLIT": "i32", "NSPLIT_SHORT": "i32",
 }
 #: The plane descriptors of AttentionConfig.tma_stages (None, i.e. constexpr, without it).
 DESCRIPTOR_ARGS = ("kc_desc", "vc_desc", "ks_desc", "kz_desc", "vs_desc", "vz_desc")
@@ -77,8 +77,7 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
-                     MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=FOLD_TILES.value, LATE_FEWER=0, LONG_TILES=0,
-                     FIRST_PREFETCH=first_prefetch,
+                     MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=FOLD_TILES.value, LONG_TILES=0, FIRST_PREFETCH=first_prefetch,
                      **({} if tma_stages else dict.fromkeys(DESCRIPTOR_ARGS)), **_plane_offsets(layout))
     names = int2_split_kernel.arg_names
     signature = {**SIGNATURE, **descriptors, **{name: "constexpr" for name in constants}}
@@ -97,20 +96,21 @@ GLUON_PLAIN_SCALARS = tuple(name for name in PLAIN_SCALARS if name != "NSPLIT_SH
 
 
 def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,
-                         query: str = "bf16", window: str = "bf16", copy_stages: int = 0, late_fewer: int = 0):
+                         query: str = "bf16", window: str = "bf16", copy_stages: int = 0, f16_values: bool = False,
+                         fold: int = FOLD_TILES.value):
     """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
     triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
     the compiler's register count; query / window: the element types of the query (fp32 from the served query
     rotation) and of the BF16 window store; copy_stages: its COPY_STAGES (AttentionConfig.gluon_copy_stages);
-    late_fewer: its LATE_FEWER, with the window programs first (AttentionConfig.late_split_tiles)."""
+    f16_values: its F16_VALUES (AttentionConfig.gluon_f16_values); fold: its FOLD (AttentionConfig.fold_tiles)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
 
     layout = PageLayout(head_dim, head_dim, 64)
-    constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=FOLD_TILES.value,
+    constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=fold,
                      REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages,
-                     WINDOWS_FIRST=bool(late_fewer), LATE_FEWER=late_fewer, **_plane_offsets(layout))
+                     F16_VALUES=f16_values, **_plane_offsets(layout))
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(
         fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, "q_ptr": f"*{query}", "wk_ptr": f"*{window}",
@@ -193,8 +193,10 @@ def main() -> int:
     parser.add_argument("--maxnreg", type=int, default=0, help="register cap (0 = compiler's choice)")
     parser.add_argument("--copy-stages", type=int, default=0,
                         help="--gluon: COPY_STAGES, tiles staged in shared memory by cp.async (0 = the L2 prefetch)")
-    parser.add_argument("--late-fewer", type=int, default=0,
-                        help="--gluon: LATE_FEWER with the window programs first (AttentionConfig.late_split_tiles)")
+    parser.add_argument("--f16-values", action="store_true",
+                        help="--gluon: F16_VALUES, fp16 V operand and weights (AttentionConfig.gluon_f16_values)")
+    parser.add_argument("--fold", type=int, default=FOLD_TILES.value,
+                        help="--gluon: FOLD, tiles between folds of the BIAS sums (AttentionConfig.fold_tiles)")
     parser.add_argument("--full-tiles", type=int, choices=(0, 1), default=1,
                         help="1 = splits walk whole tiles, unmasked (FULL_TILES, the default); 0 = masked tiles")
     parser.add_argument("--trigger-dependents", action="store_true",
@@ -209,7 +211,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.gluon:
         kernel = compile_gluon_kernel(args.head_dim, args.group, maxnreg=args.maxnreg or GLUON_MAX_REGISTERS,
-                                      copy_stages=args.copy_stages, late_fewer=args.late_fewer)
+                                      copy_stages=args.copy_stages, f16_values=args.f16_values, fold=args.fold)
     else:
         kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                                 args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),

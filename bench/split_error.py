@@ -24,9 +24,9 @@ import check_kernels_gpu as gpu_check  # noqa: E402
 from kernels_reference import random_paged_state  # noqa: E402
 from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
 
-#: Launch variants: the default (gluon_decode where it applies), int2_split_kernel with the PTX unpack, with the
-#: portable unpack, and with bf16 keys.
-VARIANTS = (dict(), dict(gluon_splits=False), dict(gluon_splits=False, unpack=0),
+#: Launch variants: the default (gluon_decode where it applies), gluon_decode with fp16 V operands, int2_split_kernel
+#: with the PTX unpack, with the portable unpack, and with bf16 keys.
+VARIANTS = (dict(), dict(gluon_f16_values=True), dict(gluon_splits=False), dict(gluon_splits=False, unpack=0),
             dict(gluon_splits=False, int8_keys=False))
 
 

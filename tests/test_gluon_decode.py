@@ -29,37 +29,38 @@ sys.path[:0] = [ROOT, ROOT + "/bench"]
 from sass_decode import backward_branches, compile_gluon_kernel, instructions, read_compiled
 from vllm_oscar.kernels import triton_ops
 
-def loop_body(sass):
-    loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
-    return len(loops), [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
-
 report = {}
 for dim, group in ((128, 4), (64, 3)):
     kernel = compile_gluon_kernel(dim, group)  # as triton_ops launches it (register cap included)
     sass, registers, stack = read_compiled(kernel, None)
     lines = [line for line in sass.splitlines() if line.strip().startswith("/*")]
     first = lambda text: next((i for i, line in enumerate(lines) if text in line), -1)
-    loops, body = loop_body(sass)
+    loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+    body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
     report[f"gluon_{dim}"] = dict(shared=kernel.metadata.shared, stack=int(stack), registers=int(registers),
-                                  preexit=first("PREEXIT"), first_load=first("LDG"), loops=loops,
+                                  preexit=first("PREEXIT"), first_load=first("LDG"), loops=len(loops),
                                   loop_imma=body.count("IMMA"), loop_hmma=body.count("HMMA"),
-                                  loop_local=body.count("LDL") + body.count("STL"), loop_size=len(body),
+                                  loop_local=body.count("LDL") + body.count("STL"),
                                   lds=len(re.findall(r"\bLDS", sass)), sts=len(re.findall(r"\bSTS", sass)))
     for stages in triton_ops.GLUON_COPY_STAGES:  # tiles staged in shared memory by cp.async
         staged = compile_gluon_kernel(dim, group, copy_stages=stages)
         sass, registers, stack = read_compiled(staged, None)
-        loops, body = loop_body(sass)
+        loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+        body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
         report[f"staged_{dim}_{stages}"] = dict(shared=staged.metadata.shared, registers=int(registers),
-                                                loops=loops, loop_stores=body.count("STL"),
-                                                loop_reloads=body.count("LDL"), loop_size=len(body),
+                                                loops=len(loops), loop_stores=body.count("STL"),
+                                                loop_reloads=body.count("LDL"),
                                                 loop_copies=body.count("LDGSTS"), loop_ldg=body.count("LDG"),
                                                 loop_prefetch=body.count("CCTL"))
-    for stages in (0, 2):  # the window programs first and the late splits shortened (late_split_tiles)
-        late = compile_gluon_kernel(dim, group, copy_stages=stages, late_fewer=2)
-        sass, registers, stack = read_compiled(late, None)
-        loops, body = loop_body(sass)
-        report[f"late_{dim}_{stages}"] = dict(registers=int(registers), loops=loops, loop_size=len(body),
-                                              loop_local=body.count("LDL") + body.count("STL"))
+    for stages in (0, triton_ops.GLUON_AUTO_COPY_STAGES):  # fp16 V operands and weights, as bf16 above
+        for f16 in (False, True):
+            sass, registers, stack = read_compiled(compile_gluon_kernel(dim, group, copy_stages=stages,
+                                                                        f16_values=f16), None)
+            loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+            body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
+            report[f"values_{dim}_{stages}_{int(f16)}"] = dict(
+                registers=int(registers), loops=len(loops), loop_stores=body.count("STL"), size=len(body),
+                **{op: body.count(op) for op in ("HMMA", "IMMA", "HMUL2", "SHF", "F2FP")})
 for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
     report[f"types_{query}_{window}"] = compile_gluon_kernel(128, 4, query=query, window=window).metadata.shared
 print(json.dumps(report))
@@ -107,34 +108,27 @@ def test_gluon_kernel_stages_tiles_by_cp_async(compiled: dict, dim: int, stages:
 
 
 @pytest.mark.parametrize("dim", [128, 64])
-@pytest.mark.parametrize("stages", [0, 2])
-def test_gluon_late_splits_leave_the_split_loop_alone(compiled: dict, dim: int, stages: int) -> None:
-    """late_split_tiles changes only which tiles a split walks (triton_common.split_range, before the loop) and which
-    grid slot takes which program: the split loop keeps its size within a few instructions, its register cap and no
-    local memory beyond the plain kernel's."""
-    late = compiled[f"late_{dim}_{stages}"]
-    plain = compiled[f"gluon_{dim}"] if stages == 0 else compiled[f"staged_{dim}_{stages}"]
-    assert late["loops"] == 1 and late["registers"] <= triton_ops.GLUON_MAX_REGISTERS, late
-    assert abs(late["loop_size"] - plain["loop_size"]) <= 8, (late, plain)
-    plain_local = plain["loop_local"] if stages == 0 else plain["loop_stores"] + plain["loop_reloads"]
-    assert late["loop_local"] <= plain_local, (late, plain)
+@pytest.mark.parametrize("stages", [0, triton_ops.GLUON_AUTO_COPY_STAGES])
+def test_gluon_f16_values_take_fewer_instructions(compiled: dict, dim: int, stages: int) -> None:
+    """gluon_f16_values: the same MMAs (the V product now fp16), no spill in the split loop, the weights as packed
+    fp16 products (HMUL2: p times v_scale and v_offset, two positions each) instead of fp32 products rounded to bf16
+    (F2FP), two shifts fewer per V word (one per word; the K planes' shifts unchanged) and fewer instructions per
+    tile."""
+    bf16, f16 = compiled[f"values_{dim}_{stages}_0"], compiled[f"values_{dim}_{stages}_1"]
+    assert f16["loops"] == bf16["loops"] == 1 and f16["loop_stores"] == 0, (bf16, f16)
+    assert f16["registers"] <= triton_ops.GLUON_MAX_REGISTERS, f16
+    assert (f16["HMMA"], f16["IMMA"]) == (bf16["HMMA"], bf16["IMMA"]), (bf16, f16)
+    assert bf16["HMUL2"] == 0 < f16["HMUL2"] and f16["F2FP"] < bf16["F2FP"], (bf16, f16)
+    v_words = dim // 8  # a lane's V codes per tile: 64 positions x dim / 4 bytes / 32 lanes / 4 bytes
+    assert f16["SHF"] == bf16["SHF"] - 2 * v_words, (bf16, f16)
+    assert f16["size"] < bf16["size"], (bf16, f16)
 
 
-def test_late_splits_are_the_ones_past_the_first_waves_room() -> None:
-    """H200 (132 SMs, 16 programs per SM), 7 window programs per (request, KV head): SmolLM2 32K batch 8 (24 pairs, 88
-    splits) and Qwen3-8B 32K batch 8 (64 pairs, 33 splits) each have 7 splits past the room the windows leave; SmolLM2
-    batch 64 (192 pairs, 11 splits) 7 of 11; batch 1 (8 pairs, 198 splits) fits one wave, and Qwen3-8B batch 64
-    (512 pairs, 8 splits: two waves) is not balanced this way (0)."""
-    late = triton_ops.late_splits
-    assert late(88, 24, 7, 16, 132) == 7 and late(33, 64, 7, 16, 132) == 7 and late(11, 192, 7, 16, 132) == 7
-    assert late(198, 8, 7, 16, 132) == 0 and late(8, 512, 7, 16, 132) == 0
-    assert late(30, 64, 7, 16, 132) == 4  # fewer splits than the wave holds: only those past the room
-
-
-def test_late_split_tiles_runs_on_either_split_kernel() -> None:
-    plan = _plan(triton_ops.AttentionConfig(late_split_tiles=2))
-    assert plan.split_consts["LATE_FEWER"] == 2 and plan.split_consts["WINDOWS_FIRST"], plan.split_consts
-    assert not plan.gluon_splits  # CPU tensors: int2_split_kernel, which takes the same knob
+def test_gluon_f16_values_are_checked() -> None:
+    with pytest.raises(ValueError, match="gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel.*CUDA"):
+        _plan(triton_ops.AttentionConfig(gluon_f16_values=True))  # CPU tensors: no Gluon kernel here
+    with pytest.raises(ValueError, match="gluon_f16_values=True .*gluon_splits not False"):
+        _plan(triton_ops.AttentionConfig(gluon_f16_values=True, gluon_splits=False))
 
 
 def test_gluon_copy_stages_are_checked() -> None:

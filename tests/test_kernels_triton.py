@@ -461,55 +461,6 @@ def test_triton_decode_long_splits_only_where_a_pair_is_long(monkeypatch, long_s
     assert used[1].tolist() == [4] * 4
 
 
-@pytest.mark.parametrize("fewer", [1, 3])
-def test_triton_decode_late_splits_walk_fewer_tiles(monkeypatch, fewer) -> None:
-    """AttentionConfig.late_split_tiles: the window programs go first, and where splits plus windows overflow the wave
-    (one SM of 10 programs here: 2 pairs x 4 window programs leave room for one of the 3 splits of each pair), the 2
-    splits that start late walk ``fewer`` tiles fewer (at most one less than the even share). With a zero query
-    every logit is 0, so a split's log2-sum-exp is log2 of the positions it walked: the 29 tiles of the 500-position
-    request split 12 / 9 / 8 at fewer 3 (11 / 10 / 8 at fewer 1), the 10 of the 200-position one 6 / 3 / 1 (4 / 3 / 3).
-    With a random query both requests match float64."""
-    monkeypatch.setattr(triton_ops, "_device_sms", lambda device: 1)
-    gen = torch.Generator().manual_seed(43)
-    layout = PageLayout(64, 64, 16, torch.float16)
-    lens, sink, recent = [500, 200], 16, 16
-    state = random_paged_state(lens, 1, layout, sink, recent, gen)
-    scale = 1.0 / math.sqrt(64)
-    config = triton_ops.AttentionConfig(block_t=16, window_block_t=16, num_splits=3, programs_per_sm=10,
-                                        late_split_tiles=fewer)
-    seen = {}
-    merge_partials = triton_ops._merge_partials
-
-    def merge(part, lse, *args, **kwargs):
-        seen["lse"] = lse.clone()
-        return merge_partials(part, lse, *args, **kwargs)
-
-    monkeypatch.setattr(triton_ops, "_merge_partials", merge)
-    zero = torch.zeros(len(lens), 2, 64, dtype=torch.bfloat16)
-    triton_ops.oscar_decode(zero, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                            state.window_block_table, state.seq_lens, sink, recent, scale, max_seq_len=max(lens),
-                            config=config)
-    tiles = (2.0 ** seen["lse"][:, 0, :3] / 16).round().to(torch.int64).tolist()
-    assert tiles == ([[12, 9, 8], [6, 3, 1]] if fewer == 3 else [[11, 10, 8], [4, 3, 3]])
-    query = torch.randn(len(lens), 2, 64, generator=gen).to(torch.bfloat16)
-    got = triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                  state.window_block_table, state.seq_lens, sink, recent, scale, max_seq_len=max(lens),
-                                  config=config)
-    expected = ref_decode(state, query.double(), sink, recent, scale)
-    for row in range(len(lens)):
-        assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row} (len {lens[row]})"
-
-
-@pytest.mark.parametrize("bad", [dict(late_split_tiles=-1), dict(late_split_tiles=2, windows_first=False),
-                                 dict(late_split_tiles=2, long_splits=True),
-                                 dict(late_split_tiles=2, tokens_on_m=False)])
-def test_triton_decode_late_split_tiles_rejects_what_it_cannot_do(bad) -> None:
-    """late_split_tiles needs a value >= 0, the INT2 split kernel, the window programs first and no long_splits:
-    anything else is a clear error, not a silent default."""
-    with pytest.raises(ValueError, match="late_split_tiles"):
-        decode_small_head(triton_ops.AttentionConfig(block_t=16, **bad))
-
-
 def decode_small_head(config) -> None:
     """oscar_decode on one 40-token request, head_dim 64, with ``config``."""
     gen = torch.Generator().manual_seed(3)

@@ -5,9 +5,7 @@ triton_decode_int2.int2_split_kernel with its int8-key path and FULL_TILES, ever
 Same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials as int2_split_kernel, but window tiles of 64
 positions (whole cache blocks): program pid < NSPLIT walks split pid of the whole INT2 tiles of (request, KV head),
 program NSPLIT + w takes window tile w (BF16 copies where the block has one, INT2 codes for the edges of the INT2
-range and for blocks without a copy); the split programs are dispatched first, or, with WINDOWS_FIRST
-(AttentionConfig.late_split_tiles), the window programs, and then the splits that start late walk fewer tiles (as
-int2_split_kernel's, triton_common.split_range). Scope (triton_ops.gluon_splits_apply): int8 keys, tiles of 64 positions = cache
+range and for blocks without a copy). Scope (triton_ops.gluon_splits_apply): int8 keys, tiles of 64 positions = cache
 blocks of 64, one group per row with fp16 scales, GQA groups <= 4, head_dim 64 or 128, the PTX code layout
 (triton_common). Gluon kernels do not run under TRITON_INTERPRET=1: the CPU tests compile this module for sm_90
 (tests/test_gluon_decode.py) and bench/check_kernels_gpu.py checks it against float64 references on the GPU.
@@ -57,7 +55,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES, split_range
+from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
 
 #: bar.sync of the program's warps (Gluon's name for it: thread_barrier in Triton 3.6, barrier from 3.7 on).
@@ -83,6 +81,13 @@ MAX_GROUP: gl.constexpr = gl.constexpr(4)
 HEAD_DIMS: tuple[int, ...] = (64, 128)
 #: First compute capability with the mma.sync shapes used (int8 m16n8k32, bf16 m16n8k16).
 MIN_CAPABILITY: tuple[int, int] = (8, 0)
+#: F16_VALUES (AttentionConfig.gluon_f16_values): the V operand is fp16 BIAS_F16 + F_P code with F_P = 1, 4, 16, 64
+#: (every plane of a byte inside fp16's 10-bit mantissa: one shift per word instead of three), and the weights are
+#: fp16(p) times the fp16 scales as stored (no conversions of v_scale and v_offset to fp32).
+BIAS_F16: gl.constexpr = gl.constexpr(1024.0)
+#: The lazy rescale's slack (log2 units) with fp16 weights: p <= 4, so that p v_offset stays finite for any
+#: |v_offset| < 16384 (RESCALE_SLACK = 8 would allow p = 256 and overflow from |v_offset| >= 256).
+RESCALE_SLACK_F16: gl.constexpr = gl.constexpr(2.0)
 #: Lines a program can prefetch into L2 for one (block, KV head) region (two per lane).
 PREFETCH_LINES: gl.constexpr = gl.constexpr(64)
 
@@ -154,17 +159,28 @@ def _plane_codes(raw, P: gl.constexpr):
 
 
 @gluon.jit
-def _unpacked_planes(pairs):
-    """int16 byte pairs -> bf16 BIAS + F_P code (F_P = 1, 4, 16, 16, as triton_common.unpack_pair_plane) of every
-    plane P and both bytes, joined as trailing axes [..., 2 (parity: low / high byte), 2 (P % 2), 2 (P // 2)].
-    Consecutive elements share a register (one lop3 makes two values)."""
-    p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
-        "{ .reg .b32 o, e3, o3, x; mov.b32 x, 0x43004300; shr.b32 o, $8, 8; shr.b32 e3, $8, 2; shr.b32 o3, $8, 10; "
-        "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
-        "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
-        "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
-        "lop3.b32 $6, e3, 0x00300030, x, 0xEA; lop3.b32 $7, o3, 0x00300030, x, 0xEA; }",
-        "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+def _unpacked_planes(pairs, F16: gl.constexpr):
+    """int16 byte pairs -> BIAS + F_P code of every plane P and both bytes, joined as trailing axes [..., 2 (parity:
+    low / high byte), 2 (P % 2), 2 (P // 2)]: bf16 with F_P = 1, 4, 16, 16 (as triton_common.unpack_pair_plane), or
+    with F16 fp16 BIAS_F16 + F_P code, F_P = 1, 4, 16, 64. Consecutive elements share a register (one lop3 makes
+    two values)."""
+    if F16:
+        p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
+            "{ .reg .b32 o, x; mov.b32 x, 0x64006400; shr.b32 o, $8, 8; "
+            "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
+            "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
+            "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
+            "lop3.b32 $6, $8, 0x00C000C0, x, 0xEA; lop3.b32 $7, o, 0x00C000C0, x, 0xEA; }",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
+    else:
+        p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
+            "{ .reg .b32 o, e3, o3, x; mov.b32 x, 0x43004300; shr.b32 o, $8, 8; shr.b32 e3, $8, 2; "
+            "shr.b32 o3, $8, 10; "
+            "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
+            "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
+            "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
+            "lop3.b32 $6, e3, 0x00300030, x, 0xEA; lop3.b32 $7, o3, 0x00300030, x, 0xEA; }",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
     return gl.join(gl.join(gl.join(p0e, p0o), gl.join(p1e, p1o)), gl.join(gl.join(p2e, p2o), gl.join(p3e, p3o)))
 
 
@@ -186,10 +202,11 @@ def _rows_logical(x):
 
 
 @gluon.jit
-def _row_scales(ptr, ROWS: gl.constexpr):
-    """One fp16 scale plane of the tile ([64] at ptr) as fp32 per row of S^T, in layout ROWS."""
+def _row_scales(ptr, ROWS: gl.constexpr, DTYPE: gl.constexpr = gl.float32):
+    """One fp16 scale plane of the tile ([64] at ptr) as DTYPE (fp32, or fp16 as stored) per row of S^T, in layout
+    ROWS."""
     raw = gl.load(ptr.to(gl.pointer_type(gl.float16)) + gl.arange(0, TILE, layout=ROW_PHYS))
-    return gl.convert_layout(_rows_logical(raw), ROWS, assert_trivial=True).to(gl.float32)
+    return gl.convert_layout(_rows_logical(raw), ROWS, assert_trivial=True).to(DTYPE)
 
 
 @gluon.jit
@@ -290,10 +307,11 @@ def _value_pairs(base, Q: gl.constexpr):
 
 
 @gluon.jit
-def _value_operand(pairs, Q: gl.constexpr):
-    """(BIAS + F_P code)^T [D, 64] bf16 in VALUE_OP from _value_pairs: row (2 P + parity) Q / 2 + jl (module
-    docstring), column 16 kk + 8 hk + 2 tig + e for the physical position 16 tig + 8 e + 2 kk + hk."""
-    x = _unpacked_planes(pairs)
+def _value_operand(pairs, Q: gl.constexpr, F16: gl.constexpr):
+    """(BIAS + F_P code)^T [D, 64] bf16 (fp16 with F16: _unpacked_planes) in VALUE_OP from _value_pairs: row
+    (2 P + parity) Q / 2 + jl (module docstring), column 16 kk + 8 hk + 2 tig + e for the physical position
+    16 tig + 8 e + 2 kk + hk."""
+    x = _unpacked_planes(pairs, F16)
     if Q == 32:  # [tig, e, r', g, jj, par, Pb0, Pb1] -> [tig, e, kk, hk, g, jj, par, Pb0, Pb1]
         x = gl.permute(gl.reshape(x, [4, 2, 4, 2, 8, 2, 2, 2, 2]), [8, 7, 6, 5, 4, 2, 3, 0, 1])
     else:  # [tig, e, r', g, par, Pb0, Pb1] -> [tig, e, kk, hk, g, par, Pb0, Pb1]
@@ -334,15 +352,18 @@ def _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q: gl.const
 
 @gluon.jit
 def _tile_loads(base, ROWS: gl.constexpr, Q: gl.constexpr, K_CODES: gl.constexpr, V_CODES: gl.constexpr,
-                K_SCALE: gl.constexpr, K_ZERO: gl.constexpr, V_SCALE: gl.constexpr, V_ZERO: gl.constexpr):
+                K_SCALE: gl.constexpr, K_ZERO: gl.constexpr, V_SCALE: gl.constexpr, V_ZERO: gl.constexpr,
+                F16: gl.constexpr):
     """Every load of one INT2 tile (the (block, KV head) region at base), issued together: (key codes, V byte
-    pairs, k_scale, k_offset, v_scale, v_offset per S^T row)."""
+    pairs, k_scale, k_offset, v_scale, v_offset per S^T row; the scales fp32, v_scale and v_offset fp16 with
+    F16)."""
     codes = _codes_raw(base + K_CODES, Q)
     pairs = _value_pairs((base + V_CODES).to(gl.pointer_type(gl.int16)), Q)  # issued early, used last
     ks = _row_scales(base + K_SCALE, ROWS)
     kz = _row_scales(base + K_ZERO, ROWS)
-    vs = _row_scales(base + V_SCALE, ROWS)
-    vz = _row_scales(base + V_ZERO, ROWS)
+    VDT: gl.constexpr = gl.float16 if F16 else gl.float32  # v_scale and v_offset as stored with F16
+    vs = _row_scales(base + V_SCALE, ROWS, VDT)
+    vz = _row_scales(base + V_ZERO, ROWS, VDT)
     return codes, pairs, ks, kz, vs, vz
 
 
@@ -373,14 +394,14 @@ def _copy_tile(codes_k, codes_v, scales, base, live, Q: gl.constexpr, K_CODES: g
 
 
 @gluon.jit
-def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr):
+def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr, DTYPE: gl.constexpr = gl.float32):
     """Scale plane P (0 k_scale, 1 k_offset, 2 v_scale, 3 v_offset) of a staged tile as _row_scales returns it."""
     plane = _view_as(scales, gl.float16, [4, TILE], STAGED).index(P)
-    return gl.convert_layout(_rows_logical(plane.load(ROW_PHYS)), ROWS, assert_trivial=True).to(gl.float32)
+    return gl.convert_layout(_rows_logical(plane.load(ROW_PHYS)), ROWS, assert_trivial=True).to(DTYPE)
 
 
 @gluon.jit
-def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr):
+def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, F16: gl.constexpr):
     """_tile_loads' tensors of a tile copied by _copy_tile, read from shared memory into the same layouts."""
     if Q == 32:
         codes = gl.convert_layout(gl.reshape(codes_k.load(STAGED_CODES_128), [8, 8, 4, 8]), CODE_BYTES_128,
@@ -392,18 +413,20 @@ def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr):
                                   assert_trivial=True)
         pairs = gl.convert_layout(gl.reshape(codes_v.load(STAGED_PAIRS_64), [4, 2, 8, 8]), PAIRS_64,
                                   assert_trivial=True)
+    VDT: gl.constexpr = gl.float16 if F16 else gl.float32  # v_scale and v_offset as stored with F16
     return (codes, pairs, _staged_scales(scales, 0, ROWS), _staged_scales(scales, 1, ROWS),
-            _staged_scales(scales, 2, ROWS), _staged_scales(scales, 3, ROWS))
+            _staged_scales(scales, 2, ROWS, VDT), _staged_scales(scales, 3, ROWS, VDT))
 
 
 @gluon.jit
 def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s, ones, m_i, l_acc, acc, sums,
-               Q: gl.constexpr):
+               Q: gl.constexpr, F16: gl.constexpr):
     """One INT2 tile of a split program (its loads given): logits, lazy-rescaled online softmax, V products.
     Returns the running (m_i, l_acc, acc, sums)."""
     x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
     tile_max = gl.max(x, axis=0) * l_scale
-    if gl.max(tile_max - m_i, axis=0) > RESCALE_SLACK:  # lazy rescale, as int2_split_kernel
+    SLACK: gl.constexpr = RESCALE_SLACK_F16 if F16 else RESCALE_SLACK
+    if gl.max(tile_max - m_i, axis=0) > SLACK:  # lazy rescale, as int2_split_kernel
         m_new = gl.maximum(m_i, tile_max)
         alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
         l_acc *= alpha[None, :]
@@ -413,18 +436,19 @@ def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s
         m_i = m_new
     p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
     l_acc += p
-    sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q)
+    sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q, F16)
     return m_i, l_acc, acc, sums
 
 
 @gluon.jit
-def _fold_bias(acc, sums, D: gl.constexpr):
+def _fold_bias(acc, sums, D: gl.constexpr, F16: gl.constexpr):
     """Move the column sums of W since the last fold out of sums (restarted at 0) into acc's head columns:
-    acc[:, 2 j] += F_P zw_j - BIAS sw_j, so that acc[:, 2 j] / F_P is head j's unnormalised output (columns
-    2 j + 1 take junk and are never stored). No register outlives the fold. Returns (acc, sums)."""
+    acc[:, 2 j] += F_P zw_j - BIAS sw_j (BIAS_F16 with F16), so that acc[:, 2 j] / F_P is head j's unnormalised
+    output (columns 2 j + 1 take junk and are never stored). No register outlives the fold. Returns (acc, sums)."""
     since = gl.max(sums, axis=0)  # every row of ones @ W holds the column sums: sw_j at 2 j, zw_j at 2 j + 1
     zw = gl.split(gl.reshape(since, [4, 2]))[1]  # a lane holds both columns of its head: no data moves
-    return acc + _row_factor(D)[:, None] * _per_column(zw)[None, :] - BIAS * since[None, :], gl.zeros_like(sums)
+    bias: gl.constexpr = BIAS_F16 if F16 else BIAS
+    return acc + _row_factor(D, F16)[:, None] * _per_column(zw)[None, :] - bias * since[None, :], gl.zeros_like(sums)
 
 
 @gluon.jit
@@ -439,12 +463,17 @@ def _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q: gl.constexpr):
 
 
 @gluon.jit
-def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr):
-    """The V side of one INT2 tile: W = (bf16(p v_scale), bf16(p v_offset)) per head; sums += ones @ W, acc +=
-    (BIAS + F code)^T @ W. Returns (sums, acc)."""
-    w = gl.join((p * vs[:, None]).to(gl.bfloat16), (p * vz[:, None]).to(gl.bfloat16))
+def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr, F16: gl.constexpr):
+    """The V side of one INT2 tile: W = (bf16(p v_scale), bf16(p v_offset)) per head (with F16: fp16(p) times the
+    fp16 v_scale and v_offset, two products per instruction); sums += ones @ W, acc += (BIAS + F code)^T @ W.
+    Returns (sums, acc)."""
+    if F16:
+        p16 = p.to(gl.float16)
+        w = gl.join(p16 * vs[:, None], p16 * vz[:, None])
+    else:
+        w = gl.join((p * vs[:, None]).to(gl.bfloat16), (p * vz[:, None]).to(gl.bfloat16))
     w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
-    return mma_v2(ones, w, sums), mma_v2(_value_operand(pairs, Q), w, acc)
+    return mma_v2(ones, w, sums), mma_v2(_value_operand(pairs, Q, F16), w, acc)
 
 
 @gluon.jit
@@ -508,13 +537,15 @@ def _window_values(wv_head, stride_w1, pw, D: gl.constexpr):
 
 
 @gluon.jit
-def _row_factor(D: gl.constexpr):
-    """F_P of the accumulator's rows [D] (row r: plane r // (D / 4); 1, 4, 16, 16)."""
+def _row_factor(D: gl.constexpr, F16: gl.constexpr):
+    """F_P of the accumulator's rows [D] (row r: plane r // (D / 4); 1, 4, 16, 16, or 1, 4, 16, 64 with F16)."""
     plane = gl.arange(0, D, layout=gl.SliceLayout(1, MMA)) // (D // 4)
-    return gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, 16.0))
+    last: gl.constexpr = 64.0 if F16 else 16.0
+    return gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, gl.where(plane == 2, 16.0, last)))
 
 
-@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT", "LATE"])
+
+@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])
 def int2_split_gluon_kernel(
     q_ptr, stride_qb, stride_qh,
     cache_ptr, stride_cb, stride_ch,
@@ -522,21 +553,18 @@ def int2_split_gluon_kernel(
     bt_ptr, wbt_ptr, stride_bt, seq_ptr,
     part_ptr, stride_pb, stride_ph, stride_ps,
     lse_ptr, stride_lb, stride_lh,
-    sink, recent, qk_scale, NSPLIT, LATE,
+    sink, recent, qk_scale, NSPLIT,
     GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
-    WINDOWS_FIRST: gl.constexpr = False, LATE_FEWER: gl.constexpr = 0,
+    F16_VALUES: gl.constexpr = False,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
     (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
     [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
-    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once.
-    WINDOWS_FIRST: grid slots 0.. take the window tiles and the rest the splits (the partial index stays pid); with
-    LATE_FEWER > 0 the last LATE splits, which start only as the window programs end, walk up to LATE_FEWER tiles
-    fewer (triton_common.split_range)."""
+    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -547,9 +575,6 @@ def int2_split_gluon_kernel(
     b = gl.program_id(0)
     h = gl.program_id(1)
     pid = gl.program_id(2)
-    if WINDOWS_FIRST:
-        windows = gl.num_programs(2) - NSPLIT
-        pid = gl.where(pid < windows, NSPLIT + pid, pid - windows)
     length = gl.load(seq_ptr + b)
     sink_end = gl.minimum(sink, length)
     int2_end = gl.maximum(sink_end, length - recent)
@@ -568,9 +593,11 @@ def int2_split_gluon_kernel(
     l_acc = gl.full([TILE, 4], 0.0, gl.float32, layout=FOLDED)  # per position; summed once, at the end
     acc = gl.full([D, 8], 0.0, gl.float32, layout=MMA)
     sums = gl.full([16, 8], 0.0, gl.float32, layout=MMA)
-    ones = gl.full([16, TILE], 1.0, gl.bfloat16, layout=VALUE_OP)
+    ones = gl.full([16, TILE], 1.0, gl.float16 if F16_VALUES else gl.bfloat16, layout=VALUE_OP)
     if pid < NSPLIT:
-        lo, hi = split_range(pid, n_tiles, NSPLIT, MIN_TILES, LATE, LATE_FEWER)
+        per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
+        lo = gl.minimum(pid * per_split, n_tiles)
+        hi = gl.minimum(lo + per_split, n_tiles)
         if COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
             gl.static_assert((K_ZERO == K_SCALE + 2 * TILE) & (V_SCALE == K_SCALE + 4 * TILE)
                              & (V_ZERO == K_SCALE + 6 * TILE), "the four fp16 scale planes, contiguous, in this order")
@@ -598,11 +625,11 @@ def int2_split_gluon_kernel(
                 async_copy.wait_group(COPY_STAGES - 1)
                 _sync_warps()  # every lane's copies of tile i have landed
                 codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k.index(stage), codes_v.index(stage),
-                                                            scales.index(stage), ROWS, Q)
+                                                            scales.index(stage), ROWS, Q, F16_VALUES)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
-                                                   ones, m_i, l_acc, acc, sums, Q)
+                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
                 if (i - lo) % FOLD == FOLD - 1:
-                    acc, sums = _fold_bias(acc, sums, D)
+                    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
         else:
             _prefetch_region(head_base, bt_row, stride_cb, first + lo * TILE, lo < hi, BS, REGION)
             q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
@@ -612,11 +639,11 @@ def int2_split_gluon_kernel(
                 _prefetch_region(head_base, bt_row, stride_cb, t0 + TILE, i + 1 < hi, BS, REGION)
                 base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
                 codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
-                                                           V_ZERO)
+                                                           V_ZERO, F16_VALUES)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
-                                                   ones, m_i, l_acc, acc, sums, Q)
+                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
                 if (i - lo) % FOLD == FOLD - 1:
-                    acc, sums = _fold_bias(acc, sums, D)
+                    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
     else:
         tile = pid - NSPLIT
         in_sink = tile < NSINK
@@ -642,20 +669,21 @@ def int2_split_gluon_kernel(
                 q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
                                                           GROUP)
                 codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
-                                                           V_SCALE, V_ZERO)
+                                                           V_SCALE, V_ZERO, F16_VALUES)
                 x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
                 logits = gl.where(no_copy[:, None], x * l_scale[None, :], logits)
             m_i = gl.max(logits, axis=0)
             l_acc = gl.exp2(logits - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
             if any_int2:
                 codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
-                                                           V_SCALE, V_ZERO)
-                sums, acc = _tile_values(gl.where(no_copy[:, None], l_acc, 0.0), vs, vz, pairs, sums, acc, ones, Q)
+                                                           V_SCALE, V_ZERO, F16_VALUES)
+                sums, acc = _tile_values(gl.where(no_copy[:, None], l_acc, 0.0), vs, vz, pairs, sums, acc, ones, Q,
+                                         F16_VALUES)
             if any_copy:  # BF16 values enter acc scaled like the INT2 codes (the epilogue divides by F_P)
                 acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], l_acc, 0.0), D) \
-                    * _row_factor(D)[:, None]
+                    * _row_factor(D, F16_VALUES)[:, None]
 
-    acc, sums = _fold_bias(acc, sums, D)  # column 2 j: head j's output times F_P l_j
+    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j: head j's output times F_P l_j
     COLS: gl.constexpr = gl.SliceLayout(0, MMA)
     l_i = _per_column(gl.sum(l_acc, axis=0))
     m_c = _per_column(m_i)
@@ -668,7 +696,7 @@ def int2_split_gluon_kernel(
     jl = r % (Q // 2)
     pair = 2 * (jl % 8) + jl // 8 if Q == 32 else jl
     chan = plane * Q + 2 * pair + (r // (Q // 2)) % 2
-    out = acc / _row_factor(D)[:, None] * inv_l[None, :]
+    out = acc / _row_factor(D, F16_VALUES)[:, None] * inv_l[None, :]
     o_ptrs = part_ptr + b.to(gl.int64) * stride_pb + head[None, :] * stride_ph + pid * stride_ps + chan[:, None]
     gl.store(o_ptrs, out, mask=stored[None, :])
     lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))

@@ -47,25 +47,6 @@ TL_DTYPES: dict[torch.dtype, tl.dtype] = {
 
 
 @triton.jit
-def split_range(pid, n_tiles, nsplit, MIN_TILES: tl.constexpr, late, LATE_FEWER: tl.constexpr):
-    """Tiles [lo, hi) of split pid of a (request, KV head) whose INT2 range holds n_tiles whole tiles, split nsplit
-    ways, each split walking >= MIN_TILES tiles (the splits past the last one stay empty). The last ``late`` splits
-    (those a windows-first launch dispatches only after the first wave's window programs, when LATE_FEWER > 0) walk
-    up to LATE_FEWER tiles fewer than the others (but >= 1), the others correspondingly more, so that every tile is
-    walked exactly once. Plain integer arithmetic on scalars (the Triton and Gluon split programs both call it)."""
-    if LATE_FEWER > 0:
-        fewer = tl.minimum(LATE_FEWER, tl.maximum(tl.cdiv(n_tiles, nsplit) - 1, 0))
-        per_split = tl.maximum(tl.cdiv(n_tiles + late * fewer, nsplit), MIN_TILES)
-        lo = tl.minimum(pid * per_split - tl.maximum(pid - (nsplit - late), 0) * fewer, n_tiles)
-        hi = tl.minimum(lo + per_split - tl.where(pid >= nsplit - late, fewer, 0), n_tiles)
-    else:
-        per_split = tl.maximum(tl.cdiv(n_tiles, nsplit), MIN_TILES)
-        lo = tl.minimum(pid * per_split, n_tiles)
-        hi = tl.minimum(lo + per_split, n_tiles)
-    return lo, hi
-
-
-@triton.jit
 def plane_factor(P: tl.constexpr, MODE: tl.constexpr):
     """F_p of plane P in unpack mode MODE (1 for portable; 1, 4, 16, 16 for PTX)."""
     if MODE == 1:

@@ -8,10 +8,7 @@ every split program is dispatched before any window program (the splits are size
 waves, the short window programs fill in behind them); WINDOWS_FIRST dispatches the window programs
 first instead (the partial index pid stays split k / NSPLIT + w either way). NSPLIT_SHORT < NSPLIT
 (AttentionConfig.long_splits): splits NSPLIT_SHORT.. serve only pairs whose splits would be long
-(LONG_TILES) and are dispatched after the window programs. LATE_FEWER > 0 (with WINDOWS_FIRST;
-AttentionConfig.late_split_tiles): the last LATE splits of each pair, which the launch dispatches only
-after the first wave's window programs end, walk LATE_FEWER tiles fewer than the others
-(triton_common.split_range), so that they end with them. FULL_TILES: the splits walk
+(LONG_TILES) and are dispatched after the window programs. FULL_TILES: the splits walk
 only the whole BLOCK_T tiles inside the INT2 range, with no masks (fewer registers and instructions);
 the sink programs then cover [0, head_end) and the recent programs [tail_start, L), which add the
 partial INT2 tiles at the two edges, read as INT2 by position (never from a BF16 copy of their block).
@@ -64,7 +61,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from vllm_oscar.kernels.triton_common import (BIAS, FOLD_TILES, int8_mma, mma, plane_codes_int8, plane_factor, round_to,
-                                              split_range, unpack_pair_plane, unpack_plane)
+                                              unpack_pair_plane, unpack_plane)
 
 #: Lazy online softmax: the running max (log2 units) moves only when a tile's max exceeds it
 #: by more than this, so most tiles skip the accumulator rescale; p stays <= 2^8, exact in
@@ -458,7 +455,7 @@ def _window_values(wv_rows, copy, pw, acc_even, acc_odd, cols, P: tl.constexpr, 
 
 #: Arguments left unspecialised, so that one compiled kernel serves every split count (they
 #: only address the partial outputs).
-SPLIT_RUNTIME_ARGS = ["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT", "NSPLIT_SHORT", "LATE"]
+SPLIT_RUNTIME_ARGS = ["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT", "NSPLIT_SHORT"]
 
 
 @triton.jit(do_not_specialize=SPLIT_RUNTIME_ARGS)
@@ -475,12 +472,12 @@ def int2_split_kernel(
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     BLOCK_T: tl.constexpr, SAME_BLOCK: tl.constexpr, WIN_BT: tl.constexpr, WIN_SAME_BLOCK: tl.constexpr,
-    NSPLIT, NSPLIT_SHORT, LATE, NSINK: tl.constexpr,
+    NSPLIT, NSPLIT_SHORT, NSINK: tl.constexpr,
     MODE: tl.constexpr, WIN_T: tl.constexpr, EMU: tl.constexpr, INT8_K: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0, REGION: tl.constexpr = 0, WINDOWS_FIRST: tl.constexpr = False,
     FULL_TILES: tl.constexpr = False, TRIGGER_DEPENDENTS: tl.constexpr = False, TMA_STAGES: tl.constexpr = 0,
     MIN_TILES: tl.constexpr = 1, LONG_TILES: tl.constexpr = 0, FIRST_PREFETCH: tl.constexpr = 0,
-    FOLD: tl.constexpr = FOLD_TILES, LATE_FEWER: tl.constexpr = 0,
+    FOLD: tl.constexpr = FOLD_TILES,
 ):
     """One group per row (G = D). See module docstring. INT8_K: the key path as an int8 MMA
     (codes exact, query rounded to int8 per head row: module docstring).
@@ -538,7 +535,9 @@ def int2_split_kernel(
     # NSPLIT_SHORT < NSPLIT (LONG_TILES > 0): a pair uses all NSPLIT splits only where NSPLIT_SHORT splits would
     # each walk >= LONG_TILES tiles (the launch's grid was sized for a context that long), else NSPLIT_SHORT.
     used = tl.where(n_tiles >= LONG_TILES * NSPLIT_SHORT, NSPLIT, NSPLIT_SHORT) if LONG_TILES > 0 else NSPLIT
-    lo, hi = split_range(pid, n_tiles, used, MIN_TILES, LATE, LATE_FEWER)
+    per_split = tl.maximum(tl.cdiv(n_tiles, used), MIN_TILES)
+    lo = tl.minimum(pid * per_split, n_tiles)
+    hi = tl.minimum(lo + per_split, n_tiles)
 
     j = tl.arange(0, NC)
     jok = j % GP < GROUP  # columns of a real head (ZW_COLS: column GP + i repeats head i)

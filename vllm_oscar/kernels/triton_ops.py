@@ -254,6 +254,11 @@ GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 GLUON_AUTO_COPY_STAGES: int = 2
 STAGED_MAX_HEAD_DIM: int = 64
 STAGED_MIN_POSITIONS_PER_SM: int = 8192
+#: AttentionConfig.fold_tiles None with gluon_f16_values: the fp16 V operand's BIAS (1024) is 8x bf16's, so the
+#: tensor cores' rounding of the BIAS-sized sums toward zero costs 8x more per add; folding 4x as often keeps the
+#: loss near the bf16 path's (bench/split_error.py; offline SASS: the split loop 461 / 732 instructions per tile at
+#: head_dim 64 / 128 against 497 / 785 in bf16, Triton 3.6, staged).
+GLUON_F16_FOLD_TILES: int = 2
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -344,13 +349,11 @@ class AttentionConfig:
     head_dim 128), else 0. H200 (docs/notes/kernels.md "Session 21"): 3-17% faster at head_dim 64, 4-5% at head_dim
     128 from 32K and batch 8 on, 15% slower at head_dim 128 batch 1 32K (hence the rule); fold_tiles: the INT2 split
     programs move the BIAS part of their V sums out of the tensor-core accumulators every this many tiles (a power of
-    two; None = triton_common.FOLD_TILES, 8): longer periods cost fewer instructions and lose more of a long split's
-    accuracy (the tensor cores round their accumulation toward zero; docs/notes/kernels.md F1); late_split_tiles
-    (opt-in, built in session 22, not yet timed): > 0 = the split launch (either kernel) dispatches its window programs
-    first, and where splits plus windows overflow one wave of resident programs, the splits that can start only as the
-    window programs end (the last ones of each (request, KV head), at most one per window program) walk up to this
-    many INT2 tiles fewer than the others, so that they end with them instead of trailing the wave (late_splits);
-    None or 0 = the window programs after the splits, as timed (docs/notes/kernels.md "Session 22").
+    two; None = triton_common.FOLD_TILES, 8, or GLUON_F16_FOLD_TILES with gluon_f16_values): longer periods cost
+    fewer instructions and lose more of a long split's accuracy (the tensor cores round their accumulation toward
+    zero; docs/notes/kernels.md F1); gluon_f16_values: gluon_decode's split programs build the V operand and the
+    weights in fp16 (gluon_decode.F16_VALUES: ~7% fewer instructions per tile; a BIAS of 1024 instead of 128, hence
+    the shorter default fold period; it runs gluon_decode's kernel wherever it applies); None or False = bf16.
     """
 
     block_t: Optional[int] = None
@@ -379,7 +382,7 @@ class AttentionConfig:
     gluon_splits: Optional[bool] = None
     gluon_copy_stages: Optional[int] = None
     fold_tiles: Optional[int] = None
-    late_split_tiles: Optional[int] = None
+    gluon_f16_values: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -715,7 +718,6 @@ class _DecodePlan:
     tma_block_t: Optional[int]  # the tile of the TMA plane descriptors (None: plain loads, no descriptors)
     merge_pdl: bool  # the merge launched with programmatic dependent launch (_merge_pdl)
     gluon_splits: bool = False  # the split and window programs in gluon_decode's kernel
-    late_splits: int = 0  # splits per pair that start as the window programs end (AttentionConfig.late_split_tiles)
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
@@ -896,16 +898,6 @@ def two_waves_pay(gluon_splits: bool, head_dim: int, pairs: int, sms: int, per_s
     return tiles >= TWO_WAVE_MIN_TILES * max(1, 2 * per_sm * sms // pairs)
 
 
-def late_splits(nsplit: int, pairs: int, windows: int, resident: int, sms: int) -> int:
-    """Splits per (request, KV head) that a windows-first launch of ``pairs`` x (``windows`` window programs then
-    ``nsplit`` splits) dispatches only as its window programs end (AttentionConfig.late_split_tiles), with
-    ``resident`` programs per SM on ``sms`` SMs: the splits beyond the first wave's room, when there are at most
-    ``windows`` of them (more means a second wave of splits, which this does not balance: 0 then)."""
-    room = max(0, resident * sms - pairs * windows) // pairs
-    late = nsplit - room
-    return late if 0 < late <= windows else 0
-
-
 def staging_pays(head_dim: int, pairs: int, max_seq_len: int, sms: int) -> bool:
     """Whether gluon_decode's split programs stage their tiles in shared memory (AttentionConfig.gluon_copy_stages
     None) for ``pairs`` (request, KV head) pairs planned for ``max_seq_len`` positions on ``sms`` SMs: at head_dim
@@ -954,7 +946,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
         gluon_splits = gluon_ok and (config.gluon_splits or bool(config.gluon_copy_stages)
-                                     or gluon_pays(config, tma_stages, max_seq_len))
+                                     or bool(config.gluon_f16_values) or gluon_pays(config, tma_stages, max_seq_len))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
                          f"group per row); got group_size {layout.group_size}, head_dim {layout.head_dim}, "
@@ -963,16 +955,15 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         raise ValueError(f"gluon_copy_stages={config.gluon_copy_stages} stages tiles in gluon_decode's kernel, which "
                          f"this launch does not run (it needs {gluon_missing}). Leave gluon_copy_stages at None (the "
                          f"default: staged tiles only where gluon_decode runs and they pay) or 0.")
-    fold = FOLD_TILES.value if config.fold_tiles is None else config.fold_tiles
+    if config.gluon_f16_values and not gluon_splits:
+        raise ValueError(f"gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel, which this launch "
+                         f"does not run (it needs {gluon_missing}). Leave gluon_f16_values at None.")
+    f16_values = bool(config.gluon_f16_values) and gluon_splits
+    default_fold = GLUON_F16_FOLD_TILES if f16_values else FOLD_TILES.value
+    fold = default_fold if config.fold_tiles is None else config.fold_tiles
     if fold < 1 or fold & (fold - 1):
         raise ValueError(f"fold_tiles={config.fold_tiles} must be a power of two >= 1 (tiles between folds of the "
-                         f"BIAS sums); leave it None for the default, {FOLD_TILES.value}.")
-    fewer = config.late_split_tiles or 0
-    if fewer < 0 or (fewer and (not split_int2 or config.windows_first is False or config.long_splits)):
-        raise ValueError(f"late_split_tiles={config.late_split_tiles} shortens the INT2 splits that start after the "
-                         f"window programs: it needs a value >= 0, the INT2 split kernel (tokens_on_m=True, one group "
-                         f"per row; got group_size {layout.group_size}, head_dim {layout.head_dim}, tokens_on_m="
-                         f"{config.tokens_on_m}), windows_first not False and long_splits off. Leave it None.")
+                         f"BIAS sums); leave it None for the default, {default_fold}.")
     copy_stages = config.gluon_copy_stages
     if copy_stages is None:
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
@@ -1014,44 +1005,38 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                 "V_SCALE", "V_ZERO", "BLOCK_T", "SAME_BLOCK", "MODE", "WIN_T", "EMU", "num_stages")},
         WIN_BT=window_t, WIN_SAME_BLOCK=layout.block_size % window_t == 0, num_warps=config.split_warps,
         NSINK=nsink, INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes,
-        WINDOWS_FIRST=bool(fewer) or _windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
+        WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
         TRIGGER_DEPENDENTS=merge_pdl, TMA_STAGES=tma_stages,
         FIRST_PREFETCH=FIRST_PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0,
         MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
-        FOLD=fold, LATE_FEWER=fewer,
+        FOLD=fold,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            COPY_STAGES=copy_stages, FOLD=fold, WINDOWS_FIRST=bool(fewer), LATE_FEWER=fewer,
+                            COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values,
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
-
-    def residency() -> int:
-        """Programs of the split launch's kernel one SM holds (PROGRAMS_PER_SM for the general kernel)."""
-        if not split_int2:
-            return PROGRAMS_PER_SM
-
-        def probe_args() -> list:  # partial outputs of one slot: the compile needs only their dtype
-            probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
-            return _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table,
-                               seq_lens, probe, probe[..., 0], sink, recent, softmax_scale,
-                               [] if gluon_splits else _cached_descriptors(int2_cache, layout, tma_block_t))
-
-        dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
-        runtime = {"NSPLIT": 1, "LATE": 0} if gluon_splits else {"NSPLIT": 1, "NSPLIT_SHORT": 1, "LATE": 0}
-        return _programs_per_sm(_gluon_kernel() if gluon_splits else int2_split_kernel, probe_args,
-                                {**split_consts, **runtime}, dtypes, device)
-
     if config.num_splits:
         nsplit = config.num_splits
     else:
         per_sm = config.programs_per_sm
         if per_sm is None:
-            per_sm = residency()
+            per_sm = PROGRAMS_PER_SM
+            if split_int2:
+                def probe_args() -> list:  # partial outputs of one slot: the compile needs only their dtype
+                    probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
+                    return _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table,
+                                       seq_lens, probe, probe[..., 0], sink, recent, softmax_scale,
+                                       [] if gluon_splits else _cached_descriptors(int2_cache, layout, tma_block_t))
+
+                dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
+                runtime = {"NSPLIT": 1} if gluon_splits else {"NSPLIT": 1, "NSPLIT_SHORT": 1}
+                per_sm = _programs_per_sm(_gluon_kernel() if gluon_splits else int2_split_kernel, probe_args,
+                                          {**split_consts, **runtime}, dtypes, device)
             if small_merge:
                 per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
             if two_waves_pay(gluon_splits, d, batch * hkv, _device_sms(device), per_sm, cdiv(max_seq_len, block_t)):
@@ -1065,10 +1050,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
-    late = late_splits(nsplit, batch * hkv, windows, config.programs_per_sm or residency(),
-                       _device_sms(device)) if fewer else 0
     return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl,
-                       gluon_splits, late)
+                       gluon_splits)
 
 
 def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
@@ -1174,12 +1157,12 @@ def oscar_decode(
     if split_int2 and plan.gluon_splits:  # the split and window programs in gluon_decode's kernel (no descriptors)
         _gluon_kernel()[(batch, hkv, total)](
             *_split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
-                         lse, sink, recent, softmax_scale, []), nsplit, plan.late_splits, **plan.split_consts)
+                         lse, sink, recent, softmax_scale, []), nsplit, **plan.split_consts)
     elif split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
         args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
                            lse, sink, recent, softmax_scale, _cached_descriptors(int2_cache, layout, plan.tma_block_t))
         int2_split_kernel[(batch, hkv, total)](*args, NSPLIT=nsplit, NSPLIT_SHORT=plan.short_splits,
-                                               LATE=plan.late_splits, **plan.split_consts)
+                                               **plan.split_consts)
     else:
         attention_kernel[(total, batch, hkv)](
             query_rot, query_rot.stride(0), query_rot.stride(1),
