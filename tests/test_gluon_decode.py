@@ -190,14 +190,19 @@ def test_gluon_is_the_default_where_it_applies_and_the_triton_kernel_elsewhere()
 
 
 def test_gluon_auto_unless_a_triton_split_knob_is_set_or_short_tma_pays() -> None:
+    """Short contexts where int2_split_kernel would load by TMA keep that kernel at head_dim 128 only (Qwen3-8B 4K
+    batch 1: faster there on the H200); at head_dim 64 gluon_decode's staged tiles were faster (SmolLM2 4K batch 1)."""
     pays = triton_ops.gluon_pays
-    assert pays(triton_ops.AttentionConfig(), 0, 32768)
-    assert pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, 32768)  # TMA at long contexts: Gluon
-    assert not pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, triton_ops.GRAPH_TMA_SHORT_CONTEXT)
-    for knob in (dict(tma_stages=0), dict(prefetch=1), dict(window_block_t=32), dict(windows_first=True),
-                 dict(split_warps=2)):
-        assert not pays(triton_ops.AttentionConfig(**knob), 0, 32768), knob
-    assert pays(triton_ops.AttentionConfig(max_registers=96), 0, 32768)  # a register cap applies to either kernel
+    short = triton_ops.GRAPH_TMA_SHORT_CONTEXT
+    for dim in (128, 64):
+        assert pays(triton_ops.AttentionConfig(), 0, 32768, dim)
+        assert pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, 32768, dim)  # TMA at long contexts
+        for knob in (dict(tma_stages=0), dict(prefetch=1), dict(window_block_t=32), dict(windows_first=True),
+                     dict(split_warps=2)):
+            assert not pays(triton_ops.AttentionConfig(**knob), 0, 32768, dim), knob
+        assert pays(triton_ops.AttentionConfig(max_registers=96), 0, 32768, dim)  # a cap applies to either kernel
+    assert not pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, short, 128)
+    assert pays(triton_ops.AttentionConfig(), triton_ops.GRAPH_TMA_STAGES, short, 64)
 
 
 def test_plan_explains_why_gluon_splits_cannot_run() -> None:

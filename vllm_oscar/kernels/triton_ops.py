@@ -259,6 +259,11 @@ STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: loss near the bf16 path's (bench/split_error.py; offline SASS: the split loop 461 / 732 instructions per tile at
 #: head_dim 64 / 128 against 497 / 785 in bf16, Triton 3.6, staged).
 GLUON_F16_FOLD_TILES: int = 2
+#: AttentionConfig.gluon_f16_values None: fp16 V operands where gluon_decode runs at head_dim >= this. H200, graph
+#: replays, blocks of 64 (docs/notes/kernels.md "Session 23"): Qwen3-8B geometry 2-6% faster from 32K (32K B=8
+#: 0.0560 -> 0.0528 ms, 128K B=64 1.369 -> 1.318), equal at 4K; SmolLM2 (head_dim 64) 0-1% (noise). The kernel's
+#: error against float64 at 120000 positions in one split: 2.3e-3 against bf16's 1.5e-3 (bench/split_error.py).
+GLUON_F16_MIN_HEAD_DIM: int = 128
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -353,7 +358,8 @@ class AttentionConfig:
     fewer instructions and lose more of a long split's accuracy (the tensor cores round their accumulation toward
     zero; docs/notes/kernels.md F1); gluon_f16_values: gluon_decode's split programs build the V operand and the
     weights in fp16 (gluon_decode.F16_VALUES: ~7% fewer instructions per tile; a BIAS of 1024 instead of 128, hence
-    the shorter default fold period; it runs gluon_decode's kernel wherever it applies); None or False = bf16.
+    the shorter default fold period); True = wherever gluon_decode's kernel applies (it then runs that kernel);
+    None (the default) = where gluon_decode runs anyway at head_dim >= GLUON_F16_MIN_HEAD_DIM; False = bf16.
     """
 
     block_t: Optional[int] = None
@@ -877,16 +883,17 @@ def gluon_splits_apply(layout: PageLayout, group: int, int8_keys: bool, full_til
     return not missing, "; ".join(missing)
 
 
-def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int) -> bool:
+def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int, head_dim: int) -> bool:
     """Whether AttentionConfig(gluon_splits=None) picks gluon_decode's kernel where it applies: unless a knob
     of int2_split_kernel's split programs is set (tma_stages, prefetch, window_block_t, windows_first, split_warps:
-    the caller asked for that kernel; max_registers caps either kernel), or int2_split_kernel would load its tiles by
-    TMA for a short context (tma_pays' GRAPH_TMA_SHORT_CONTEXT rule: Qwen3-8B 4K batch 1-8, where it was 2-9%
-    faster)."""
+    the caller asked for that kernel; max_registers caps either kernel), or, at head_dim >= GRAPH_TMA_MIN_HEAD_DIM,
+    int2_split_kernel would load its tiles by TMA for a short context (tma_pays' GRAPH_TMA_SHORT_CONTEXT rule:
+    Qwen3-8B 4K batch 1-8, where it was 2-9% faster; at head_dim 64 gluon_decode's staged tiles are faster there,
+    SmolLM2 4K batch 1 0.0049 against 0.0059 ms, H200, docs/notes/kernels.md "Session 23")."""
     triton_knobs = (config.tma_stages, config.prefetch, config.window_block_t, config.windows_first)
     if any(knob is not None for knob in triton_knobs) or config.split_warps != SPLIT_WARPS:
         return False
-    return not (tma_stages and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT)
+    return not (tma_stages and max_seq_len <= GRAPH_TMA_SHORT_CONTEXT and head_dim >= GRAPH_TMA_MIN_HEAD_DIM)
 
 
 def two_waves_pay(gluon_splits: bool, head_dim: int, pairs: int, sms: int, per_sm: int, tiles: int) -> bool:
@@ -946,7 +953,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
         gluon_splits = gluon_ok and (config.gluon_splits or bool(config.gluon_copy_stages)
-                                     or bool(config.gluon_f16_values) or gluon_pays(config, tma_stages, max_seq_len))
+                                     or bool(config.gluon_f16_values)
+                                     or gluon_pays(config, tma_stages, max_seq_len, layout.head_dim))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
                          f"group per row); got group_size {layout.group_size}, head_dim {layout.head_dim}, "
@@ -958,7 +966,10 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.gluon_f16_values and not gluon_splits:
         raise ValueError(f"gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel, which this launch "
                          f"does not run (it needs {gluon_missing}). Leave gluon_f16_values at None.")
-    f16_values = bool(config.gluon_f16_values) and gluon_splits
+    if config.gluon_f16_values is None:
+        f16_values = gluon_splits and layout.head_dim >= GLUON_F16_MIN_HEAD_DIM
+    else:
+        f16_values = config.gluon_f16_values and gluon_splits
     default_fold = GLUON_F16_FOLD_TILES if f16_values else FOLD_TILES.value
     fold = default_fold if config.fold_tiles is None else config.fold_tiles
     if fold < 1 or fold & (fold - 1):
