@@ -50,6 +50,12 @@ def main() -> int:
     parser.add_argument("--gluon-copy-stages", type=int, default=None,
                         help="AttentionConfig.gluon_copy_stages: gluon_decode's tiles staged by cp.async (0 = off; "
                              "default: 2 where triton_ops.staging_pays)")
+    parser.add_argument("--gluon-f16-values", type=int, choices=(0, 1), default=None,
+                        help="AttentionConfig.gluon_f16_values: gluon_decode's V operands in fp16 (default: at "
+                             "head_dim >= 128)")
+    parser.add_argument("--fold-tiles", type=int, default=None,
+                        help="AttentionConfig.fold_tiles: tiles between folds of the BIAS sums (default: 8, or 2 "
+                             "with fp16 V operands)")
     parser.add_argument("--no-gluon", action="store_true",
                         help="AttentionConfig(gluon_splits=False): int2_split_kernel where gluon_decode would run")
     parser.add_argument("--sdpa", action="store_true",
@@ -72,7 +78,9 @@ def main() -> int:
         full_tiles=None if args.full_tiles is None else bool(args.full_tiles),
         int8_keys=None if args.int8_keys is None else bool(args.int8_keys),
         merge_pdl=None if args.merge_pdl is None else bool(args.merge_pdl), tma_stages=args.tma_stages,
-        gluon_splits=False if args.no_gluon else None, gluon_copy_stages=args.gluon_copy_stages)
+        gluon_splits=False if args.no_gluon else None, gluon_copy_stages=args.gluon_copy_stages,
+        gluon_f16_values=None if args.gluon_f16_values is None else bool(args.gluon_f16_values),
+        fold_tiles=args.fold_tiles)
     out = torch.empty_like(case.query)
 
     def decode() -> None:
