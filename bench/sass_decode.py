@@ -97,13 +97,12 @@ GLUON_PLAIN_SCALARS = tuple(name for name in PLAIN_SCALARS if name != "NSPLIT_SH
 
 def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,
                          query: str = "bf16", window: str = "bf16", copy_stages: int = 0, f16_values: bool = False,
-                         fold: int = FOLD_TILES.value, fma_shifts: bool = False):
+                         fold: int = FOLD_TILES.value):
     """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
     triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
     the compiler's register count; query / window: the element types of the query (fp32 from the served query
     rotation) and of the BF16 window store; copy_stages: its COPY_STAGES (AttentionConfig.gluon_copy_stages);
-    f16_values: its F16_VALUES (AttentionConfig.gluon_f16_values); fold: its FOLD (AttentionConfig.fold_tiles);
-    fma_shifts: its FMA_SHIFTS (AttentionConfig.gluon_fma_shifts)."""
+    f16_values: its F16_VALUES (AttentionConfig.gluon_f16_values); fold: its FOLD (AttentionConfig.fold_tiles)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
@@ -111,7 +110,7 @@ def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: i
     layout = PageLayout(head_dim, head_dim, 64)
     constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=fold,
                      REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages,
-                     F16_VALUES=f16_values, FMA_SHIFTS=fma_shifts, **_plane_offsets(layout))
+                     F16_VALUES=f16_values, **_plane_offsets(layout))
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(
         fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, "q_ptr": f"*{query}", "wk_ptr": f"*{window}",
@@ -196,8 +195,6 @@ def main() -> int:
                         help="--gluon: COPY_STAGES, tiles staged in shared memory by cp.async (0 = the L2 prefetch)")
     parser.add_argument("--f16-values", action="store_true",
                         help="--gluon: F16_VALUES, fp16 V operand and weights (AttentionConfig.gluon_f16_values)")
-    parser.add_argument("--fma-shifts", action="store_true",
-                        help="--gluon: FMA_SHIFTS, the unpacks' shifts as IMAD.HI (AttentionConfig.gluon_fma_shifts)")
     parser.add_argument("--fold", type=int, default=FOLD_TILES.value,
                         help="--gluon: FOLD, tiles between folds of the BIAS sums (AttentionConfig.fold_tiles)")
     parser.add_argument("--full-tiles", type=int, choices=(0, 1), default=1,
@@ -214,8 +211,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.gluon:
         kernel = compile_gluon_kernel(args.head_dim, args.group, maxnreg=args.maxnreg or GLUON_MAX_REGISTERS,
-                                      copy_stages=args.copy_stages, f16_values=args.f16_values, fold=args.fold,
-                                      fma_shifts=args.fma_shifts)
+                                      copy_stages=args.copy_stages, f16_values=args.f16_values, fold=args.fold)
     else:
         kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                                 args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),

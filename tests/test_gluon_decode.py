@@ -60,13 +60,7 @@ for dim, group in ((128, 4), (64, 3)):
             body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
             report[f"values_{dim}_{stages}_{int(f16)}"] = dict(
                 registers=int(registers), loops=len(loops), loop_stores=body.count("STL"), size=len(body),
-                **{op: body.count(op) for op in ("HMMA", "IMMA", "HMUL2", "SHF", "F2FP", "IMAD")})
-    sass, registers, stack = read_compiled(compile_gluon_kernel(dim, group, copy_stages=triton_ops.GLUON_AUTO_COPY_STAGES,
-                                                                fma_shifts=True), None)
-    loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
-    body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
-    report[f"fma_{dim}"] = dict(registers=int(registers), loops=len(loops), loop_stores=body.count("STL"),
-                                size=len(body), **{op: body.count(op) for op in ("SHF", "IMAD", "HMMA", "IMMA")})
+                **{op: body.count(op) for op in ("HMMA", "IMMA", "HMUL2", "SHF", "F2FP")})
 for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
     report[f"types_{query}_{window}"] = compile_gluon_kernel(128, 4, query=query, window=window).metadata.shared
 print(json.dumps(report))
@@ -130,23 +124,11 @@ def test_gluon_f16_values_take_fewer_instructions(compiled: dict, dim: int, stag
     assert f16["size"] < bf16["size"], (bf16, f16)
 
 
-@pytest.mark.parametrize("dim", [128, 64])
-def test_gluon_fma_shifts_move_every_unpack_shift_to_imad_hi(compiled: dict, dim: int) -> None:
-    """gluon_fma_shifts: each SHF of the split loop's code unpacks (K planes 1-3: 3 per key word; V: 3 per word)
-    becomes an IMAD (.HI.U32: mul.hi by 2^(32 - k)), the same count, no spill, the same MMAs."""
-    plain, fma = compiled[f"values_{dim}_{triton_ops.GLUON_AUTO_COPY_STAGES}_0"], compiled[f"fma_{dim}"]
-    assert fma["loops"] == 1 and fma["loop_stores"] == 0 and fma["registers"] <= triton_ops.GLUON_MAX_REGISTERS, fma
-    assert fma["SHF"] == 0 and fma["IMAD"] == plain["SHF"] + plain["IMAD"], (plain, fma)
-    assert (fma["HMMA"], fma["IMMA"]) == (plain["HMMA"], plain["IMMA"]), (plain, fma)
-
-
 def test_gluon_f16_values_are_checked() -> None:
     with pytest.raises(ValueError, match="gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel.*CUDA"):
         _plan(triton_ops.AttentionConfig(gluon_f16_values=True))  # CPU tensors: no Gluon kernel here
     with pytest.raises(ValueError, match="gluon_f16_values=True .*gluon_splits not False"):
         _plan(triton_ops.AttentionConfig(gluon_f16_values=True, gluon_splits=False))
-    with pytest.raises(ValueError, match="gluon_fma_shifts=True shifts codes in gluon_decode's kernel.*CUDA"):
-        _plan(triton_ops.AttentionConfig(gluon_fma_shifts=True))
 
 
 def test_gluon_copy_stages_are_checked() -> None:

@@ -88,9 +88,6 @@ BIAS_F16: gl.constexpr = gl.constexpr(1024.0)
 #: The lazy rescale's slack (log2 units) with fp16 weights: p <= 4, so that p v_offset stays finite for any
 #: |v_offset| < 16384 (RESCALE_SLACK = 8 would allow p = 256 and overflow from |v_offset| >= 256).
 RESCALE_SLACK_F16: gl.constexpr = gl.constexpr(2.0)
-#: FMA_SHIFTS (AttentionConfig.gluon_fma_shifts): the code unpacks' right shifts by k as mul.hi.u32 by 2^(32 - k)
-#: (IMAD.HI, issued to the FMA pipe, which the head_dim-64 loop leaves ~85% idle, instead of SHF on the ALU pipe, its
-#: bound: docs/notes/kernels.md "Session 23"); exact for any 32-bit word.
 #: Lines a program can prefetch into L2 for one (block, KV head) region (two per lane).
 PREFETCH_LINES: gl.constexpr = gl.constexpr(64)
 
@@ -148,41 +145,28 @@ SCALE_BYTES: gl.constexpr = gl.constexpr(4 * 64 * 2)
 
 
 @gluon.jit
-def _plane_codes(raw, P: gl.constexpr, FMA: gl.constexpr):
-    """uint8 packed bytes -> int8 codes (0..3) of plane P, four per and.b32 (triton_common.plane_codes_int8); with
-    FMA the right shift by 2 P is a mul.hi.u32 by 2^(32 - 2 P) (IMAD.HI on the FMA pipe instead of SHF on the ALU
-    pipe)."""
+def _plane_codes(raw, P: gl.constexpr):
+    """uint8 packed bytes -> int8 codes (0..3) of plane P, four per and.b32 (triton_common.plane_codes_int8)."""
     if P == 0:
         asm: gl.constexpr = "and.b32 $0, $1, 0x03030303;"
     elif P == 1:
-        asm: gl.constexpr = "{ .reg .b32 t; " + ("mul.hi.u32 t, $1, 0x40000000; " if FMA else "shr.b32 t, $1, 2; ") \
-            + "and.b32 $0, t, 0x03030303; }"
+        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 $0, t, 0x03030303; }"
     elif P == 2:
-        asm: gl.constexpr = "{ .reg .b32 t; " + ("mul.hi.u32 t, $1, 0x10000000; " if FMA else "shr.b32 t, $1, 4; ") \
-            + "and.b32 $0, t, 0x03030303; }"
+        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x03030303; }"
     else:
-        asm: gl.constexpr = "{ .reg .b32 t; " + ("mul.hi.u32 t, $1, 0x04000000; " if FMA else "shr.b32 t, $1, 6; ") \
-            + "and.b32 $0, t, 0x03030303; }"
+        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 6; and.b32 $0, t, 0x03030303; }"
     return gl.inline_asm_elementwise(asm, "=r,r", [raw], dtype=gl.int8, is_pure=True, pack=4)
 
 
 @gluon.jit
-def _unpacked_planes(pairs, F16: gl.constexpr, FMA: gl.constexpr):
+def _unpacked_planes(pairs, F16: gl.constexpr):
     """int16 byte pairs -> BIAS + F_P code of every plane P and both bytes, joined as trailing axes [..., 2 (parity:
     low / high byte), 2 (P % 2), 2 (P // 2)]: bf16 with F_P = 1, 4, 16, 16 (as triton_common.unpack_pair_plane), or
     with F16 fp16 BIAS_F16 + F_P code, F_P = 1, 4, 16, 64. Consecutive elements share a register (one lop3 makes
-    two values). With FMA the right shifts are mul.hi.u32 (as _plane_codes)."""
-    if FMA:
-        by8: gl.constexpr = "mul.hi.u32 o, $8, 0x01000000; "
-        by2: gl.constexpr = "mul.hi.u32 e3, $8, 0x40000000; "
-        by10: gl.constexpr = "mul.hi.u32 o3, $8, 0x00400000; "
-    else:
-        by8: gl.constexpr = "shr.b32 o, $8, 8; "
-        by2: gl.constexpr = "shr.b32 e3, $8, 2; "
-        by10: gl.constexpr = "shr.b32 o3, $8, 10; "
+    two values)."""
     if F16:
         p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
-            "{ .reg .b32 o, x; mov.b32 x, 0x64006400; " + by8 +
+            "{ .reg .b32 o, x; mov.b32 x, 0x64006400; shr.b32 o, $8, 8; "
             "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
             "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
             "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
@@ -190,7 +174,8 @@ def _unpacked_planes(pairs, F16: gl.constexpr, FMA: gl.constexpr):
             "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
     else:
         p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
-            "{ .reg .b32 o, e3, o3, x; mov.b32 x, 0x43004300; " + by8 + by2 + by10 +
+            "{ .reg .b32 o, e3, o3, x; mov.b32 x, 0x43004300; shr.b32 o, $8, 8; shr.b32 e3, $8, 2; "
+            "shr.b32 o3, $8, 10; "
             "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
             "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
             "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
@@ -245,14 +230,13 @@ def _codes_raw(base, Q: gl.constexpr):
 
 
 @gluon.jit
-def _codes_operand(raw, S: gl.constexpr, Q: gl.constexpr, FMA: gl.constexpr):
+def _codes_operand(raw, S: gl.constexpr, Q: gl.constexpr):
     """K step S of the logits' A operand [64, 32] int8 (CODES_OP) from _codes_raw's bytes (module docstring)."""
     if Q == 32:  # [gid, r, tig, 8] -> [gid, mt, hf, tig, half, i] -> [mt, hf, gid, half, tig, i]
-        codes = gl.reshape(_plane_codes(raw, S, FMA), [8, 4, 2, 4, 2, 4])
+        codes = gl.reshape(_plane_codes(raw, S), [8, 4, 2, 4, 2, 4])
         op = gl.permute(codes, [1, 2, 0, 4, 3, 5])
     else:  # [gid, r, tig, 4, half] -> [gid, mt, hf, tig, i, half] -> [mt, hf, gid, half, tig, i]
-        both = gl.reshape(gl.join(_plane_codes(raw, 2 * S, FMA), _plane_codes(raw, 2 * S + 1, FMA)),
-                          [8, 4, 2, 4, 4, 2])
+        both = gl.reshape(gl.join(_plane_codes(raw, 2 * S), _plane_codes(raw, 2 * S + 1)), [8, 4, 2, 4, 4, 2])
         op = gl.permute(both, [1, 2, 0, 5, 3, 4])
     return gl.convert_layout(gl.reshape(op, [TILE, 32]), CODES_OP, assert_trivial=True)
 
@@ -323,11 +307,11 @@ def _value_pairs(base, Q: gl.constexpr):
 
 
 @gluon.jit
-def _value_operand(pairs, Q: gl.constexpr, F16: gl.constexpr, FMA: gl.constexpr):
+def _value_operand(pairs, Q: gl.constexpr, F16: gl.constexpr):
     """(BIAS + F_P code)^T [D, 64] bf16 (fp16 with F16: _unpacked_planes) in VALUE_OP from _value_pairs: row
     (2 P + parity) Q / 2 + jl (module docstring), column 16 kk + 8 hk + 2 tig + e for the physical position
     16 tig + 8 e + 2 kk + hk."""
-    x = _unpacked_planes(pairs, F16, FMA)
+    x = _unpacked_planes(pairs, F16)
     if Q == 32:  # [tig, e, r', g, jj, par, Pb0, Pb1] -> [tig, e, kk, hk, g, jj, par, Pb0, Pb1]
         x = gl.permute(gl.reshape(x, [4, 2, 4, 2, 8, 2, 2, 2, 2]), [8, 7, 6, 5, 4, 2, 3, 0, 1])
     else:  # [tig, e, r', g, par, Pb0, Pb1] -> [tig, e, kk, hk, g, par, Pb0, Pb1]
@@ -436,10 +420,10 @@ def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, 
 
 @gluon.jit
 def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s, ones, m_i, l_acc, acc, sums,
-               Q: gl.constexpr, F16: gl.constexpr, FMA: gl.constexpr):
+               Q: gl.constexpr, F16: gl.constexpr):
     """One INT2 tile of a split program (its loads given): logits, lazy-rescaled online softmax, V products.
     Returns the running (m_i, l_acc, acc, sums)."""
-    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q, FMA)
+    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
     tile_max = gl.max(x, axis=0) * l_scale
     SLACK: gl.constexpr = RESCALE_SLACK_F16 if F16 else RESCALE_SLACK
     if gl.max(tile_max - m_i, axis=0) > SLACK:  # lazy rescale, as int2_split_kernel
@@ -452,7 +436,7 @@ def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s
         m_i = m_new
     p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
     l_acc += p
-    sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q, F16, FMA)
+    sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q, F16)
     return m_i, l_acc, acc, sums
 
 
@@ -468,18 +452,18 @@ def _fold_bias(acc, sums, D: gl.constexpr, F16: gl.constexpr):
 
 
 @gluon.jit
-def _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q: gl.constexpr, FMA: gl.constexpr):
+def _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q: gl.constexpr):
     """x [64, 4] fp32 of one INT2 tile: k_scale (code . q8) + k_offset sum(q8) per position and head."""
-    s = mma_v2(_codes_operand(codes, 0, Q, FMA), q0, zero_s)
-    s = mma_v2(_codes_operand(codes, 1, Q, FMA), q1, s)
+    s = mma_v2(_codes_operand(codes, 0, Q), q0, zero_s)
+    s = mma_v2(_codes_operand(codes, 1, Q), q1, s)
     if Q == 32:
-        s = mma_v2(_codes_operand(codes, 2, Q, FMA), q2, s)
-        s = mma_v2(_codes_operand(codes, 3, Q, FMA), q3, s)
+        s = mma_v2(_codes_operand(codes, 2, Q), q2, s)
+        s = mma_v2(_codes_operand(codes, 3, Q), q3, s)
     return ks[:, None] * _fold_parts(s).to(gl.float32) + kz[:, None] * qo[None, :]
 
 
 @gluon.jit
-def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr, F16: gl.constexpr, FMA: gl.constexpr):
+def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr, F16: gl.constexpr):
     """The V side of one INT2 tile: W = (bf16(p v_scale), bf16(p v_offset)) per head (with F16: fp16(p) times the
     fp16 v_scale and v_offset, two products per instruction); sums += ones @ W, acc += (BIAS + F code)^T @ W.
     Returns (sums, acc)."""
@@ -489,7 +473,7 @@ def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr, F16: gl.con
     else:
         w = gl.join((p * vs[:, None]).to(gl.bfloat16), (p * vz[:, None]).to(gl.bfloat16))
     w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
-    return mma_v2(ones, w, sums), mma_v2(_value_operand(pairs, Q, F16, FMA), w, acc)
+    return mma_v2(ones, w, sums), mma_v2(_value_operand(pairs, Q, F16), w, acc)
 
 
 @gluon.jit
@@ -574,7 +558,7 @@ def int2_split_gluon_kernel(
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
-    F16_VALUES: gl.constexpr = False, FMA_SHIFTS: gl.constexpr = False,
+    F16_VALUES: gl.constexpr = False,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
@@ -643,7 +627,7 @@ def int2_split_gluon_kernel(
                 codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k.index(stage), codes_v.index(stage),
                                                             scales.index(stage), ROWS, Q, F16_VALUES)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
-                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES, FMA_SHIFTS)
+                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
                 if (i - lo) % FOLD == FOLD - 1:
                     acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
         else:
@@ -657,7 +641,7 @@ def int2_split_gluon_kernel(
                 codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO, V_SCALE,
                                                            V_ZERO, F16_VALUES)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
-                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES, FMA_SHIFTS)
+                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
                 if (i - lo) % FOLD == FOLD - 1:
                     acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
     else:
@@ -686,7 +670,7 @@ def int2_split_gluon_kernel(
                                                           GROUP)
                 codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
                                                            V_SCALE, V_ZERO, F16_VALUES)
-                x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q, FMA_SHIFTS)
+                x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
                 logits = gl.where(no_copy[:, None], x * l_scale[None, :], logits)
             m_i = gl.max(logits, axis=0)
             l_acc = gl.exp2(logits - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
@@ -694,7 +678,7 @@ def int2_split_gluon_kernel(
                 codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
                                                            V_SCALE, V_ZERO, F16_VALUES)
                 sums, acc = _tile_values(gl.where(no_copy[:, None], l_acc, 0.0), vs, vz, pairs, sums, acc, ones, Q,
-                                         F16_VALUES, FMA_SHIFTS)
+                                         F16_VALUES)
             if any_copy:  # BF16 values enter acc scaled like the INT2 codes (the epilogue divides by F_P)
                 acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], l_acc, 0.0), D) \
                     * _row_factor(D, F16_VALUES)[:, None]

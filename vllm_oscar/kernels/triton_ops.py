@@ -359,9 +359,7 @@ class AttentionConfig:
     zero; docs/notes/kernels.md F1); gluon_f16_values: gluon_decode's split programs build the V operand and the
     weights in fp16 (gluon_decode.F16_VALUES: ~7% fewer instructions per tile; a BIAS of 1024 instead of 128, hence
     the shorter default fold period); True = wherever gluon_decode's kernel applies (it then runs that kernel);
-    None (the default) = where gluon_decode runs anyway at head_dim >= GLUON_F16_MIN_HEAD_DIM; False = bf16;
-    gluon_fma_shifts: gluon_decode's code unpacks shift by IMAD.HI on the FMA pipe instead of SHF on the ALU pipe
-    (gluon_decode.FMA_SHIFTS; True runs that kernel wherever it applies; None or False = SHF).
+    None (the default) = where gluon_decode runs anyway at head_dim >= GLUON_F16_MIN_HEAD_DIM; False = bf16.
     """
 
     block_t: Optional[int] = None
@@ -391,7 +389,6 @@ class AttentionConfig:
     gluon_copy_stages: Optional[int] = None
     fold_tiles: Optional[int] = None
     gluon_f16_values: Optional[bool] = None
-    gluon_fma_shifts: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -956,7 +953,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
         gluon_splits = gluon_ok and (config.gluon_splits or bool(config.gluon_copy_stages)
-                                     or bool(config.gluon_f16_values) or bool(config.gluon_fma_shifts)
+                                     or bool(config.gluon_f16_values)
                                      or gluon_pays(config, tma_stages, max_seq_len, layout.head_dim))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
@@ -969,9 +966,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.gluon_f16_values and not gluon_splits:
         raise ValueError(f"gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel, which this launch "
                          f"does not run (it needs {gluon_missing}). Leave gluon_f16_values at None.")
-    if config.gluon_fma_shifts and not gluon_splits:
-        raise ValueError(f"gluon_fma_shifts=True shifts codes in gluon_decode's kernel, which this launch does not run "
-                         f"(it needs {gluon_missing}). Leave gluon_fma_shifts at None.")
     if config.gluon_f16_values is None:
         f16_values = gluon_splits and layout.head_dim >= GLUON_F16_MIN_HEAD_DIM
     else:
@@ -1032,7 +1026,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values,
-                            FMA_SHIFTS=bool(config.gluon_fma_shifts),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
