@@ -7,6 +7,12 @@ One row per case: split count, OSCAR and baseline times (ms), % of the measured 
 speed-ups over the fastest SDPA backend and the paged BF16 Triton decode, the byte-count ideal, and
 (--compare) the speed-up over the fastest SDPA of the same case in an older report. Then one summary
 line per geometry with the ranges the issue's targets name (4K, >= 32K; B = 1 and B >= 8).
+
+    python bench/decode_markdown.py --targets RUN1.json RUN2.json RUN3.json
+
+instead lists every cell the issue sets a target for (4K batch 1: not slower than the fastest SDPA; 4K batch >= 8:
+>= 2x; >= 32K, every batch: >= 5x) with its speed-up in each run and whether the target is met in all, some or none
+of them (repeats of one table, so that a cell on the line reads as such).
 """
 
 from __future__ import annotations
@@ -17,6 +23,11 @@ from typing import Optional
 
 LONG_CONTEXT = 32768  # the issue's ">= 32K" targets
 SHORT_CONTEXT = 4096
+#: The issue's speed-up targets over the fastest SDPA: at >= LONG_CONTEXT every batch, at SHORT_CONTEXT batch >= 8
+#: and batch 1.
+LONG_TARGET = 5.0
+SHORT_BATCH_TARGET = 2.0
+SHORT_SINGLE_TARGET = 1.0
 
 
 def _ms(entry: Optional[dict]) -> str:
@@ -70,14 +81,59 @@ def target_ranges(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def cell_target(context: int, batch: int) -> Optional[float]:
+    """The speed-up the issue asks of a (context, batch) cell, or None where it sets none (e.g. 16K)."""
+    if context >= LONG_CONTEXT:
+        return LONG_TARGET
+    if context == SHORT_CONTEXT:
+        return SHORT_BATCH_TARGET if batch >= 8 else SHORT_SINGLE_TARGET
+    return None
+
+
+def target_verdicts(runs: list[list[dict]]) -> list[tuple[tuple, float, list[float], str]]:
+    """Per target cell present in the first run (in its order): (geometry, context, batch), the target, the
+    speed-up over the fastest SDPA in each run that has the cell, and "all" / "some" / "none" of them meeting it."""
+    by_run = [{_key(r): r for r in rows if "speedup_vs_best_sdpa" in r} for rows in runs]
+    verdicts = []
+    for key in by_run[0]:
+        target = cell_target(key[1], key[2])
+        if target is None:
+            continue
+        values = [run[key]["speedup_vs_best_sdpa"] for run in by_run if key in run]
+        met = sum(value >= target for value in values)
+        verdicts.append((key, target, values, "all" if met == len(values) else "some" if met else "none"))
+    return verdicts
+
+
+def targets_report(runs: list[list[dict]]) -> str:
+    """target_verdicts as text: one line per cell, then the counts."""
+    verdicts = target_verdicts(runs)
+    lines = [f"{g:14s} {c:7d} B={b:<3d} target {t:.0f}x: {' / '.join(f'{v:.2f}' for v in values)}  {verdict}"
+             for (g, c, b), t, values, verdict in verdicts]
+    counts = {name: sum(v[3] == name for v in verdicts) for name in ("all", "some", "none")}
+    lines.append(f"{len(verdicts)} target cells over {len(runs)} run(s): met in all {counts['all']}, in some "
+                 f"{counts['some']}, in none {counts['none']}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", help="a `bench decode --json` file")
+    parser.add_argument("report", nargs="+", help="a `bench decode --json` file (several with --targets)")
+    parser.add_argument("--targets", action="store_true",
+                        help="list the cells the issue sets targets for, met in all / some / none of the reports")
     parser.add_argument("--compare", help="an older report: adds its speed-up over the fastest SDPA per case")
     parser.add_argument("--compare-label", default="the older report", help="the older report's name in the header")
     args = parser.parse_args()
-    with open(args.report) as f:
-        rows = json.load(f)["decode"]
+    runs = []
+    for path in args.report:
+        with open(path) as f:
+            runs.append(json.load(f)["decode"])
+    if args.targets:
+        print(targets_report(runs))
+        return
+    if len(runs) > 1:
+        parser.error("several reports need --targets (the table renders one report)")
+    rows = runs[0]
     compare = {}
     if args.compare:
         with open(args.compare) as f:
