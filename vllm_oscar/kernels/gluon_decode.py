@@ -164,23 +164,19 @@ def _unpacked_planes(pairs, F16: gl.constexpr):
     low / high byte), 2 (P % 2), 2 (P // 2)]: bf16 with F_P = 1, 4, 16, 16 (as triton_common.unpack_pair_plane), or
     with F16 fp16 BIAS_F16 + F_P code, F_P = 1, 4, 16, 64. Consecutive elements share a register (one lop3 makes
     two values)."""
-    if F16:
-        p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
-            "{ .reg .b32 o, x; mov.b32 x, 0x64006400; shr.b32 o, $8, 8; "
-            "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
-            "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
-            "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
-            "lop3.b32 $6, $8, 0x00C000C0, x, 0xEA; lop3.b32 $7, o, 0x00C000C0, x, 0xEA; }",
-            "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
-    else:
-        p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
-            "{ .reg .b32 o, e3, o3, x; mov.b32 x, 0x43004300; shr.b32 o, $8, 8; shr.b32 e3, $8, 2; "
-            "shr.b32 o3, $8, 10; "
-            "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
-            "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
-            "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; "
-            "lop3.b32 $6, e3, 0x00300030, x, 0xEA; lop3.b32 $7, o3, 0x00300030, x, 0xEA; }",
-            "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    if F16:  # every plane of either byte inside the mantissa: only the high byte is shifted
+        shifts: gl.constexpr = "{ .reg .b32 o, x; mov.b32 x, 0x64006400; shr.b32 o, $8, 8; "
+        plane3: gl.constexpr = "lop3.b32 $6, $8, 0x00C000C0, x, 0xEA; lop3.b32 $7, o, 0x00C000C0, x, 0xEA; }"
+    else:  # plane 3 straddles bf16's 7-bit mantissa: shifted into bits 4-5 of each byte
+        shifts: gl.constexpr = ("{ .reg .b32 o, e3, o3, x; mov.b32 x, 0x43004300; shr.b32 o, $8, 8; "
+                                "shr.b32 e3, $8, 2; shr.b32 o3, $8, 10; ")
+        plane3: gl.constexpr = "lop3.b32 $6, e3, 0x00300030, x, 0xEA; lop3.b32 $7, o3, 0x00300030, x, 0xEA; }"
+    p0e, p0o, p1e, p1o, p2e, p2o, p3e, p3o = gl.inline_asm_elementwise(
+        shifts + "lop3.b32 $0, $8, 0x00030003, x, 0xEA; lop3.b32 $1, o, 0x00030003, x, 0xEA; "
+        "lop3.b32 $2, $8, 0x000C000C, x, 0xEA; lop3.b32 $3, o, 0x000C000C, x, 0xEA; "
+        "lop3.b32 $4, $8, 0x00300030, x, 0xEA; lop3.b32 $5, o, 0x00300030, x, 0xEA; " + plane3,
+        "=r,=r,=r,=r,=r,=r,=r,=r,r", [pairs], dtype=(gl.float16 if F16 else gl.bfloat16,) * 8, is_pure=True,
+        pack=2)
     return gl.join(gl.join(gl.join(p0e, p0o), gl.join(p1e, p1o)), gl.join(gl.join(p2e, p2o), gl.join(p3e, p3o)))
 
 
@@ -542,7 +538,6 @@ def _row_factor(D: gl.constexpr, F16: gl.constexpr):
     plane = gl.arange(0, D, layout=gl.SliceLayout(1, MMA)) // (D // 4)
     last: gl.constexpr = 64.0 if F16 else 16.0
     return gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, gl.where(plane == 2, 16.0, last)))
-
 
 
 @gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])

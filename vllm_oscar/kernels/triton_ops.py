@@ -255,9 +255,9 @@ GLUON_AUTO_COPY_STAGES: int = 2
 STAGED_MAX_HEAD_DIM: int = 64
 STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: AttentionConfig.fold_tiles None with gluon_f16_values: the fp16 V operand's BIAS (1024) is 8x bf16's, so the
-#: tensor cores' rounding of the BIAS-sized sums toward zero costs 8x more per add; folding 4x as often keeps the
-#: loss near the bf16 path's (bench/split_error.py; offline SASS: the split loop 461 / 732 instructions per tile at
-#: head_dim 64 / 128 against 497 / 785 in bf16, Triton 3.6, staged).
+#: tensor cores' rounding of the BIAS-sized sums toward zero costs 8x more per add; folding every 2 tiles limits it
+#: (H200, bench/split_error.py, 120000 positions in one split: 2.3e-3 at fold 2, 7.7e-3 at 8, bf16 1.5e-3; offline
+#: SASS: the split loop 461 / 732 instructions per tile at head_dim 64 / 128 against 497 / 785 in bf16, Triton 3.6).
 GLUON_F16_FOLD_TILES: int = 2
 #: AttentionConfig.gluon_f16_values None: fp16 V operands where gluon_decode runs at head_dim >= this. H200, graph
 #: replays, blocks of 64 (docs/notes/kernels.md "Session 23"): Qwen3-8B geometry 2-6% faster from 32K (32K B=8
