@@ -440,11 +440,20 @@ def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s
 def _fold_bias(acc, sums, D: gl.constexpr, F16: gl.constexpr):
     """Move the column sums of W since the last fold out of sums (restarted at 0) into acc's head columns:
     acc[:, 2 j] += F_P zw_j - BIAS sw_j (BIAS_F16 with F16), so that acc[:, 2 j] / F_P is head j's unnormalised
-    output (columns 2 j + 1 take junk and are never stored). No register outlives the fold. Returns (acc, sums)."""
-    since = gl.max(sums, axis=0)  # every row of ones @ W holds the column sums: sw_j at 2 j, zw_j at 2 j + 1
-    zw = gl.split(gl.reshape(since, [4, 2]))[1]  # a lane holds both columns of its head: no data moves
+    output (columns 2 j + 1 take junk and are never stored). Every row of ones @ W holds the column sums (sw_j at
+    2 j, zw_j at 2 j + 1), so each lane takes them from its own rows of sums and adds them to its own rows of acc
+    ([D, 8] as [D / 8, 8 (gid), 8]): no data moves between lanes. Returns (acc, sums)."""
+    since = gl.max(gl.reshape(sums, [2, 8, 8]), axis=0)  # rows 8 hf + gid of sums: hf is in-lane
+    zw = gl.split(gl.reshape(since, [8, 4, 2]))[1]  # a lane holds both columns of its head
+    zw = gl.reshape(gl.join(zw, zw), [8, 8])
+    acc3 = gl.reshape(acc, [D // 8, 8, 8])
+    BLOCKS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, acc3.type.layout))
+    factor = _plane_factor(gl.arange(0, D // 8, layout=BLOCKS) // (D // 32), F16)  # rows 8 k + gid: plane 4 k // D
+    LANES: gl.constexpr = gl.SliceLayout(0, acc3.type.layout)
     bias: gl.constexpr = BIAS_F16 if F16 else BIAS
-    return acc + _row_factor(D, F16)[:, None] * _per_column(zw)[None, :] - bias * since[None, :], gl.zeros_like(sums)
+    delta = factor[:, None, None] * gl.convert_layout(zw, LANES, assert_trivial=True)[None, :, :] \
+        - bias * gl.convert_layout(since, LANES, assert_trivial=True)[None, :, :]
+    return gl.convert_layout(gl.reshape(acc3 + delta, [D, 8]), MMA, assert_trivial=True), gl.zeros_like(sums)
 
 
 @gluon.jit
@@ -459,6 +468,20 @@ def _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q: gl.constexpr):
 
 
 @gluon.jit
+def _weights_operand(w):
+    """The weights W [64, 8] (bf16 or fp16) from the accumulator layout MMA into WEIGHT_OP (the V product's B operand,
+    K index = W's row) by one movmatrix.trans per register and no other instruction: lane (gid, tig)'s register r
+    holds W[8 r + gid, 2 tig + i] (i = 0, 1) and after the transpose of that 8 x 8 block W[8 r + 2 tig + i, gid],
+    which is where WEIGHT_OP keeps those two elements. (A layout conversion would shuffle and repack them: 8 SHFL and
+    16 PRMT per tile.)"""
+    t = gl.inline_asm_elementwise("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r", [w], dtype=w.dtype,
+                                  is_pure=True, pack=2)
+    # t[8 r + gid, 2 tig + i] = W[8 r + 2 tig + i, gid]: relabel [r, gid, tig, i] -> [r, tig, i, gid]
+    t = gl.permute(gl.reshape(t, [8, 8, 4, 2]), [0, 2, 3, 1])
+    return gl.convert_layout(gl.reshape(t, [TILE, 8]), WEIGHT_OP, assert_trivial=True)
+
+
+@gluon.jit
 def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr, F16: gl.constexpr):
     """The V side of one INT2 tile: W = (bf16(p v_scale), bf16(p v_offset)) per head (with F16: fp16(p) times the
     fp16 v_scale and v_offset, two products per instruction); sums += ones @ W, acc += (BIAS + F code)^T @ W.
@@ -466,9 +489,10 @@ def _tile_values(p, vs, vz, pairs, sums, acc, ones, Q: gl.constexpr, F16: gl.con
     if F16:
         p16 = p.to(gl.float16)
         w = gl.join(p16 * vs[:, None], p16 * vz[:, None])
+        w = _weights_operand(gl.convert_layout(gl.reshape(w, [TILE, 8]), MMA))
     else:
         w = gl.join((p * vs[:, None]).to(gl.bfloat16), (p * vz[:, None]).to(gl.bfloat16))
-    w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
+        w = _weights_operand(gl.convert_layout(gl.reshape(w, [TILE, 8]), MMA, assert_trivial=True))
     return mma_v2(ones, w, sums), mma_v2(_value_operand(pairs, Q, F16), w, acc)
 
 
@@ -526,18 +550,23 @@ def _window_values(wv_head, stride_w1, pw, D: gl.constexpr):
     Q: gl.constexpr = D // 4
     dtype: gl.constexpr = wv_head.dtype.element_ty  # the window store's (bf16 or fp16)
     w = gl.join(pw.to(dtype), gl.zeros_like(pw).to(dtype))
-    w = gl.convert_layout(gl.reshape(w, [TILE, 8]), WEIGHT_OP)
+    w = _weights_operand(gl.convert_layout(gl.reshape(w, [TILE, 8]), MMA, assert_trivial=True))
     planes = gl.join(gl.join(_window_plane(wv_head, stride_w1, w, 0, Q), _window_plane(wv_head, stride_w1, w, 1, Q)),
                      gl.join(_window_plane(wv_head, stride_w1, w, 2, Q), _window_plane(wv_head, stride_w1, w, 3, Q)))
     return gl.convert_layout(gl.reshape(gl.permute(planes, [3, 2, 0, 1]), [D, 8]), MMA)  # row P Q + plane row
 
 
 @gluon.jit
-def _row_factor(D: gl.constexpr, F16: gl.constexpr):
-    """F_P of the accumulator's rows [D] (row r: plane r // (D / 4); 1, 4, 16, 16, or 1, 4, 16, 64 with F16)."""
-    plane = gl.arange(0, D, layout=gl.SliceLayout(1, MMA)) // (D // 4)
+def _plane_factor(plane, F16: gl.constexpr):
+    """F_P of code planes P = plane (1, 4, 16, 16, or 1, 4, 16, 64 with F16), as fp32 in plane's layout."""
     last: gl.constexpr = 64.0 if F16 else 16.0
     return gl.where(plane == 0, 1.0, gl.where(plane == 1, 4.0, gl.where(plane == 2, 16.0, last)))
+
+
+@gluon.jit
+def _row_factor(D: gl.constexpr, F16: gl.constexpr):
+    """F_P of the accumulator's rows [D] (row r: plane r // (D / 4))."""
+    return _plane_factor(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)) // (D // 4), F16)
 
 
 @gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])
