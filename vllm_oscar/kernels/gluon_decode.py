@@ -420,9 +420,13 @@ def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s
     """One INT2 tile of a split program (its loads given): logits, lazy-rescaled online softmax, V products.
     Returns the running (m_i, l_acc, acc, sums)."""
     x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
-    tile_max = gl.max(x, axis=0) * l_scale
     SLACK: gl.constexpr = RESCALE_SLACK_F16 if F16 else RESCALE_SLACK
-    if gl.max(tile_max - m_i, axis=0) > SLACK:  # lazy rescale, as int2_split_kernel
+    lane_max = gl.max(gl.reshape(x, [8, 8, 4]), axis=0)  # [8 (gid), 4 (head)]: the max of each lane's own rows
+    LANE: gl.constexpr = gl.SliceLayout(0, lane_max.type.layout)
+    over = lane_max * gl.convert_layout(l_scale, LANE, assert_trivial=True)[None, :] \
+        - gl.convert_layout(m_i, LANE, assert_trivial=True)[None, :] > SLACK
+    if gl.max(gl.reshape(over.to(gl.int32), [32]), axis=0) > 0:  # lazy rescale, as int2_split_kernel
+        tile_max = gl.max(x, axis=0) * l_scale
         m_new = gl.maximum(m_i, tile_max)
         alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
         l_acc *= alpha[None, :]
