@@ -1,12 +1,12 @@
 """How the decode's error against float64 depends on the positions one split program walks (H200 / any CUDA GPU).
 
-One request of each --lengths at Qwen3-8B geometry (32 query heads, 8 KV heads, head_dim 128, blocks of 64, the default
-sink 64 / recent 256, random paged state with planted outliers as in check_kernels_gpu.py), decoded with a fixed split
+One request of each --lengths at Qwen3-8B geometry (32 query heads, 8 KV heads, head_dim 128; or --geometry
+smollm2-135m: 9 / 3, head_dim 64), blocks of 64, the default sink 64 / recent 256, random paged state with planted outliers as in check_kernels_gpu.py), decoded with a fixed split
 count per launch variant; prints per head the largest and the mean relative error of the output (max / mean). A
 systematic loss in a split's accumulation grows with the split's length, so the one-split column shows it first
 (docs/notes/kernels.md F1: the fold of the BIAS sums, FOLD_TILES).
 
-    python bench/split_error.py [--lengths 30000 120000] [--splits 1 2 4 16 64 256] [--fold-tiles 8 32]
+    python bench/split_error.py [--geometry qwen3-8b] [--lengths 30000 120000] [--splits 1 2 4 16 64 256] [--fold-tiles 8 32]
 """
 
 from __future__ import annotations
@@ -23,21 +23,24 @@ import torch  # noqa: E402
 import check_kernels_gpu as gpu_check  # noqa: E402
 from kernels_reference import random_paged_state  # noqa: E402
 from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
+from vllm_oscar.kernels.benchmark import GEOMETRIES  # noqa: E402
 
-#: Launch variants: the default (gluon_decode where it applies), gluon_decode with fp16 V operands, int2_split_kernel
-#: with the PTX unpack, with the portable unpack, and with bf16 keys.
-VARIANTS = (dict(), dict(gluon_f16_values=True), dict(gluon_splits=False), dict(gluon_splits=False, unpack=0),
-            dict(gluon_splits=False, int8_keys=False))
+#: Launch variants: the default (gluon_decode where it applies), gluon_decode with fp16 and with bf16 V operands,
+#: int2_split_kernel with the PTX unpack, with the portable unpack, and with bf16 keys.
+VARIANTS = (dict(), dict(gluon_f16_values=True), dict(gluon_f16_values=False), dict(gluon_splits=False),
+            dict(gluon_splits=False, unpack=0), dict(gluon_splits=False, int8_keys=False))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="qwen3-8b")
     parser.add_argument("--lengths", type=int, nargs="+", default=[30000, 120000])
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 16, 64, 256])
     parser.add_argument("--fold-tiles", type=int, nargs="+", default=[None],
                         help="AttentionConfig.fold_tiles values to compare (default: the shipped period)")
     args = parser.parse_args()
-    sink, recent, hq, hkv, dim = 64, 256, 32, 8, 128
+    sink, recent = 64, 256
+    hq, hkv, dim = GEOMETRIES[args.geometry]
     for length in args.lengths:
         gen = torch.Generator().manual_seed(length)
         layout = PageLayout(dim, dim, 64, torch.float16)

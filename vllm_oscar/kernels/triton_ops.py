@@ -260,10 +260,12 @@ STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: SASS: the split loop 461 / 732 instructions per tile at head_dim 64 / 128 against 497 / 785 in bf16, Triton 3.6).
 GLUON_F16_FOLD_TILES: int = 2
 #: AttentionConfig.gluon_f16_values None: fp16 V operands where gluon_decode runs at head_dim >= this. H200, graph
-#: replays, blocks of 64 (docs/notes/kernels.md "Session 23"): Qwen3-8B geometry 2-6% faster from 32K (32K B=8
-#: 0.0560 -> 0.0528 ms, 128K B=64 1.369 -> 1.318), equal at 4K; SmolLM2 (head_dim 64) 0-1% (noise). The kernel's
-#: error against float64 at 120000 positions in one split: 2.3e-3 against bf16's 1.5e-3 (bench/split_error.py).
-GLUON_F16_MIN_HEAD_DIM: int = 128
+#: replays, blocks of 64 (docs/notes/kernels.md "Session 23", "Session 24"): Qwen3-8B geometry 2-6% faster from 32K
+#: (32K B=8 0.0560 -> 0.0528 ms, 128K B=64 1.369 -> 1.318), equal at 4K; SmolLM2 (head_dim 64) 0-1% while the BIAS
+#: fold shuffled (session 23), 1-4% faster at >= 32K batch >= 8 since it stays in each lane (32K B=64 0.0797 ->
+#: 0.0768, 128K B=64 0.2827 -> 0.2718; batch 1 and 4K equal). The kernel's error against float64 at 120000
+#: positions in one split: 2.3e-3 against bf16's 1.5e-3 (bench/split_error.py, Qwen3-8B geometry).
+GLUON_F16_MIN_HEAD_DIM: int = 64
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
