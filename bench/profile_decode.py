@@ -51,8 +51,8 @@ def main() -> int:
                         help="AttentionConfig.gluon_copy_stages: gluon_decode's tiles staged by cp.async (0 = off; "
                              "default: 2 where triton_ops.staging_pays)")
     parser.add_argument("--gluon-f16-values", type=int, choices=(0, 1), default=None,
-                        help="AttentionConfig.gluon_f16_values: gluon_decode's V operands in fp16 (default: at "
-                             "head_dim >= 128)")
+                        help="AttentionConfig.gluon_f16_values: gluon_decode's V operands in fp16 (default: "
+                             "wherever gluon_decode runs)")
     parser.add_argument("--fold-tiles", type=int, default=None,
                         help="AttentionConfig.fold_tiles: tiles between folds of the BIAS sums (default: 8, or 2 "
                              "with fp16 V operands)")

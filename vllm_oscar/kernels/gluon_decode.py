@@ -426,7 +426,7 @@ def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s
     over = lane_max * gl.convert_layout(l_scale, LANE, assert_trivial=True)[None, :] \
         - gl.convert_layout(m_i, LANE, assert_trivial=True)[None, :] > SLACK
     if gl.max(gl.reshape(over.to(gl.int32), [32]), axis=0) > 0:  # lazy rescale, as int2_split_kernel
-        tile_max = gl.max(x, axis=0) * l_scale
+        tile_max = gl.convert_layout(gl.max(lane_max, axis=0), m_i.type.layout, assert_trivial=True) * l_scale
         m_new = gl.maximum(m_i, tile_max)
         alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
         l_acc *= alpha[None, :]

@@ -259,13 +259,6 @@ STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: (H200, bench/split_error.py, 120000 positions in one split: 2.3e-3 at fold 2, 7.7e-3 at 8, bf16 1.5e-3; offline
 #: SASS: the split loop 461 / 732 instructions per tile at head_dim 64 / 128 against 497 / 785 in bf16, Triton 3.6).
 GLUON_F16_FOLD_TILES: int = 2
-#: AttentionConfig.gluon_f16_values None: fp16 V operands where gluon_decode runs at head_dim >= this. H200, graph
-#: replays, blocks of 64 (docs/notes/kernels.md "Session 23", "Session 24"): Qwen3-8B geometry 2-6% faster from 32K
-#: (32K B=8 0.0560 -> 0.0528 ms, 128K B=64 1.369 -> 1.318), equal at 4K; SmolLM2 (head_dim 64) 0-1% while the BIAS
-#: fold shuffled (session 23), 1-4% faster at >= 32K batch >= 8 since it stays in each lane (32K B=64 0.0797 ->
-#: 0.0768, 128K B=64 0.2827 -> 0.2718; batch 1 and 4K equal). The kernel's error against float64 at 120000
-#: positions in one split: 2.3e-3 against bf16's 1.5e-3 (bench/split_error.py, Qwen3-8B geometry).
-GLUON_F16_MIN_HEAD_DIM: int = 64
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -361,7 +354,12 @@ class AttentionConfig:
     zero; docs/notes/kernels.md F1); gluon_f16_values: gluon_decode's split programs build the V operand and the
     weights in fp16 (gluon_decode.F16_VALUES: ~7% fewer instructions per tile; a BIAS of 1024 instead of 128, hence
     the shorter default fold period); True = wherever gluon_decode's kernel applies (it then runs that kernel);
-    None (the default) = where gluon_decode runs anyway at head_dim >= GLUON_F16_MIN_HEAD_DIM; False = bf16.
+    None (the default) = wherever gluon_decode runs anyway; False = bf16. H200, graph replays, blocks of 64
+    (docs/notes/kernels.md "Session 23", "Session 24"): Qwen3-8B geometry 2-6% faster from 32K (32K B=8 0.0560 ->
+    0.0528 ms, 128K B=64 1.369 -> 1.318), equal at 4K; SmolLM2 (head_dim 64) 1-4% faster at >= 32K batch >= 8 since
+    the BIAS fold stays in each lane (32K B=64 0.0797 -> 0.0768, 128K B=64 0.2827 -> 0.2718; batch 1 and 4K equal).
+    The kernel's error against float64 at 120000 positions in one split: 2.3e-3 / 2.8e-3 (Qwen3-8B / SmolLM2
+    geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py).
     """
 
     block_t: Optional[int] = None
@@ -968,10 +966,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.gluon_f16_values and not gluon_splits:
         raise ValueError(f"gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel, which this launch "
                          f"does not run (it needs {gluon_missing}). Leave gluon_f16_values at None.")
-    if config.gluon_f16_values is None:
-        f16_values = gluon_splits and layout.head_dim >= GLUON_F16_MIN_HEAD_DIM
-    else:
-        f16_values = config.gluon_f16_values and gluon_splits
+    f16_values = gluon_splits and config.gluon_f16_values is not False
     default_fold = GLUON_F16_FOLD_TILES if f16_values else FOLD_TILES.value
     fold = default_fold if config.fold_tiles is None else config.fold_tiles
     if fold < 1 or fold & (fold - 1):
