@@ -62,6 +62,14 @@ for dim, group in ((128, 4), (64, 3)):
             report[f"values_{dim}_{stages}_{int(f16)}"] = dict(
                 registers=int(registers), loops=len(loops), loop_stores=body.count("STL"), size=len(body),
                 **{op: body.count(op) for op in ("HMMA", "IMMA", "HMUL2", "SHF", "F2FP")})
+    for prefetch in (False, True):  # the window programs' L2 prefetch of their V rows (fp16 values, unstaged)
+        sass, registers, stack = read_compiled(compile_gluon_kernel(dim, group, f16_values=True,
+                                                                    window_prefetch=prefetch), None)
+        loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+        body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
+        report[f"window_prefetch_{dim}_{int(prefetch)}"] = dict(
+            registers=int(registers), loops=len(loops), loop=" ".join(body),
+            prefetches=[op for address, op in instructions(sass)].count("CCTL"))
 for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
     report[f"types_{query}_{window}"] = compile_gluon_kernel(128, 4, query=query, window=window).metadata.shared
 print(json.dumps(report))
@@ -133,6 +141,28 @@ def test_gluon_f16_values_take_fewer_instructions(compiled: dict, dim: int, stag
     v_words = dim // 8  # a lane's V codes per tile: 64 positions x dim / 4 bytes / 32 lanes / 4 bytes
     assert f16["SHF"] == bf16["SHF"] - 2 * v_words, (bf16, f16)
     assert f16["size"] < bf16["size"], (bf16, f16)
+
+
+@pytest.mark.parametrize("dim", [128, 64])
+def test_gluon_window_prefetch_leaves_the_split_loop_alone(compiled: dict, dim: int) -> None:
+    """gluon_window_prefetch: the window programs' path gains L2 prefetches (CCTL: one per lane and 128-byte line of
+    the tile's 64 V rows), the split loop is instruction for instruction the same, within the register cap."""
+    off, on = compiled[f"window_prefetch_{dim}_0"], compiled[f"window_prefetch_{dim}_1"]
+    assert on["loops"] == off["loops"] == 1 and on["loop"] == off["loop"], (off["loops"], on["loops"])
+    assert on["registers"] <= triton_ops.GLUON_MAX_REGISTERS, on
+    assert on["prefetches"] == off["prefetches"] + 64 * (dim * 2 // 128) // 32, (off["prefetches"], on["prefetches"])
+
+
+def test_window_prefetch_where_the_window_programs_are_few() -> None:
+    """None: where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (H200, 132 SMs:
+    batch 1 at Qwen3-8B and SmolLM2 geometry, 8 x 7 and 3 x 7 window programs; not 8 requests x 8 KV heads x 7)."""
+    pays, auto = triton_ops.window_prefetch_pays, triton_ops.AttentionConfig()
+    assert pays(auto, 8 * 7, 132) and pays(auto, 3 * 7, 132) and pays(auto, 132, 132)
+    assert not pays(auto, 8 * 8 * 7, 132) and not pays(auto, 133, 132)
+    assert pays(triton_ops.AttentionConfig(gluon_window_prefetch=True), 8 * 8 * 7, 132)
+    assert not pays(triton_ops.AttentionConfig(gluon_window_prefetch=False), 8, 132)
+    with pytest.raises(ValueError, match="gluon_window_prefetch=True is a hint of gluon_decode's window programs.*CUDA"):
+        _plan(triton_ops.AttentionConfig(gluon_window_prefetch=True))  # CPU tensors: no Gluon kernel here
 
 
 def test_gluon_f16_values_are_checked() -> None:

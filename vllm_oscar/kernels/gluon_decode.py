@@ -192,6 +192,19 @@ def _prefetch_region(head_base, bt_row, stride_cb, t0, live, BS: gl.constexpr, R
 
 
 @gluon.jit
+def _prefetch_window_rows(rows_head, stride_w1, D: gl.constexpr):
+    """prefetch.global.L2 the TILE rows (positions) of a BF16 window tile at rows_head + position * stride_w1, D
+    2-byte elements each: D / 64 lines of 128 bytes per row, each lane taking the lines of two positions."""
+    PER_ROW: gl.constexpr = D * 2 // PREFETCH_LINE
+    L: gl.constexpr = gl.BlockedLayout([2, PER_ROW], [32, 1], [1, 1], [1, 0])
+    pos = gl.arange(0, TILE, layout=gl.SliceLayout(1, L))
+    line = gl.arange(0, PER_ROW, layout=gl.SliceLayout(0, L))
+    addr = (rows_head + pos[:, None] * stride_w1 + line[None, :] * (PREFETCH_LINE // 2)).to(gl.int64, bitcast=True)
+    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [addr], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _rows_logical(x):
     """A [64] per-position vector from physical order (8 gid + 2 mt + hf) to S^T's row order (16 mt + 8 hf + gid)."""
     return gl.reshape(gl.permute(gl.reshape(x, [8, 4, 2]), [1, 2, 0]), [TILE])
@@ -586,13 +599,14 @@ def int2_split_gluon_kernel(
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
-    F16_VALUES: gl.constexpr = False,
+    F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
     (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
     [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
-    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once."""
+    elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once;
+    WINDOW_PREFETCH: a window program asks L2 for its BF16 V rows before its logits (they are read after them)."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -689,6 +703,9 @@ def int2_split_gluon_kernel(
             logits = gl.full([TILE, 4], float("-inf"), gl.float32, layout=FOLDED)
             any_copy = gl.max(copy.to(gl.int32), axis=0) > 0
             any_int2 = gl.max(no_copy.to(gl.int32), axis=0) > 0
+            if WINDOW_PREFETCH:
+                if any_copy:  # the V rows are read last, after the logits
+                    _prefetch_window_rows(wv_ptr + w_head, stride_w1, D)
             if any_copy:
                 x_copy = _window_logits(wk_ptr + w_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D, GROUP)
                 logits = gl.where(copy[:, None], x_copy * qk_scale, logits)

@@ -259,6 +259,12 @@ STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: (H200, bench/split_error.py, 120000 positions in one split: 2.3e-3 at fold 2, 7.7e-3 at 8, bf16 1.5e-3; offline
 #: SASS: the split loop 461 / 732 instructions per tile at head_dim 64 / 128 against 497 / 785 in bf16, Triton 3.6).
 GLUON_F16_FOLD_TILES: int = 2
+#: AttentionConfig.gluon_window_prefetch None: gluon_decode's window programs ask L2 for their BF16 V rows up front
+#: where they number at most this many per SM (batch 1: their latency chain is the kernel's tail; with many, the
+#: extra L2 requests compete with the splits' streams). H200, graph replays (docs/notes/kernels.md "Session 25"):
+#: batch 1 at 32K 4-5% faster (Qwen3-8B 0.0136 -> 0.0130 ms, SmolLM2 0.0070 -> 0.0068), Qwen3-8B 128K batch 8
+#: 4-6% slower (0.1659 -> 0.1724).
+WINDOW_PREFETCH_PROGRAMS_PER_SM: int = 1
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -359,7 +365,9 @@ class AttentionConfig:
     0.0528 ms, 128K B=64 1.369 -> 1.318), equal at 4K; SmolLM2 (head_dim 64) 1-4% faster at >= 32K batch >= 8 since
     the BIAS fold stays in each lane (32K B=64 0.0797 -> 0.0768, 128K B=64 0.2827 -> 0.2718; batch 1 and 4K equal).
     The kernel's error against float64 at 120000 positions in one split: 2.3e-3 / 2.8e-3 (Qwen3-8B / SmolLM2
-    geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py).
+    geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py); gluon_window_prefetch: gluon_decode's window
+    programs ask L2 for their BF16 V rows before computing their logits (a hint: results do not change); None (the
+    default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1).
     """
 
     block_t: Optional[int] = None
@@ -389,6 +397,7 @@ class AttentionConfig:
     gluon_copy_stages: Optional[int] = None
     fold_tiles: Optional[int] = None
     gluon_f16_values: Optional[bool] = None
+    gluon_window_prefetch: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -829,6 +838,14 @@ def _windows_first(config: AttentionConfig, window_programs: int, device: torch.
     return window_programs <= sms
 
 
+def window_prefetch_pays(config: AttentionConfig, window_programs: int, sms: int) -> bool:
+    """config.gluon_window_prefetch, or (None) whether gluon_decode's window programs number at most
+    WINDOW_PREFETCH_PROGRAMS_PER_SM per SM."""
+    if config.gluon_window_prefetch is not None:
+        return config.gluon_window_prefetch
+    return window_programs <= WINDOW_PREFETCH_PROGRAMS_PER_SM * sms
+
+
 def tma_pays(head_dim: int, int8_keys: bool, pairs: int, sms: int, max_seq_len: int) -> bool:
     """Whether TMA tile loads beat plain loads for a graph-captured decode of ``pairs`` (request, KV head) pairs
     planned for ``max_seq_len`` positions on ``sms`` SMs (the rule of GRAPH_TMA_STAGES). Without int8 keys they
@@ -966,6 +983,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.gluon_f16_values and not gluon_splits:
         raise ValueError(f"gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel, which this launch "
                          f"does not run (it needs {gluon_missing}). Leave gluon_f16_values at None.")
+    if config.gluon_window_prefetch and not gluon_splits:
+        raise ValueError(f"gluon_window_prefetch=True is a hint of gluon_decode's window programs, which this launch "
+                         f"does not run (it needs {gluon_missing}). Leave gluon_window_prefetch at None.")
     f16_values = gluon_splits and config.gluon_f16_values is not False
     default_fold = GLUON_F16_FOLD_TILES if f16_values else FOLD_TILES.value
     fold = default_fold if config.fold_tiles is None else config.fold_tiles
@@ -1023,6 +1043,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values,
+                            WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device)),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
