@@ -261,9 +261,9 @@ STAGED_MIN_POSITIONS_PER_SM: int = 8192
 GLUON_F16_FOLD_TILES: int = 2
 #: AttentionConfig.gluon_window_prefetch None: gluon_decode's window programs ask L2 for their BF16 V rows up front
 #: where they number at most this many per SM (batch 1: their latency chain is the kernel's tail; with many, the
-#: extra L2 requests compete with the splits' streams). H200, graph replays (docs/notes/kernels.md "Session 25"):
-#: batch 1 at 32K 4-5% faster (Qwen3-8B 0.0136 -> 0.0130 ms, SmolLM2 0.0070 -> 0.0068), Qwen3-8B 128K batch 8
-#: 4-6% slower (0.1659 -> 0.1724).
+#: extra L2 requests compete with the splits' streams). H200, graph replays (docs/notes/kernels.md "Session 25",
+#: V50): Qwen3-8B batch 1 16K 0.0125 -> 0.0110 ms, 32K 0.0139 -> 0.0128, SmolLM2 16K / 32K 2-3% faster, 64K / 128K
+#: equal; on at batch >= 8 up to 4% slower (Qwen3-8B 128K B=64 1.198 -> 1.246 ms).
 WINDOW_PREFETCH_PROGRAMS_PER_SM: int = 1
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
