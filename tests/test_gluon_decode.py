@@ -144,6 +144,17 @@ def test_gluon_f16_values_take_fewer_instructions(compiled: dict, dim: int, stag
 
 
 @pytest.mark.parametrize("dim", [128, 64])
+@pytest.mark.parametrize("stages", [0, triton_ops.GLUON_AUTO_COPY_STAGES])
+def test_gluon_key_planes_take_one_shift_per_code_word(compiled: dict, dim: int, stages: int) -> None:
+    """The key codes' planes 2 and 3 enter the logits MMA masked where they lie (16 x code, UPPER_PLANES) and planes
+    1 and 3 share one shifted word: one shift per key code word (three before), beside the V unpack's one per word;
+    at most a few more for addresses."""
+    f16 = compiled[f"values_{dim}_{stages}_1"]
+    words = dim // 8  # a lane's key (and V) code words per tile: 64 positions x dim / 4 bytes / 32 lanes / 4 bytes
+    assert 2 * words <= f16["SHF"] <= 2 * words + 4, f16
+
+
+@pytest.mark.parametrize("dim", [128, 64])
 def test_gluon_window_prefetch_leaves_the_split_loop_alone(compiled: dict, dim: int) -> None:
     """gluon_window_prefetch: the window programs' path gains L2 prefetches (CCTL: one per lane and 128-byte line of
     the tile's 64 V rows), the split loop is instruction for instruction the same, within the register cap."""

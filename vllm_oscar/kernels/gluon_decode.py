@@ -13,9 +13,10 @@ blocks of 64, one group per row with fp16 scales, GQA groups <= 4, head_dim 64 o
 Per tile (positions on the MMA's M side, as in int2_split_kernel; KPARTS = 2 columns per head):
 
     S^T [64, 8] int32 = sum over K steps s of codes_s [64, 32] int8 @ q8_s [32, 8]       (mma m16n8k32, int8)
-                        column 2 j + k: head j's dot over the planes of part k (the query operand is zero elsewhere)
-    x [64, 4] fp32    = k_scale * (S^T columns 2 j + 2 j + 1) + k_offset * sum(q8_j)    (parts added in-lane)
-    p                 = exp2(x * s_q qk_scale - m)                                       (lazy rescale, RESCALE_SLACK)
+                        column 2 j + k: head j's dot over the planes of part k (the query operand is zero elsewhere;
+                        the codes of part 1, planes 2 and 3, enter as 16 x code: UPPER_PLANES)
+    x [64, 4] fp32    = k_scale * (16 S^T column 2 j + column 2 j + 1) + k_offset * 16 sum(q8_j)   (16 x the logits)
+    p                 = exp2(x * s_q qk_scale / 16 - m)                                  (lazy rescale, RESCALE_SLACK)
     W [64, 8] bf16    = column 2 j: bf16(p v_scale), column 2 j + 1: bf16(p v_offset)
     acc [D, 8] fp32  += (BIAS + F_P code_v)^T [D, 64] @ W;  sums [16, 8] += ones [16, 64] @ W   (mma m16n8k16, bf16)
 
@@ -75,6 +76,10 @@ def _view_as(desc, dtype, shape, layout, _semantic=None):
 TILE: gl.constexpr = gl.constexpr(64)
 #: Columns of the logits per head (the query's planes split in two parts: an N = 8 MMA for GQA groups <= 4).
 KPARTS: gl.constexpr = gl.constexpr(2)
+#: The key codes of planes 2 and 3 enter the logits MMA as masked, i.e. times 16 (_plane_codes: no shift for plane 2,
+#: one for planes 1 and 3): the folded logits are UPPER_PLANES times the true ones, and the query's qo and l_scale
+#: carry the factor (_int8_query), so that every softmax input is the same float as without it (powers of 2).
+UPPER_PLANES: gl.constexpr = gl.constexpr(16)
 #: Largest GQA group (heads per KV head) the kernel takes: 4 heads x KPARTS fill the MMA's N = 8.
 MAX_GROUP: gl.constexpr = gl.constexpr(4)
 #: head_dims the kernel takes (code planes of 32 or 16 bytes).
@@ -146,15 +151,17 @@ SCALE_BYTES: gl.constexpr = gl.constexpr(4 * 64 * 2)
 
 @gluon.jit
 def _plane_codes(raw, P: gl.constexpr):
-    """uint8 packed bytes -> int8 codes (0..3) of plane P, four per and.b32 (triton_common.plane_codes_int8)."""
+    """uint8 packed bytes -> int8 codes of plane P times UPPER_PLANES (16) for P >= 2, four per and.b32: planes 0 and
+    2 masked where they lie, planes 1 and 3 masked in the word shifted by 2 (one shift for both, shared by ptxas), so
+    that the two planes of each logits part (0, 1 and 2, 3) carry one scale (_fold_key_parts)."""
     if P == 0:
         asm: gl.constexpr = "and.b32 $0, $1, 0x03030303;"
     elif P == 1:
         asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 $0, t, 0x03030303; }"
     elif P == 2:
-        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x03030303; }"
+        asm: gl.constexpr = "and.b32 $0, $1, 0x30303030;"
     else:
-        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 6; and.b32 $0, t, 0x03030303; }"
+        asm: gl.constexpr = "{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 $0, t, 0x30303030; }"
     return gl.inline_asm_elementwise(asm, "=r,r", [raw], dtype=gl.int8, is_pure=True, pack=4)
 
 
@@ -282,6 +289,14 @@ def _fold_parts(x):
 
 
 @gluon.jit
+def _fold_key_parts(s):
+    """The logits MMA's [64, 8] int32 columns (head, part) -> UPPER_PLANES times the dot per head [64, 4]: part 0
+    (planes 0, 1 as 0..3) scaled up to part 1 (planes 2, 3 as 16 x 0..3), in-lane."""
+    low, high = gl.split(gl.reshape(s, [TILE, 4, KPARTS]))
+    return low * UPPER_PLANES + high
+
+
+@gluon.jit
 def _per_head(v, zero_s):
     """A [8] per-column vector (column 2 j + k: head j) as [4] per head, in the layout of _fold_parts' columns
     (the two parts' copies are added by the fold: returns their sum)."""
@@ -354,8 +369,8 @@ def _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q: gl.const
     else:
         q2 = q0
         q3 = q1
-    qo = _per_head(q_sum, zero_s)  # each part's column holds the sum over its planes
-    l_scale = _per_head(s_q * qk_scale, zero_s) * 0.5  # both columns hold s_q qk_scale
+    qo = _per_head(q_sum, zero_s) * UPPER_PLANES  # each part's column holds the sum over its planes
+    l_scale = _per_head(s_q * qk_scale, zero_s) * (0.5 / UPPER_PLANES)  # both columns hold s_q qk_scale
     return q0, q1, q2, q3, qo, l_scale
 
 
@@ -481,7 +496,7 @@ def _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q: gl.constexpr):
     if Q == 32:
         s = mma_v2(_codes_operand(codes, 2, Q), q2, s)
         s = mma_v2(_codes_operand(codes, 3, Q), q3, s)
-    return ks[:, None] * _fold_parts(s).to(gl.float32) + kz[:, None] * qo[None, :]
+    return ks[:, None] * _fold_key_parts(s).to(gl.float32) + kz[:, None] * qo[None, :]
 
 
 @gluon.jit
