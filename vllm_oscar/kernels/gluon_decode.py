@@ -45,7 +45,7 @@ than int2_split_kernel's from 32K on and at 4K batch 64).
 COPY_STAGES > 0 (AttentionConfig.gluon_copy_stages; by default 2 where triton_ops.staging_pays, H200 timings in
 docs/notes/kernels.md "Session 21"): instead of an L2 prefetch one tile ahead and register loads, a split program
 copies the regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no registers held while they are in
-flight) and reads each tile from there into the same register layouts (_staged_keys, _staged_values; the code lines swizzled so that
+flight) and reads each tile from there into the same register layouts (_staged_tile; the code lines swizzled so that
 those reads are free of bank conflicts). The window programs load as before.
 """
 
@@ -425,36 +425,29 @@ def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr, DTYPE: gl.conste
 
 
 @gluon.jit
-def _staged_keys(codes_k, scales, ROWS: gl.constexpr, Q: gl.constexpr):
-    """The key side of a tile copied by _copy_tile (codes, k_scale, k_offset), read from shared memory into
-    _tile_loads' layouts."""
+def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, F16: gl.constexpr):
+    """_tile_loads' tensors of a tile copied by _copy_tile, read from shared memory into the same layouts."""
     if Q == 32:
         codes = gl.convert_layout(gl.reshape(codes_k.load(STAGED_CODES_128), [8, 8, 4, 8]), CODE_BYTES_128,
+                                  assert_trivial=True)
+        pairs = gl.convert_layout(gl.reshape(codes_v.load(STAGED_PAIRS_128), [4, 2, 8, 8, 2]), PAIRS_128,
                                   assert_trivial=True)
     else:
         codes = gl.convert_layout(gl.reshape(codes_k.load(STAGED_CODES_64), [8, 8, 4, 4]), CODE_BYTES_64,
                                   assert_trivial=True)
-    return codes, _staged_scales(scales, 0, ROWS), _staged_scales(scales, 1, ROWS)
-
-
-@gluon.jit
-def _staged_values(codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, F16: gl.constexpr):
-    """The V side of a tile copied by _copy_tile (byte pairs, v_scale, v_offset), read from shared memory into
-    _tile_loads' layouts."""
-    if Q == 32:
-        pairs = gl.convert_layout(gl.reshape(codes_v.load(STAGED_PAIRS_128), [4, 2, 8, 8, 2]), PAIRS_128,
-                                  assert_trivial=True)
-    else:
         pairs = gl.convert_layout(gl.reshape(codes_v.load(STAGED_PAIRS_64), [4, 2, 8, 8]), PAIRS_64,
                                   assert_trivial=True)
     VDT: gl.constexpr = gl.float16 if F16 else gl.float32  # v_scale and v_offset as stored with F16
-    return pairs, _staged_scales(scales, 2, ROWS, VDT), _staged_scales(scales, 3, ROWS, VDT)
+    return (codes, pairs, _staged_scales(scales, 0, ROWS), _staged_scales(scales, 1, ROWS),
+            _staged_scales(scales, 2, ROWS, VDT), _staged_scales(scales, 3, ROWS, VDT))
 
 
 @gluon.jit
-def _tile_softmax(x, l_scale, m_i, l_acc, acc, sums, F16: gl.constexpr):
-    """The lazy-rescaled online softmax of one INT2 tile's logits x [64, 4] (_tile_logits): returns (p, m_i, l_acc,
-    acc, sums), the running state rescaled where the tile's max runs ahead of m_i by more than the slack."""
+def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s, ones, m_i, l_acc, acc, sums,
+               Q: gl.constexpr, F16: gl.constexpr):
+    """One INT2 tile of a split program (its loads given): logits, lazy-rescaled online softmax, V products.
+    Returns the running (m_i, l_acc, acc, sums)."""
+    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
     SLACK: gl.constexpr = RESCALE_SLACK_F16 if F16 else RESCALE_SLACK
     lane_max = gl.max(gl.reshape(x, [8, 8, 4]), axis=0)  # [8 (gid), 4 (head)]: the max of each lane's own rows
     LANE: gl.constexpr = gl.SliceLayout(0, lane_max.type.layout)
@@ -470,16 +463,7 @@ def _tile_softmax(x, l_scale, m_i, l_acc, acc, sums, F16: gl.constexpr):
         sums *= alpha_c[None, :]
         m_i = m_new
     p = gl.exp2(x * l_scale[None, :] - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-    return p, m_i, l_acc + p, acc, sums
-
-
-@gluon.jit
-def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s, ones, m_i, l_acc, acc, sums,
-               Q: gl.constexpr, F16: gl.constexpr):
-    """One INT2 tile of a split program (its loads given): logits, lazy-rescaled online softmax, V products.
-    Returns the running (m_i, l_acc, acc, sums)."""
-    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
-    p, m_i, l_acc, acc, sums = _tile_softmax(x, l_scale, m_i, l_acc, acc, sums, F16)
+    l_acc += p
     sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q, F16)
     return m_i, l_acc, acc, sums
 
@@ -630,16 +614,14 @@ def int2_split_gluon_kernel(
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
-    F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False, PIPELINE: gl.constexpr = False,
+    F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
     (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
     [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
     elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once;
-    WINDOW_PREFETCH: a window program asks L2 for its BF16 V rows before its logits (they are read after them);
-    PIPELINE (COPY_STAGES >= 3): a split program computes tile i + 1's logits beside tile i's softmax and V product,
-    two independent chains for the scheduler instead of one."""
+    WINDOW_PREFETCH: a window program asks L2 for its BF16 V rows before its logits (they are read after them)."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -689,12 +671,6 @@ def int2_split_gluon_kernel(
             blk_ahead = gl.load(bt_row + (first + ahead * TILE) // BS, mask=ahead < hi, other=0)
             q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
                                                       GROUP)
-            if PIPELINE:  # tile i's softmax and V product beside tile i + 1's logits (independent chains)
-                gl.static_assert(COPY_STAGES >= 3, "PIPELINE reads two tiles' stages while a third is copied")
-                async_copy.wait_group(COPY_STAGES - 2)
-                _sync_warps()  # every lane's copies of tile lo have landed
-                codes, ks, kz = _staged_keys(codes_k.index(0), scales.index(0), ROWS, Q)
-                x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
             for i in range(lo, hi):
                 stage = (i - lo) % COPY_STAGES
                 refill = (stage + COPY_STAGES - 1) % COPY_STAGES  # the stage every lane read one tile ago
@@ -703,22 +679,12 @@ def int2_split_gluon_kernel(
                 _copy_tile(codes_k.index(refill), codes_v.index(refill), scales.index(refill),
                            head_base + blk_ahead.to(gl.int64) * stride_cb, ahead < hi, Q, K_CODES, V_CODES, K_SCALE)
                 blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
-                if PIPELINE:
-                    async_copy.wait_group(COPY_STAGES - 2)
-                    _sync_warps()  # every lane's copies of tile i + 1 have landed (read past hi: never used)
-                    following = (stage + 1) % COPY_STAGES
-                    codes, ks, kz = _staged_keys(codes_k.index(following), scales.index(following), ROWS, Q)
-                    pairs, vs, vz = _staged_values(codes_v.index(stage), scales.index(stage), ROWS, Q, F16_VALUES)
-                    p, m_i, l_acc, acc, sums = _tile_softmax(x, l_scale, m_i, l_acc, acc, sums, F16_VALUES)
-                    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
-                    sums, acc = _tile_values(p, vs, vz, pairs, sums, acc, ones, Q, F16_VALUES)
-                else:
-                    async_copy.wait_group(COPY_STAGES - 1)
-                    _sync_warps()  # every lane's copies of tile i have landed
-                    codes, ks, kz = _staged_keys(codes_k.index(stage), scales.index(stage), ROWS, Q)
-                    pairs, vs, vz = _staged_values(codes_v.index(stage), scales.index(stage), ROWS, Q, F16_VALUES)
-                    m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale,
-                                                       zero_s, ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
+                async_copy.wait_group(COPY_STAGES - 1)
+                _sync_warps()  # every lane's copies of tile i have landed
+                codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k.index(stage), codes_v.index(stage),
+                                                            scales.index(stage), ROWS, Q, F16_VALUES)
+                m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
+                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
                 if (i - lo) % FOLD == FOLD - 1:
                     acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
         else:

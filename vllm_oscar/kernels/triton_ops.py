@@ -252,8 +252,6 @@ GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 #: 15.9K positions per SM), 15% slower at 32K B=1 (0.0134 / 0.0154 / 0.0148; 2K positions per SM). Three stages
 #: cost residency at head_dim 128 (fewer splits) and gain nothing at 64.
 GLUON_AUTO_COPY_STAGES: int = 2
-#: AttentionConfig.gluon_pipeline's copy stages: tile i's V side, tile i + 1's keys, tile i + 2 in flight.
-PIPELINE_COPY_STAGES: int = 3
 STAGED_MAX_HEAD_DIM: int = 64
 STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: AttentionConfig.fold_tiles None with gluon_f16_values: the fp16 V operand's BIAS (1024) is 8x bf16's, so the
@@ -369,9 +367,7 @@ class AttentionConfig:
     The kernel's error against float64 at 120000 positions in one split: 2.3e-3 / 2.8e-3 (Qwen3-8B / SmolLM2
     geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py); gluon_window_prefetch: gluon_decode's window
     programs ask L2 for their BF16 V rows before computing their logits (a hint: results do not change); None (the
-    default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1);
-    gluon_pipeline: gluon_decode's split programs compute tile i + 1's logits beside tile i's softmax and V product
-    (gluon_decode.PIPELINE; needs gluon_copy_stages=3); None (the default) = off.
+    default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1).
     """
 
     block_t: Optional[int] = None
@@ -402,7 +398,6 @@ class AttentionConfig:
     fold_tiles: Optional[int] = None
     gluon_f16_values: Optional[bool] = None
     gluon_window_prefetch: Optional[bool] = None
-    gluon_pipeline: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -991,9 +986,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.gluon_window_prefetch and not gluon_splits:
         raise ValueError(f"gluon_window_prefetch=True is a hint of gluon_decode's window programs, which this launch "
                          f"does not run (it needs {gluon_missing}). Leave gluon_window_prefetch at None.")
-    if config.gluon_pipeline and not gluon_splits:
-        raise ValueError(f"gluon_pipeline=True reorders gluon_decode's split loop, which this launch does not run (it "
-                         f"needs {gluon_missing}). Leave gluon_pipeline at None.")
     f16_values = gluon_splits and config.gluon_f16_values is not False
     default_fold = GLUON_F16_FOLD_TILES if f16_values else FOLD_TILES.value
     fold = default_fold if config.fold_tiles is None else config.fold_tiles
@@ -1004,9 +996,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if copy_stages is None:
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
             layout.head_dim, batch * hkv, max_seq_len, _device_sms(device)) else 0
-    if config.gluon_pipeline and copy_stages < PIPELINE_COPY_STAGES:
-        raise ValueError(f"gluon_pipeline=True reads two staged tiles while a third is copied: it needs "
-                         f"gluon_copy_stages={PIPELINE_COPY_STAGES} (got {copy_stages}).")
     if gluon_splits:
         window_t = block_t  # gluon_decode's window tiles are whole cache blocks
         tma_stages = 0
@@ -1055,7 +1044,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values,
                             WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device)),
-                            PIPELINE=bool(config.gluon_pipeline),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
