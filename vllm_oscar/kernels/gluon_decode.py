@@ -663,11 +663,11 @@ def int2_split_gluon_kernel(
             codes_v = gl.allocate_shared_memory(gl.int16, [COPY_STAGES, LINES, 64],
                                                 STAGED_V_128 if Q == 32 else STAGED_V_64)
             scales = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, SCALE_BYTES], STAGED)
-            for s in gl.static_range(COPY_STAGES):  # every stage in flight before the query is read
+            for s in gl.static_range(COPY_STAGES - 1):
                 blk = gl.load(bt_row + (first + (lo + s) * TILE) // BS, mask=lo + s < hi, other=0)
                 _copy_tile(codes_k.index(s), codes_v.index(s), scales.index(s),
                            head_base + blk.to(gl.int64) * stride_cb, lo + s < hi, Q, K_CODES, V_CODES, K_SCALE)
-            ahead = lo + COPY_STAGES
+            ahead = lo + COPY_STAGES - 1
             blk_ahead = gl.load(bt_row + (first + ahead * TILE) // BS, mask=ahead < hi, other=0)
             q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
                                                       GROUP)
@@ -675,12 +675,10 @@ def int2_split_gluon_kernel(
                 stage = (i - lo) % COPY_STAGES
                 refill = (stage + COPY_STAGES - 1) % COPY_STAGES  # the stage every lane read one tile ago
                 ahead = i + COPY_STAGES - 1
-                if i > lo:  # the first tile's refill went out with the prologue's copies
-                    _sync_warps()
-                    _copy_tile(codes_k.index(refill), codes_v.index(refill), scales.index(refill),
-                               head_base + blk_ahead.to(gl.int64) * stride_cb, ahead < hi, Q, K_CODES, V_CODES,
-                               K_SCALE)
-                    blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
+                _sync_warps()
+                _copy_tile(codes_k.index(refill), codes_v.index(refill), scales.index(refill),
+                           head_base + blk_ahead.to(gl.int64) * stride_cb, ahead < hi, Q, K_CODES, V_CODES, K_SCALE)
+                blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
                 async_copy.wait_group(COPY_STAGES - 1)
                 _sync_warps()  # every lane's copies of tile i have landed
                 codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k.index(stage), codes_v.index(stage),
