@@ -123,6 +123,8 @@ PAIRS_64 = gl.BlockedLayout([1, 2, 8, 1], [4, 1, 1, 8], [1, 1, 1, 1], [1, 2, 0, 
 #: the V lines change phase every second line at head_dim 128 (their reads step four lines per lane group).
 STAGED = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 STAGED_KEYS = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+#: STAGED_KEYS as the copies write it: [lines, 64] int16, the same 16-byte chunks in the same places.
+STAGED_KEYS_16 = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
 STAGED_V_128 = gl.SwizzledSharedLayout(vec=8, per_phase=2, max_phase=8, order=[1, 0])
 STAGED_V_64 = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
 #: The staged code lines read straight into _codes_raw's and _value_pairs' register layouts (as [lines, columns];
@@ -141,10 +143,10 @@ STAGED_PAIRS_128 = gl.DistributedLinearLayout(reg_bases=[[2, 0], [0, 16], [0, 32
 STAGED_PAIRS_64 = gl.DistributedLinearLayout(reg_bases=[[1, 0], [0, 8], [0, 16], [0, 32]],
                                              lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
                                              warp_bases=[], block_bases=[], shape=[8, 64])
-#: cp.async of 16 bytes per lane and copy: flat bytes, and [lines, 128 bytes] / [lines, 64 int16] rows.
+#: cp.async of 16 bytes per lane and copy: flat bytes, and lines of 128 bytes as [lines, 64] int16 (the key codes too,
+#: so that both code copies of a tile take their source addresses from one per-lane pointer: V54).
 COPY_LANES = gl.BlockedLayout([16], [32], [1], [0])
-COPY_BYTE_LINES = gl.BlockedLayout([1, 16], [4, 8], [1, 1], [1, 0])
-COPY_PAIR_LINES = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+COPY_LINES = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
 #: Bytes of the four scale planes of a tile (k_scale, k_offset, v_scale, v_offset: 64 fp16 each), contiguous.
 SCALE_BYTES: gl.constexpr = gl.constexpr(4 * 64 * 2)
 
@@ -392,14 +394,12 @@ def _tile_loads(base, ROWS: gl.constexpr, Q: gl.constexpr, K_CODES: gl.constexpr
 
 
 @gluon.jit
-def _copy_lines(stage, src, live, LINES: gl.constexpr, WIDTH: gl.constexpr):
-    """cp.async of [LINES, WIDTH] contiguous elements at src into stage, 16 bytes per lane and copy (WIDTH 128 uint8
-    or 64 int16); unless live no copy is issued and the stage keeps what it held (a tile past the split's end, never
-    read)."""
-    L: gl.constexpr = COPY_BYTE_LINES if WIDTH == 128 else COPY_PAIR_LINES
-    line = gl.arange(0, LINES, layout=gl.SliceLayout(1, L))
-    col = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, L))
-    offs = line[:, None] * WIDTH + col[None, :]
+def _copy_lines(stage, src, live, LINES: gl.constexpr):
+    """cp.async of [LINES, 64] contiguous int16 at src into stage, 16 bytes per lane and copy; unless live no copy is
+    issued and the stage keeps what it held (a tile past the split's end, never read)."""
+    line = gl.arange(0, LINES, layout=gl.SliceLayout(1, COPY_LINES))
+    col = gl.arange(0, 64, layout=gl.SliceLayout(0, COPY_LINES))
+    offs = line[:, None] * 64 + col[None, :]
     _copy_async(stage, src + offs, mask=(offs >= 0) & live)
 
 
@@ -407,11 +407,12 @@ def _copy_lines(stage, src, live, LINES: gl.constexpr, WIDTH: gl.constexpr):
 def _copy_tile(codes_k, codes_v, scales, base, live, Q: gl.constexpr, K_CODES: gl.constexpr,
                V_CODES: gl.constexpr, K_SCALE: gl.constexpr):
     """Start the copies of one INT2 tile (the (block, KV head) region at base) into one stage: key codes and V codes
-    (TILE Q bytes each, as lines of 128 bytes) and the four scale planes (SCALE_BYTES from K_SCALE), as one cp.async
-    group."""
+    (TILE Q bytes each, as lines of 128 bytes, both copied as int16) and the four scale planes (SCALE_BYTES from
+    K_SCALE), as one cp.async group."""
     LINES: gl.constexpr = TILE * Q // 128
-    _copy_lines(codes_k, base + K_CODES, live, LINES, 128)
-    _copy_lines(codes_v, (base + V_CODES).to(gl.pointer_type(gl.int16)), live, LINES, 64)
+    _copy_lines(_view_as(codes_k, gl.int16, [LINES, 64], STAGED_KEYS_16), (base + K_CODES).to(gl.pointer_type(gl.int16)),
+                live, LINES)
+    _copy_lines(codes_v, (base + V_CODES).to(gl.pointer_type(gl.int16)), live, LINES)
     flat = gl.arange(0, SCALE_BYTES, layout=COPY_LANES)
     _copy_async(scales, base + K_SCALE + flat, mask=(flat >= 0) & live)
     async_copy.commit_group()
