@@ -149,6 +149,13 @@ def instructions(sass: str) -> list[tuple[int, str]]:
             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass)]
 
 
+def copy_sources(sass: str) -> list[tuple[int, str]]:
+    """(address, source address register) of every cp.async (LDGSTS ... [Rn.64 + offset]): the registers a loop's
+    tile copies compute their global addresses into."""
+    return [(int(m.group(1), 16), m.group(2)) for m in
+            re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?LDGSTS[^\n]*?\]\[(R\d+)\.64", sass)]
+
+
 def register_copies(sass: str) -> list[int]:
     """Addresses of plain register copies (IMAD.MOV.U32 Rd, RZ, RZ, Rs): in a hot loop they mostly build MMA
     operands whose halves Triton fills with copies of a half-empty tile (docs/notes/kernels.md V40)."""

@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROBE = r'''
 import json, re, sys
 sys.path[:0] = [ROOT, ROOT + "/bench"]
-from sass_decode import backward_branches, compile_gluon_kernel, instructions, read_compiled
+from sass_decode import backward_branches, compile_gluon_kernel, copy_sources, instructions, read_compiled
 from vllm_oscar.kernels import triton_ops
 
 report = {}
@@ -52,6 +52,8 @@ for dim, group in ((128, 4), (64, 3)):
                                                 loops=len(loops), loop_stores=body.count("STL"),
                                                 loop_reloads=body.count("LDL"),
                                                 loop_copies=body.count("LDGSTS"), loop_ldg=body.count("LDG"),
+                                                loop_copy_sources=len({reg for address, reg in copy_sources(sass)
+                                                                       if any(lo <= address <= hi for lo, hi in loops)}),
                                                 loop_prefetch=body.count("CCTL"))
     for stages in (0, triton_ops.GLUON_AUTO_COPY_STAGES):  # fp16 V operands and weights, as bf16 above
         for f16 in (False, True):
@@ -124,6 +126,10 @@ def test_gluon_kernel_stages_tiles_by_cp_async(compiled: dict, dim: int, stages:
     assert kernel["loop_reloads"] <= (4 if dim == 128 else 0), kernel
     assert kernel["loops"] == 1 and kernel["loop_prefetch"] == 0, kernel
     assert kernel["loop_copies"] == region // (16 * 32) and kernel["loop_ldg"] == 1, kernel  # 16 bytes per lane
+    # the key and V codes' copies (both int16 lines, the same per-lane offsets: V54) take their source addresses from
+    # one register (two at head_dim 128, where ptxas rebases the V chunks), the scale planes' copy from one more; five
+    # before (a 64-bit add per copy and tile)
+    assert kernel["loop_copy_sources"] <= 3, kernel
 
 
 @pytest.mark.parametrize("dim", [128, 64])
