@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Compare the decode of several source trees timed in one GPU call (A/B): `vllm-oscar bench tune --json` reports
-of each tree's default launch config, per cell the fastest reading of each tree over its repeats and the speed-up
-of each tree over a base tree (> 1: faster than the base).
+of each tree's default launch config, per cell the fastest reading of each tree over its repeats, the speed-up
+of each tree over a base tree (> 1: faster than the base) and the spread of the repeats (the largest over the
+trees of (slowest - fastest) / fastest: a speed-up inside it is noise).
 
     python bench/tune_ab.py --base old new=docs/perf/ab_session24/call4_redux1.json,docs/perf/ab_session24/call4_redux2.json \
         old=docs/perf/ab_session24/call4_old1.json,docs/perf/ab_session24/call4_old2.json
@@ -38,15 +39,17 @@ def compare(trees: dict[str, list[str]], base: str) -> list[str]:
     """Lines of the comparison table: one per cell timed by every tree."""
     if base not in trees:
         raise SystemExit(f"--base {base} is not one of the trees given ({', '.join(trees)}).")
-    best = {name: {key: min(times) for key, times in _cells(paths).items()} for name, paths in trees.items()}
+    readings = {name: _cells(paths) for name, paths in trees.items()}
+    best = {name: {key: min(times) for key, times in cells.items()} for name, cells in readings.items()}
     keys = [key for key in best[base] if all(key in cells for cells in best.values())]
     others = [name for name in trees if name != base]
     lines = ["geometry       context   B  " + " ".join(f"{name:>9}" for name in trees) + "  "
-             + " ".join(f"{name + '/' + base:>12}" for name in others)]
+             + " ".join(f"{name + '/' + base:>12}" for name in others) + "  spread"]
     for key in keys:
         times = " ".join(f"{best[name][key]:9.4f}" for name in trees)
         ratios = " ".join(f"{best[base][key] / best[name][key]:12.3f}" for name in others)
-        lines.append(f"{key[0]:<14} {key[1]:>7} {key[2]:>3}  {times}  {ratios}")
+        spread = max(max(cells[key]) / min(cells[key]) - 1.0 for cells in readings.values())
+        lines.append(f"{key[0]:<14} {key[1]:>7} {key[2]:>3}  {times}  {ratios}  {100 * spread:5.1f}%")
     return lines
 
 

@@ -31,6 +31,8 @@ def test_fastest_reading_and_ratio_over_the_base(tmp_path) -> None:
     first = lines[1].split()
     assert first[:3] == ["g", "4096", "1"] and float(first[3]) == 0.008 and float(first[5]) == pytest.approx(1.5)
     assert float(lines[2].split()[5]) == pytest.approx(0.5)  # slower than the base
+    # the spread of the repeats: new's 0.010 / 0.008 at B=1 (25%), 0.031 / 0.030 at B=8 (old has one reading)
+    assert first[6] == "25.0%" and lines[2].split()[6] == "3.3%"
 
 
 def test_errors_say_what_to_fix(tmp_path) -> None:
