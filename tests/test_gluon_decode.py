@@ -53,7 +53,8 @@ for dim, group in ((128, 4), (64, 3)):
                                                 loop_reloads=body.count("LDL"),
                                                 loop_copies=body.count("LDGSTS"), loop_ldg=body.count("LDG"),
                                                 loop_copy_sources=len({reg for address, reg in copy_sources(sass)
-                                                                       if any(lo <= address <= hi for lo, hi in loops)}),
+                                                                       if any(lo <= address <= hi
+                                                                              for lo, hi in loops)}),
                                                 loop_prefetch=body.count("CCTL"))
     for stages in (0, triton_ops.GLUON_AUTO_COPY_STAGES):  # fp16 V operands and weights, as bf16 above
         for f16 in (False, True):

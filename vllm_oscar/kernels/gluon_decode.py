@@ -410,8 +410,8 @@ def _copy_tile(codes_k, codes_v, scales, base, live, Q: gl.constexpr, K_CODES: g
     (TILE Q bytes each, as lines of 128 bytes, both copied as int16) and the four scale planes (SCALE_BYTES from
     K_SCALE), as one cp.async group."""
     LINES: gl.constexpr = TILE * Q // 128
-    _copy_lines(_view_as(codes_k, gl.int16, [LINES, 64], STAGED_KEYS_16), (base + K_CODES).to(gl.pointer_type(gl.int16)),
-                live, LINES)
+    keys = _view_as(codes_k, gl.int16, [LINES, 64], STAGED_KEYS_16)
+    _copy_lines(keys, (base + K_CODES).to(gl.pointer_type(gl.int16)), live, LINES)
     _copy_lines(codes_v, (base + V_CODES).to(gl.pointer_type(gl.int16)), live, LINES)
     flat = gl.arange(0, SCALE_BYTES, layout=COPY_LANES)
     _copy_async(scales, base + K_SCALE + flat, mask=(flat >= 0) & live)
