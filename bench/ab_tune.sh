@@ -5,7 +5,8 @@
 #
 #     git archive <rev> vllm_oscar | (mkdir -p ab_old && tar -x -C ab_old)        # here; ab_*/ is git-ignored
 #     TREES="new=. old=ab_old" OUT=$OUT bash bench/ab_tune.sh                     # on the GPU (carry ab_old)
-#     TREES="old=ab_old new=." GEOMETRIES="qwen3-8b" CONTEXTS="16384 32768" BATCHES="1 8" ROUNDS=3 OUT=$OUT bash bench/ab_tune.sh
+#     TREES="old=ab_old new=." GEOMETRIES="qwen3-8b" CONTEXTS="16384 32768" BATCHES="1 8" ROUNDS=3 OUT=$OUT \
+#         bash bench/ab_tune.sh
 #
 # TREES: name=folder pairs, the first is the base of the speed-ups; each folder holds a vllm_oscar/ package (the
 # working tree is "."). Reports: $OUT/ab_<name><round>_<geometry>.json and .log; tables: $OUT/ab_tables.txt.
