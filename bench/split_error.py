@@ -3,7 +3,8 @@
 One request of each --lengths at Qwen3-8B geometry (32 query heads, 8 KV heads, head_dim 128; or --geometry
 smollm2-135m: 9 / 3, head_dim 64), blocks of 64, the default sink 64 / recent 256, random paged state with planted
 outliers as in check_kernels_gpu.py), decoded with a fixed split count per launch variant; prints per head the
-largest and the mean relative error of the output (max / mean). A systematic loss in a split's accumulation grows with the split's length, so the one-split column shows it first
+largest and the mean relative error of the output (max / mean). A systematic loss in a split's accumulation grows
+with the split's length, so the one-split column shows it first
 (docs/notes/kernels.md F1: the fold of the BIAS sums, FOLD_TILES).
 
     python bench/split_error.py [--geometry qwen3-8b] [--lengths 30000 120000] [--splits 1 2 4 16 64 256] \
