@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import pytest
@@ -106,6 +107,36 @@ def test_decode_splits_make_room_for_the_windows_beside_short_splits() -> None:
     # Long splits (32K, B=8: 24 splits of 512 tiles) keep the one-wave count; so do launches that fit.
     assert decode_splits(8, 8, 32768, 64, cpu, 12, 2, window_programs=13) == 24
     assert decode_splits(1, 8, 16384, 64, cpu, 12, 2, window_programs=13) == 128
+
+
+def test_int2_split_tiles_count_the_tiles_the_splits_share() -> None:
+    """The split programs' tiles of a request, from positions: with whole tiles only, those inside the pure INT2
+    range [min(sink, L), max(sink_end, L - recent)); else from the tile of its first position to its end."""
+    for length, sink, recent, block_t in ((131072, 64, 256, 64), (4096, 64, 256, 64), (700, 8, 24, 16),
+                                          (300, 0, 0, 16), (90, 64, 256, 64), (1000, 40, 100, 64)):
+        sink_end = min(sink, length)
+        int2 = range(sink_end, max(sink_end, length - recent))
+        whole = {p // block_t for p in int2 if all(q in int2 for q in range(p // block_t * block_t,
+                                                                             (p // block_t + 1) * block_t))}
+        touched = {p // block_t for p in int2}
+        assert triton_ops.int2_split_tiles(length, sink, recent, block_t, True) == len(whole), length
+        assert triton_ops.int2_split_tiles(length, sink, recent, block_t, False) == len(touched), length
+
+
+def test_decode_splits_leave_no_split_of_the_longest_request_without_tiles() -> None:
+    """Given the tiles the splits share, the count is the fewest splits at the one-wave count's tiles per split:
+    each split of a max_seq_len request gets tiles, none gets more than before."""
+    cpu = torch.device("cpu")
+    for batch, heads, length, windows in ((1, 8, 32768, 7), (1, 8, 131072, 7), (8, 3, 16384, 7), (8, 8, 32768, 7),
+                                          (8, 8, 4096, 7), (3, 5, 70000, 7), (64, 3, 4096, 3)):
+        shared = triton_ops.int2_split_tiles(length, 64, 256, 64, True)
+        before = decode_splits(batch, heads, length, 64, cpu, 16, 2, windows)
+        after = decode_splits(batch, heads, length, 64, cpu, 16, 2, windows, shared)
+        per_split = max(math.ceil(shared / before), 2)
+        assert after <= before and math.ceil(shared / after) == per_split, (batch, heads, length)
+        assert (after - 1) * per_split < shared, f"the last split of {batch, heads, length} has no tile"
+    # SmolLM2-135M geometry, 16K, B=8: 81 splits (room made for 7 window programs) of 4 tiles: 63 suffice.
+    assert decode_splits(8, 3, 16384, 64, cpu, 16, 2, 7, 251) == 63
 
 
 def test_write_warps_take_fewer_warps_for_prefill_sized_small_heads() -> None:
@@ -220,5 +251,8 @@ def test_decode_splits_are_sized_for_fewer_programs_when_the_merge_is_small() ->
     sized for SMALL_MERGE_PROGRAMS_PER_SM per SM; batch 2 (256 merge programs) keeps the resident count."""
     assert triton_ops.PROGRAMS_PER_SM > triton_ops.SMALL_MERGE_PROGRAMS_PER_SM
     # 128K: 2048 tiles of 64, long splits (no room made for the windows).
-    assert _split_count_for(1, 131072) == triton_ops.SMALL_MERGE_PROGRAMS_PER_SM * 132 // 8
-    assert _split_count_for(2, 131072) == triton_ops.PROGRAMS_PER_SM * 132 // 16
+    # The splits share the whole tiles of [64, 131072 - 256): 2043. Batch 1: 12 x 132 / 8 = 198 splits would walk
+    # ceil(2043 / 198) = 11 tiles each, which 186 splits cover; batch 2: 16 x 132 / 16 = 132 splits of 16 -> 128.
+    small, resident = triton_ops.SMALL_MERGE_PROGRAMS_PER_SM * 132 // 8, triton_ops.PROGRAMS_PER_SM * 132 // 16
+    assert _split_count_for(1, 131072) == math.ceil(2043 / math.ceil(2043 / small))
+    assert _split_count_for(2, 131072) == math.ceil(2043 / math.ceil(2043 / resident))

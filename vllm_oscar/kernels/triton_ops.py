@@ -591,15 +591,33 @@ def _unpack_mode(config: AttentionConfig) -> int:
     return UNPACK_PORTABLE if _interpreting() else UNPACK_PTX
 
 
+def int2_split_tiles(seq_len: int, sink: int, recent: int, block_t: int, full_tiles: bool) -> int:
+    """Tiles of block_t positions the split programs of a seq_len request share (the kernels' n_tiles): the whole
+    tiles inside its pure INT2 range [min(sink, seq_len), max(sink_end, seq_len - recent)) with full_tiles, else
+    the tiles from the one holding the range's first position to its end (0 for an empty range)."""
+    sink_end = min(sink, seq_len)
+    int2_end = max(sink_end, seq_len - recent)
+    if full_tiles:
+        first = cdiv(sink_end, block_t) * block_t
+        return max((int2_end // block_t) * block_t - first, 0) // block_t
+    return cdiv(int2_end - (sink_end // block_t) * block_t, block_t) if int2_end > sink_end else 0
+
+
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device,
                   programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT,
-                  window_programs: int = 0) -> int:
+                  window_programs: int = 0, split_tiles: Optional[int] = None) -> int:
     """Split-K count: at most programs_per_sm split programs per SM in all (rounded down, so that they
     fill whole waves rather than spill a partial one), each with >= min_tiles_per_split tiles.
 
     window_programs: programs per (request, KV head) of the same launch besides the splits. Where the
     splits are short (fewer than SHORT_SPLIT_TILES tiles each) and splits plus windows overflow one
-    wave, the splits shrink to leave the windows room in it, to no fewer than half."""
+    wave, the splits shrink to leave the windows room in it, to no fewer than half.
+
+    split_tiles: the tiles a max_seq_len request's splits share (int2_split_tiles), or None. Given, the count is
+    then cut to the fewest splits that give those tiles out at the same tiles per split, so that no split of
+    such a request is left without tiles (an empty split costs a program slot and a merge partial; H200:
+    SmolLM2-135M 16K B=8 81 -> 63 splits 5-6% faster, the rest within noise; docs/notes/kernels.md "Session
+    27")."""
     sms = _device_sms(device)
     pairs = batch * num_kv_heads
     wanted = programs_per_sm * sms // pairs
@@ -608,6 +626,8 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     wave = programs_per_sm * sms
     if splits * SHORT_SPLIT_TILES > tiles and pairs * (splits + window_programs) > wave:
         splits = max(1, (wave - pairs * window_programs) // pairs, splits // 2)
+    if split_tiles is not None:
+        splits = max(1, min(splits, cdiv(split_tiles, max(cdiv(split_tiles, splits), min_tiles_per_split))))
     return splits
 
 
@@ -1049,6 +1069,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         tma_block_t = None
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
+    split_tiles = int2_split_tiles(max_seq_len, sink, recent, block_t, full_tiles) if split_int2 else None
     if config.num_splits:
         nsplit = config.num_splits
     else:
@@ -1071,11 +1092,11 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             if two_waves_pay(gluon_splits, d, batch * hkv, _device_sms(device), per_sm, cdiv(max_seq_len, block_t)):
                 per_sm *= 2  # two waves of half-length splits: a shorter tail
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
-                               windows if split_int2 else 0)
+                               windows if split_int2 else 0, split_tiles)
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
-                               config.min_tiles_per_split, windows)
+                               config.min_tiles_per_split, windows, split_tiles)
         if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
