@@ -284,7 +284,8 @@ class AttentionConfig:
     at most programs_per_sm per SM (rounded down to whole splits per (request, KV head), so a multiple
     of the SM's capacity fills whole waves). None = as many as one SM holds at once (from the compiled
     split kernel's registers, warps and shared memory: one full wave, docs/notes/kernels.md V10; two waves for
-    gluon_decode at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs);
+    gluon_decode at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs); either way
+    the count is then cut to the fewest splits at the same tiles per split for max_seq_len (decode_splits);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
