@@ -2,7 +2,9 @@
 """Time gluon_decode's kernel by parts on a CUDA GPU: its whole grid, its INT2 split programs alone and its BF16
 window programs alone, beside the whole decode call (splits, windows and the merge), as CUDA-graph replays over as
 many layers as `bench decode` uses. Where the whole grid takes as long as the window programs alone, the window
-programs are the kernel's tail (docs/notes/kernels.md "Session 24": Qwen3-8B batch 1 at 16K-32K).
+programs are the kernel's tail (docs/notes/kernels.md "Session 24": Qwen3-8B batch 1 at 16K-32K). The last column
+is the split programs' fixed cost: the same split grid over requests of sink + recent positions, which leave every
+split without a tile (launch, prologue and the partial's store only; docs/notes/kernels.md "Session 27").
 
     python bench/gluon_parts.py --geometry qwen3-8b --contexts 16384 32768 131072 --batches 1 8 [--json OUT]
 
@@ -32,7 +34,8 @@ BLOCK_SIZE = 64
 
 
 def time_parts(geometry: str, length: int, batch: int, reps: int, device: torch.device) -> dict:
-    """ms per layer of the whole decode call, the Gluon kernel's whole grid, its splits and its windows."""
+    """ms per layer of the whole decode call, the Gluon kernel's whole grid, its splits, its windows and its splits
+    without tiles."""
     hq, hkv, dim = GEOMETRIES[geometry]
     sink, recent, scale = DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, 1.0 / math.sqrt(dim)
     layers = layers_for(batch * hkv * length * PageLayout(dim, dim, BLOCK_SIZE, torch.float16).token_bytes)
@@ -49,9 +52,11 @@ def time_parts(geometry: str, length: int, batch: int, reps: int, device: torch.
     kernel = triton_ops._gluon_kernel()
     outs = [torch.empty_like(case.query) for _ in range(layers)]
 
-    def launch(i: int, programs: int, nsplit: int):
+    no_tiles = torch.full_like(case.seq_lens, sink + recent)  # the INT2 range is empty: no split has a tile
+
+    def launch(i: int, programs: int, nsplit: int, seq_lens: torch.Tensor = case.seq_lens):
         args = triton_ops._split_args(case.query, case.caches[i], case.window_k[i], case.window_v[i],
-                                      case.block_table, case.window_block_table, case.seq_lens, part, lse, sink,
+                                      case.block_table, case.window_block_table, seq_lens, part, lse, sink,
                                       recent, scale, [])
         return lambda: kernel[(batch, hkv, programs)](*args, nsplit, **plan.split_consts)
 
@@ -66,7 +71,9 @@ def time_parts(geometry: str, length: int, batch: int, reps: int, device: torch.
             "decode_ms": time_graph([decode(i) for i in range(layers)], reps),
             "kernel_ms": time_graph([launch(i, plan.total, plan.num_splits) for i in range(layers)], reps),
             "splits_ms": time_graph([launch(i, plan.num_splits, plan.num_splits) for i in range(layers)], reps),
-            "windows_ms": time_graph([launch(i, windows, 0) for i in range(layers)], reps)}
+            "windows_ms": time_graph([launch(i, windows, 0) for i in range(layers)], reps),
+            "empty_splits_ms": time_graph([launch(i, plan.num_splits, plan.num_splits, no_tiles)
+                                           for i in range(layers)], reps)}
 
 
 def main() -> int:
@@ -81,7 +88,7 @@ def main() -> int:
         raise SystemExit("bench/gluon_parts.py times gluon_decode's kernel on a CUDA GPU; none is visible.")
     device = torch.device("cuda")
     rows = []
-    print("geometry       context   B  splits windows  decode ms  kernel ms  splits ms  windows ms")
+    print("geometry       context   B  splits windows  decode ms  kernel ms  splits ms  windows ms  empty ms")
     for length in args.contexts:
         for batch in args.batches:
             row = {"geometry": args.geometry, "context": length, "batch": batch,
@@ -92,7 +99,7 @@ def main() -> int:
                 continue
             print(f"{args.geometry:<14} {length:>7} {batch:>3} {row['splits']:>7} {row['window_programs']:>7} "
                   f"{row['decode_ms']:10.4f} {row['kernel_ms']:10.4f} {row['splits_ms']:10.4f} "
-                  f"{row['windows_ms']:11.4f}", flush=True)
+                  f"{row['windows_ms']:11.4f} {row['empty_splits_ms']:9.4f}", flush=True)
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as handle:
