@@ -173,11 +173,11 @@ def test_gluon_window_prefetch_leaves_the_split_loop_alone(compiled: dict, dim: 
 
 def test_window_prefetch_where_the_window_programs_are_few() -> None:
     """None: where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (H200, 132 SMs:
-    batch 1 at Qwen3-8B and SmolLM2 geometry, 8 x 7 and 3 x 7 window programs; not 8 requests x 8 KV heads x 7)."""
+    batch 1 at Qwen3-8B and SmolLM2 geometry, 8 x 6 and 3 x 6 window programs; not 8 requests x 8 KV heads x 6)."""
     pays, auto = triton_ops.window_prefetch_pays, triton_ops.AttentionConfig()
-    assert pays(auto, 8 * 7, 132) and pays(auto, 3 * 7, 132) and pays(auto, 132, 132)
-    assert not pays(auto, 8 * 8 * 7, 132) and not pays(auto, 133, 132)
-    assert pays(triton_ops.AttentionConfig(gluon_window_prefetch=True), 8 * 8 * 7, 132)
+    assert pays(auto, 8 * 6, 132) and pays(auto, 3 * 6, 132) and pays(auto, 132, 132)
+    assert not pays(auto, 8 * 8 * 6, 132) and not pays(auto, 133, 132)
+    assert pays(triton_ops.AttentionConfig(gluon_window_prefetch=True), 8 * 8 * 6, 132)
     assert not pays(triton_ops.AttentionConfig(gluon_window_prefetch=False), 8, 132)
     with pytest.raises(ValueError, match="gluon_window_prefetch=True is a hint of gluon_decode's window programs.*CUDA"):
         _plan(triton_ops.AttentionConfig(gluon_window_prefetch=True))  # CPU tensors: no Gluon kernel here

@@ -123,6 +123,31 @@ def test_int2_split_tiles_count_the_tiles_the_splits_share() -> None:
         assert triton_ops.int2_split_tiles(length, sink, recent, block_t, False) == len(touched), length
 
 
+def test_window_programs_cover_what_the_whole_tiles_leave_and_no_more() -> None:
+    """With whole-tile splits, the positions outside the whole INT2 tiles (found position by position) go to the
+    sink programs up to the first whole tile (or, without one, up to the first tile boundary after the sink, INT2
+    positions included) and to the recent programs from there, counted from the window tile holding their first
+    position: every length fits the counts, and some length needs every recent program (none is always empty)."""
+    for sink, recent, block_t, window_t in ((64, 256, 64, 64), (64, 256, 64, 16), (5, 7, 16, 16), (100, 30, 32, 16),
+                                            (0, 64, 64, 64), (64, 0, 64, 32), (0, 40, 16, 64), (5, 7, 16, 64)):
+        nsink, windows = triton_ops.window_programs(sink, recent, block_t, window_t, True)
+        most = 0
+        for length in range(1, 6 * block_t + sink + recent):
+            sink_end = min(sink, length)
+            int2 = range(sink_end, max(sink_end, length - recent))
+            whole = [p for p in int2 if all(q in int2 for q in range(p // block_t * block_t,
+                                                                      (p // block_t + 1) * block_t))]
+            boundary = -(-sink_end // block_t) * block_t
+            head_end = whole[0] if whole else max(sink_end, min(boundary, int2.stop))
+            rest = [p for p in range(length) if p >= head_end and (not whole or p > whole[-1])]
+            assert head_end <= nsink * window_t, (sink, recent, block_t, window_t, length)
+            if rest:
+                needed = rest[-1] // window_t - rest[0] // window_t + 1
+                most = max(most, needed)
+                assert needed <= windows - nsink, (sink, recent, block_t, window_t, length)
+        assert most == windows - nsink, (sink, recent, block_t, window_t, most, windows - nsink)
+
+
 def test_decode_splits_leave_no_split_of_the_longest_request_without_tiles() -> None:
     """Given the tiles the splits share, the count is the fewest splits at the one-wave count's tiles per split:
     each split of a max_seq_len request gets tiles, none gets more than before."""

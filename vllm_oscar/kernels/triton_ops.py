@@ -604,6 +604,22 @@ def int2_split_tiles(seq_len: int, sink: int, recent: int, block_t: int, full_ti
     return cdiv(int2_end - (sink_end // block_t) * block_t, block_t) if int2_end > sink_end else 0
 
 
+def window_programs(sink: int, recent: int, block_t: int, window_t: int, full_tiles: bool) -> tuple[int, int]:
+    """(sink window tiles, all window tiles) of window_t positions per (request, KV head) of a decode launch: the sink
+    programs cover [0, head_end), the rest [tail_start, length) from the window tile holding tail_start on.
+    full_tiles (the splits walk whole block_t tiles only; window_t and block_t powers of two): head_end <= the first
+    whole tile's start; [tail_start, length) either starts at a block_t boundary and is < recent + block_t positions
+    long (an INT2 edge shorter than a tile, then the recent window) or starts anywhere at the INT2 range's end and is
+    <= recent long, so cdiv(recent + max(block_t, window_t) - 1, window_t) tiles cover it (one fewer than the masked
+    splits' count wherever window_t <= block_t, as gluon_decode's window tiles always are). Else the sink and the
+    recent window, each tile-aligned or not."""
+    if full_tiles:
+        nsink = cdiv(cdiv(sink, block_t) * block_t, window_t)
+        return nsink, nsink + cdiv(recent + max(block_t, window_t) - 1, window_t)
+    nsink = cdiv(sink, window_t)
+    return nsink, nsink + cdiv(recent, window_t) + 1
+
+
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device,
                   programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT,
                   window_programs: int = 0, split_tiles: Optional[int] = None) -> int:
@@ -1024,12 +1040,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         window_t = _window_block_t(config, block_t, d, batch * hkv, max_seq_len, _device_sms(device))
     else:
         window_t = block_t
-    if split_int2 and full_tiles:  # windows extended by the edge tiles of the INT2 range
-        nsink = cdiv(cdiv(sink, block_t) * block_t, window_t)
-        windows = nsink + cdiv(recent + block_t - 1, window_t) + 1
-    else:
-        nsink = cdiv(sink, window_t)
-        windows = nsink + cdiv(recent, window_t) + 1
+    nsink, windows = window_programs(sink, recent, block_t, window_t, split_int2 and full_tiles)
     if config.prefetch is None:
         prefetch = PREFETCH_TILES if meta["MODE"] == UNPACK_PTX and not tma_stages else 0
     else:
