@@ -123,14 +123,14 @@ def test_int2_split_tiles_count_the_tiles_the_splits_share() -> None:
         assert triton_ops.int2_split_tiles(length, sink, recent, block_t, False) == len(touched), length
 
 
-def test_window_programs_cover_what_the_whole_tiles_leave_and_no_more() -> None:
+def test_window_tile_counts_cover_what_the_whole_tiles_leave_and_no_more() -> None:
     """With whole-tile splits, the positions outside the whole INT2 tiles (found position by position) go to the
     sink programs up to the first whole tile (or, without one, up to the first tile boundary after the sink, INT2
     positions included) and to the recent programs from there, counted from the window tile holding their first
     position: every length fits the counts, and some length needs every recent program (none is always empty)."""
     for sink, recent, block_t, window_t in ((64, 256, 64, 64), (64, 256, 64, 16), (5, 7, 16, 16), (100, 30, 32, 16),
                                             (0, 64, 64, 64), (64, 0, 64, 32), (0, 40, 16, 64), (5, 7, 16, 64)):
-        nsink, windows = triton_ops.window_programs(sink, recent, block_t, window_t, True)
+        nsink, windows = triton_ops.window_tile_counts(sink, recent, block_t, window_t, True)
         most = 0
         for length in range(1, 6 * block_t + sink + recent):
             sink_end = min(sink, length)

@@ -604,7 +604,7 @@ def int2_split_tiles(seq_len: int, sink: int, recent: int, block_t: int, full_ti
     return cdiv(int2_end - (sink_end // block_t) * block_t, block_t) if int2_end > sink_end else 0
 
 
-def window_programs(sink: int, recent: int, block_t: int, window_t: int, full_tiles: bool) -> tuple[int, int]:
+def window_tile_counts(sink: int, recent: int, block_t: int, window_t: int, full_tiles: bool) -> tuple[int, int]:
     """(sink window tiles, all window tiles) of window_t positions per (request, KV head) of a decode launch: the sink
     programs cover [0, head_end), the rest [tail_start, length) from the window tile holding tail_start on.
     full_tiles (the splits walk whole block_t tiles only; window_t and block_t powers of two): head_end <= the first
@@ -1040,7 +1040,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         window_t = _window_block_t(config, block_t, d, batch * hkv, max_seq_len, _device_sms(device))
     else:
         window_t = block_t
-    nsink, windows = window_programs(sink, recent, block_t, window_t, split_int2 and full_tiles)
+    nsink, windows = window_tile_counts(sink, recent, block_t, window_t, split_int2 and full_tiles)
     if config.prefetch is None:
         prefetch = PREFETCH_TILES if meta["MODE"] == UNPACK_PTX and not tma_stages else 0
     else:
