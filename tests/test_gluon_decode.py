@@ -200,12 +200,26 @@ def test_gluon_copy_stages_are_checked() -> None:
 
 
 def test_default_stages_where_the_h200_timed_them_faster() -> None:
-    """gluon_copy_stages None: head_dim 64 always; head_dim 128 only for plans of >= 8192 positions per SM (the H200's
-    132 SMs: Qwen3-8B geometry, 8 KV heads, staged at 32K batch 8, 4K batch 64; not at 32K batch 1, 4K batch 32)."""
+    """gluon_copy_stages None: head_dim 64 always; head_dim 128 for plans of >= 8192 positions per SM (the H200's
+    132 SMs: Qwen3-8B geometry, 8 KV heads, staged at 32K batch 8, 4K batch 64; not at 4K batch 32), and for plans
+    with a small merge whose splits walk >= 4 tiles (batch 1 from 40K on: 6 tiles at 64K, 11 at 128K; not 3 at 32K).
+    """
     assert triton_ops.staging_pays(64, 3, 4096, 132) and triton_ops.staging_pays(64, 3, 131072, 132)
     assert triton_ops.staging_pays(128, 8 * 8, 32768, 132) and triton_ops.staging_pays(128, 64 * 8, 4096, 132)
     assert not triton_ops.staging_pays(128, 8, 32768, 132) and not triton_ops.staging_pays(128, 32 * 8, 4096, 132)
     assert not triton_ops.staging_pays(128, 8, 131072, 132)
+    cpu = torch.device("cpu")  # splits sized for 132 SMs
+    nsink, windows = triton_ops.window_tile_counts(64, 256, 64, 64, True)
+    tiles_per_split = {}
+    for length in (32768, 40960, 65536, 131072):
+        tiles = triton_ops.int2_split_tiles(length, 64, 256, 64, True)
+        splits = triton_ops.decode_splits(1, 8, length, 64, cpu, triton_ops.SMALL_MERGE_PROGRAMS_PER_SM,
+                                          triton_ops.MIN_TILES_PER_SPLIT, windows, tiles)
+        tiles_per_split[length] = -(-tiles // splits)
+    assert tiles_per_split == {32768: 3, 40960: 4, 65536: 6, 131072: 11}
+    assert not triton_ops.staging_pays(128, 8, 32768, 132, tiles_per_split[32768])
+    for length in (40960, 65536, 131072):
+        assert triton_ops.staging_pays(128, 8, length, 132, tiles_per_split[length]), length
 
 
 def test_two_waves_only_for_long_head_dim_128_splits_with_more_pairs_than_sms() -> None:

@@ -43,10 +43,11 @@ the splits under masks. docs/notes/kernels.md G2 has the measurements (H200, gra
 than int2_split_kernel's from 32K on and at 4K batch 64).
 
 COPY_STAGES > 0 (AttentionConfig.gluon_copy_stages; by default 2 where triton_ops.staging_pays, H200 timings in
-docs/notes/kernels.md "Session 21"): instead of an L2 prefetch one tile ahead and register loads, a split program
-copies the regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no registers held while they are in
-flight) and reads each tile from there into the same register layouts (_staged_tile; the code lines swizzled so that
-those reads are free of bank conflicts). The window programs load as before.
+docs/notes/kernels.md "Session 21" and "Session 29"): instead of an L2 prefetch one tile ahead and register loads,
+a split program copies the regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no
+registers held while they are in flight) and reads each tile from there into the same register layouts
+(_staged_tile; the code lines swizzled so that those reads are free of bank conflicts). The window programs load as
+before.
 """
 
 from __future__ import annotations

@@ -254,6 +254,13 @@ GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 GLUON_AUTO_COPY_STAGES: int = 2
 STAGED_MAX_HEAD_DIM: int = 64
 STAGED_MIN_POSITIONS_PER_SM: int = 8192
+#: Plans with a small merge (fewer merge programs than SMs: batch 1, splits sized for SMALL_MERGE_PROGRAMS_PER_SM,
+#: below the resident count) also stage at head_dim 128 where each split walks >= STAGED_MIN_SPLIT_TILES tiles: with
+#: ~11 programs per SM, tiles copied one ahead hide the DRAM latency the L2 prefetch leaves. H200, graph replays,
+#: Qwen3-8B geometry B=1, ms unstaged / staged (docs/notes/kernels.md "Session 29"): 32K (3 tiles per split) 0.0127 /
+#: 0.0133, 40K (4) 0.0147 / 0.0146, 48K (4) 0.0158 / 0.0150, 64K (6) 0.0192 / 0.0180, 96K (8) 0.0248 / 0.0228,
+#: 128K (11) 0.0306 / 0.0276.
+STAGED_MIN_SPLIT_TILES: int = 4
 #: AttentionConfig.fold_tiles None with gluon_f16_values: the fp16 V operand's BIAS (1024) is 8x bf16's, so the
 #: tensor cores' rounding of the BIAS-sized sums toward zero costs 8x more per add; folding every 2 tiles limits it
 #: (H200, bench/split_error.py, 120000 positions in one split: 2.3e-3 at fold 2, 7.7e-3 at 8, bf16 1.5e-3; offline
@@ -353,8 +360,9 @@ class AttentionConfig:
     GLUON_COPY_STAGES (2 or 3) = they copy tiles that many minus one ahead into shared memory (cp.async) and read
     them from there (needs gluon_decode's kernel, so it runs that kernel wherever it applies); None (the default) =
     GLUON_AUTO_COPY_STAGES where gluon_decode runs anyway and staging_pays (head_dim 64, or bandwidth-bound plans at
-    head_dim 128), else 0. H200 (docs/notes/kernels.md "Session 21"): 3-17% faster at head_dim 64, 4-5% at head_dim
-    128 from 32K and batch 8 on, 15% slower at head_dim 128 batch 1 32K (hence the rule); fold_tiles: the INT2 split
+    head_dim 128, or batch-1 plans whose splits walk >= 4 tiles), else 0. H200 (docs/notes/kernels.md "Session 21",
+    "Session 29"): 3-17% faster at head_dim 64, 4-5% at head_dim 128 from 32K and batch 8 on, 5-10% at head_dim 128
+    batch 1 from 48K on, 4-5% slower at head_dim 128 batch 1 16K-32K (hence the rule); fold_tiles: the INT2 split
     programs move the BIAS part of their V sums out of the tensor-core accumulators every this many tiles (a power of
     two; None = triton_common.FOLD_TILES, 8, or GLUON_F16_FOLD_TILES with gluon_f16_values): longer periods cost
     fewer instructions and lose more of a long split's accuracy (the tensor cores round their accumulation toward
@@ -959,11 +967,15 @@ def two_waves_pay(gluon_splits: bool, head_dim: int, pairs: int, sms: int, per_s
     return tiles >= TWO_WAVE_MIN_TILES * max(1, 2 * per_sm * sms // pairs)
 
 
-def staging_pays(head_dim: int, pairs: int, max_seq_len: int, sms: int) -> bool:
+def staging_pays(head_dim: int, pairs: int, max_seq_len: int, sms: int,
+                 small_merge_tiles: Optional[int] = None) -> bool:
     """Whether gluon_decode's split programs stage their tiles in shared memory (AttentionConfig.gluon_copy_stages
     None) for ``pairs`` (request, KV head) pairs planned for ``max_seq_len`` positions on ``sms`` SMs: at head_dim
-    <= STAGED_MAX_HEAD_DIM always, above where the plan holds >= STAGED_MIN_POSITIONS_PER_SM positions per SM."""
-    return head_dim <= STAGED_MAX_HEAD_DIM or pairs * max_seq_len >= STAGED_MIN_POSITIONS_PER_SM * sms
+    <= STAGED_MAX_HEAD_DIM always, above where the plan holds >= STAGED_MIN_POSITIONS_PER_SM positions per SM, or
+    where its merge is small (batch 1) and each split walks small_merge_tiles >= STAGED_MIN_SPLIT_TILES tiles
+    (None: the merge is not small)."""
+    return (head_dim <= STAGED_MAX_HEAD_DIM or pairs * max_seq_len >= STAGED_MIN_POSITIONS_PER_SM * sms
+            or (small_merge_tiles or 0) >= STAGED_MIN_SPLIT_TILES)
 
 
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
@@ -1029,10 +1041,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if fold < 1 or fold & (fold - 1):
         raise ValueError(f"fold_tiles={config.fold_tiles} must be a power of two >= 1 (tiles between folds of the "
                          f"BIAS sums); leave it None for the default, {default_fold}.")
-    copy_stages = config.gluon_copy_stages
-    if copy_stages is None:
-        copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
-            layout.head_dim, batch * hkv, max_seq_len, _device_sms(device)) else 0
     if gluon_splits:
         window_t = block_t  # gluon_decode's window tiles are whole cache blocks
         tma_stages = 0
@@ -1041,6 +1049,19 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     else:
         window_t = block_t
     nsink, windows = window_tile_counts(sink, recent, block_t, window_t, split_int2 and full_tiles)
+    # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
+    small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
+    split_tiles = int2_split_tiles(max_seq_len, sink, recent, block_t, full_tiles) if split_int2 else None
+    copy_stages = config.gluon_copy_stages
+    if copy_stages is None:
+        small_merge_tiles = None  # tiles per split of a small-merge plan, its split count sized as below
+        if gluon_splits and small_merge:
+            capped = config.num_splits or decode_splits(
+                batch, hkv, max_seq_len, block_t, device, config.programs_per_sm or SMALL_MERGE_PROGRAMS_PER_SM,
+                config.min_tiles_per_split, windows, split_tiles)
+            small_merge_tiles = cdiv(split_tiles, capped)
+        copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
+            layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles) else 0
     if config.prefetch is None:
         prefetch = PREFETCH_TILES if meta["MODE"] == UNPACK_PTX and not tma_stages else 0
     else:
@@ -1079,9 +1100,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
-    # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
-    small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
-    split_tiles = int2_split_tiles(max_seq_len, sink, recent, block_t, full_tiles) if split_int2 else None
     if config.num_splits:
         nsplit = config.num_splits
     else:
