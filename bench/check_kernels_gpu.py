@@ -180,6 +180,8 @@ DECODE_CASES = [
     ("gqa2 D128 bs64", [9000, 300], 8, 4, 128, 128, 64, 1),
     # 320 (request, KV head) pairs and 469 tiles: gluon_decode's staged tiles in two waves of 13 splits (H200)
     ("qwen3-8b bs64 B=40", [30000, 12000, 5000, 700, 70] + [300 + 17 * i for i in range(35)], 32, 8, 128, 128, 64, 1),
+    # batch 1 at 64K: a small merge whose splits walk 6 tiles, so gluon_decode stages by default (session 29)
+    ("qwen3-8b bs64 B=1 64K", [65600], 32, 8, 128, 128, 64, 1),
 ]
 
 
