@@ -641,8 +641,8 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     split_tiles: the tiles a max_seq_len request's splits share (int2_split_tiles), or None. Given, the count is
     then cut to the fewest splits that give those tiles out at the same tiles per split, so that no split of
     such a request is left without tiles (an empty split costs a program slot and a merge partial; H200:
-    SmolLM2-135M 16K B=8 81 -> 63 splits 6.5-6.8% faster, Qwen3-8B 16K / 64K B=1 3.3-3.5%, the rest within 1.1%; docs/notes/kernels.md "Session
-    27")."""
+    SmolLM2-135M 16K B=8 81 -> 63 splits 6.5-6.8% faster, Qwen3-8B 16K / 64K B=1 3.3-3.5%, the rest within 1.1%;
+    docs/notes/kernels.md "Session 27")."""
     sms = _device_sms(device)
     pairs = batch * num_kv_heads
     wanted = programs_per_sm * sms // pairs
