@@ -43,14 +43,16 @@ class GluonCase:
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.case.query.shape[-1])
 
-    def kernel(self, i: int, programs: int, nsplit: int, seq_lens: Optional[torch.Tensor] = None) -> None:
-        """Layer i's Gluon kernel over grid axis 2 = programs, the first nsplit of them split programs."""
+    def kernel(self, i: int, programs: int, nsplit: int, seq_lens: Optional[torch.Tensor] = None,
+               kernel=None) -> None:
+        """Layer i's Gluon kernel over grid axis 2 = programs, the first nsplit of them split programs; kernel: a
+        variant with the same arguments (default: triton_ops' gluon_decode kernel)."""
         c = self.case
         args = triton_ops._split_args(c.query, c.caches[i], c.window_k[i], c.window_v[i], c.block_table,
                                       c.window_block_table, c.seq_lens if seq_lens is None else seq_lens, self.part,
                                       self.lse, self.sink, self.recent, self.scale, [])
         batch, hkv = c.block_table.shape[0], c.caches[i].shape[1]
-        triton_ops._gluon_kernel()[(batch, hkv, programs)](*args, nsplit, **self.plan.split_consts)
+        (kernel or triton_ops._gluon_kernel())[(batch, hkv, programs)](*args, nsplit, **self.plan.split_consts)
 
     def decode(self, i: int) -> None:
         """Layer i's whole decode call (split kernel and merge), as served."""

@@ -1,6 +1,7 @@
 """GPU-only bench scripts without a GPU: each refuses with a message that says what it needs (bench/gluon_parts.py
 times gluon_decode's kernel by parts, docs/notes/kernels.md "Session 24"; bench/cta_launch_probe.py times launches
-of tiny grids, "Session 27"; bench/merge_tail.py times the decode merge's tail, "Session 29")."""
+of tiny grids, "Session 27"; bench/merge_tail.py times the decode merge's tail, "Session 29"; bench/split_timeline.py
+records gluon_decode's programs' timelines, "Session 30")."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
      "times gluon_decode's kernel on a CUDA GPU; none is visible"),
     ("cta_launch_probe.py", ["--programs", "528", "--warps", "1"], "times launches on a CUDA GPU; none is visible"),
     ("merge_tail.py", ["--cells", "qwen3-8b:131072:1"], "times the decode's kernels on a CUDA GPU; none is visible"),
+    ("split_timeline.py", ["--cells", "qwen3-8b:131072:1"],
+     "times gluon_decode's programs on a CUDA GPU; none is visible"),
 ])
 def test_refuses_without_a_gpu_and_says_why(script: str, args: list[str], message: str) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}

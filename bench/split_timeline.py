@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Per-program timelines of gluon_decode's kernel on a CUDA GPU: when each split and window program starts, when its
+first staged tile has landed, when its loop ends and when its partial is stored, and on which SM it ran
+(docs/notes/kernels.md "Session 30": at Qwen3-8B 128K batch 1 the loop streams at the read bandwidth and the split
+programs' end times spread over 8 us).
+
+    python bench/split_timeline.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 [--json OUT]
+
+How: a copy of vllm_oscar/kernels/gluon_decode.py instrumented by text edits (instrumented_source) reads
+%globaltimer (ns, low 32 bits) at those four points and writes them with %smid over the first five channels of the
+program's first partial (head h GROUP of its (request, KV head) pair). The copy is loaded as a module of its own and
+launched with the cell's plan (bench/gluon_case.py) over every layer in a CUDA graph, replayed; the last layer's
+partials hold the timeline. Timing only: the decode's results are overwritten. Edits that no longer find their
+anchor in the kernel's source stop the script with the anchor's text (update INSTRUMENT_EDITS with the kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+from types import ModuleType
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
+
+from vllm_oscar.kernels import triton_ops  # noqa: E402
+from vllm_oscar.kernels.benchmark import GEOMETRIES, captured_graph, time_graph  # noqa: E402
+
+KERNEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vllm_oscar", "kernels",
+                             "gluon_decode.py")
+
+#: Gluon helpers the instrumented kernel calls, inserted before its definition.
+TIMER_HELPERS = '''
+@gluon.jit
+def _timeline_now():
+    """%globaltimer, low 32 bits (ns)."""
+    return gl.inline_asm_elementwise("{ .reg .u64 t; mov.u64 t, %globaltimer; cvt.u32.u64 $0, t; }", "=r", [],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _timeline_sm():
+    """%smid."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+'''
+
+#: (anchor, replacement, every occurrence) text edits of gluon_decode.py: the helpers before the kernel, the start
+#: stamp after its first line of setup, the first-tile stamp after each staged loop's landing barrier, the loop-end
+#: stamp before the epilogue's fold, and the stores after the partial's log-sum-exp.
+INSTRUMENT_EDITS: tuple[tuple[str, str, bool], ...] = (
+    ('\n\n@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])\n'
+     'def int2_split_gluon_kernel(',
+     '\n\n' + TIMER_HELPERS + '@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", '
+     '"NSPLIT"])\ndef int2_split_gluon_kernel(', False),
+    ('    Q: gl.constexpr = D // 4\n    b = gl.program_id(0)\n',
+     '    Q: gl.constexpr = D // 4\n    t_start = _timeline_now()\n    t_first = t_start\n'
+     '    b = gl.program_id(0)\n', False),
+    ("_sync_warps()  # every lane's copies of tile",
+     "t_first = gl.where(t_first == t_start, _timeline_now(), t_first)\n                _sync_warps()  # every "
+     "lane's copies of tile", True),
+    ('    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j',
+     '    t_loop = _timeline_now()\n    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j', False),
+    ('    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n',
+     '    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n'
+     '    t_end = _timeline_now()\n'
+     '    stamps = (part_ptr + b.to(gl.int64) * stride_pb + (h * GROUP) * stride_ph + pid * stride_ps).to(\n'
+     '        gl.pointer_type(gl.int32))\n'
+     '    gl.store(stamps, t_start)\n    gl.store(stamps + 1, t_first)\n    gl.store(stamps + 2, t_loop)\n'
+     '    gl.store(stamps + 3, t_end)\n    gl.store(stamps + 4, _timeline_sm())\n', False),
+)
+
+
+def instrumented_source(source: str) -> str:
+    """gluon_decode.py's source with INSTRUMENT_EDITS applied; ValueError naming the first anchor not found."""
+    for anchor, replacement, every in INSTRUMENT_EDITS:
+        if anchor not in source:
+            raise ValueError(f"split_timeline: gluon_decode.py no longer contains {anchor!r}; update "
+                             "bench/split_timeline.py's INSTRUMENT_EDITS to the kernel's source.")
+        source = source.replace(anchor, replacement, -1 if every else 1)
+    return source
+
+
+def load_instrumented(folder: str) -> ModuleType:
+    """The instrumented copy of gluon_decode, written into folder and imported as a module of its own (Gluon reads a
+    kernel's source from its file)."""
+    with open(KERNEL_SOURCE) as handle:
+        source = instrumented_source(handle.read())
+    path = os.path.join(folder, "gluon_decode_timeline.py")
+    with open(path, "w") as handle:
+        handle.write(source)
+    spec = importlib.util.spec_from_file_location("gluon_decode_timeline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def percentiles_us(values_ns: np.ndarray) -> list[float]:
+    """Min, 10th, 50th, 90th percentile and max of values_ns, in us (two decimals); [] for none."""
+    if values_ns.size == 0:
+        return []
+    return [round(float(v) / 1000, 2) for v in np.percentile(values_ns, [0, 10, 50, 90, 100])]
+
+
+def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
+    """The timeline of one launch. raw: [B, Hkv, programs, 5] int64 as the kernel wrote it (start, first staged tile
+    landed, loop end, partial stored: %globaltimer's low 32 bits; %smid); tiles: [num_splits] tiles of each split
+    program (programs >= num_splits are window programs). Times are us after the first program's start (the timer's
+    32-bit wrap undone); the loop's time per tile counts the staged split programs of the most tiles."""
+    num_splits = tiles.shape[0]
+    stamps = raw[..., :4]
+    stamps = (stamps - stamps[..., 0].min()) % (1 << 32)
+    splits = stamps[:, :, :num_splits].reshape(-1, 4)
+    windows = stamps[:, :, num_splits:].reshape(-1, 4)
+    split_tiles = np.broadcast_to(tiles, stamps.shape[:2] + tiles.shape).reshape(-1)
+    staged = splits[:, 1] != splits[:, 0]  # the unstaged loop leaves the first-tile stamp at the start
+    full = staged & (split_tiles == tiles.max())
+    sm = raw[..., 4].reshape(-1)
+    ends = stamps[..., 3].reshape(-1)
+    last_end = np.zeros(sms, dtype=np.int64)
+    np.maximum.at(last_end, sm, ends)
+    per_sm = np.bincount(sm, minlength=sms)
+    return {
+        "span_us": round(float(ends.max()) / 1000, 2),
+        "split_start_us": percentiles_us(splits[:, 0]),
+        "split_first_tile_us": percentiles_us(splits[staged, 1] - splits[staged, 0]),
+        "split_loop_us_per_tile": percentiles_us((splits[full, 2] - splits[full, 1]) / max(1, int(tiles.max()) - 1)),
+        "split_epilogue_us": percentiles_us(splits[:, 3] - splits[:, 2]),
+        "split_end_us": percentiles_us(splits[:, 3]),
+        "window_start_us": percentiles_us(windows[:, 0]),
+        "window_end_us": percentiles_us(windows[:, 3]),
+        "sm_last_end_us": percentiles_us(last_end[per_sm > 0]),
+        "programs_per_sm": [int(per_sm[per_sm > 0].min()), int(per_sm.max())],
+    }
+
+
+def time_cell(kernel, geometry: str, length: int, batch: int, reps: int, device: torch.device) -> dict:
+    """One cell's timeline (summarize) with its plan and the kernel's time alone (graph replays, ms)."""
+    cell = gluon_case(geometry, length, batch, device)
+    if cell is None:
+        return {"skipped": NOT_GLUON}
+    plan = cell.plan
+    fns = [(lambda i=i: cell.kernel(i, plan.total, plan.num_splits, kernel=kernel)) for i in range(cell.layers)]
+    kernel_ms = time_graph(fns, reps)
+    captured_graph(fns)  # replayed: the partials hold the last layer's stamps
+    torch.cuda.synchronize()
+    group = cell.case.query.shape[1] // cell.case.caches[0].shape[1]
+    raw = cell.part.view(torch.int32)[:, ::group, :, :5].cpu().numpy().astype(np.int64)
+    tiles = split_program_tiles(triton_ops.int2_split_tiles(length, cell.sink, cell.recent, 64, True),
+                                plan.num_splits, plan.split_consts["MIN_TILES"])
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return {"splits": plan.num_splits, "programs": plan.total, "copy_stages": plan.split_consts["COPY_STAGES"],
+            "split_tiles": int(tiles.max()), "kernel_ms": kernel_ms, **summarize(raw, tiles, sms)}
+
+
+def split_program_tiles(n_tiles: int, num_splits: int, min_tiles: int) -> np.ndarray:
+    """[num_splits] tiles of each split program of a request with n_tiles whole INT2 tiles, as gluon_decode's fixed
+    ranges give them (per_split = max(cdiv(n, NSPLIT), MIN_TILES) each, the last ones short or empty)."""
+    per_split = max(math.ceil(n_tiles / num_splits), min_tiles)
+    lo = np.minimum(np.arange(num_splits) * per_split, n_tiles)
+    return np.minimum(lo + per_split, n_tiles) - lo
+
+
+def parse_cell(text: str) -> tuple[str, int, int]:
+    """geometry:context:batch."""
+    try:
+        geometry, context, batch = text.split(":")
+        cell = geometry, int(context), int(batch)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cells takes geometry:context:batch (e.g. qwen3-8b:131072:1); got {text!r}")
+    if geometry not in GEOMETRIES:
+        raise argparse.ArgumentTypeError(f"unknown geometry {geometry!r}; choose from {sorted(GEOMETRIES)}")
+    return cell
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=parse_cell, nargs="+",
+                        default=[parse_cell(c) for c in ("qwen3-8b:131072:1", "qwen3-8b:65536:1",
+                                                         "qwen3-8b:32768:8", "smollm2-135m:131072:8")])
+    add_output_arguments(parser)
+    args = parser.parse_args()
+    device = cuda_device("bench/split_timeline.py times gluon_decode's programs on a CUDA GPU; none is visible.")
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        kernel = load_instrumented(folder).int2_split_gluon_kernel
+        for geometry, length, batch in args.cells:
+            row = {"geometry": geometry, "context": length, "batch": batch,
+                   **time_cell(kernel, geometry, length, batch, args.reps, device)}
+            rows.append(row)
+            print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+            torch.cuda.empty_cache()
+    write_rows(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

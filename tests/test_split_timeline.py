@@ -1,0 +1,66 @@
+"""bench/split_timeline.py without a GPU: its text edits still find their anchors in gluon_decode.py and give valid
+Python with every timestamp stored; its summary of a launch's stamps (against numbers worked out by hand, across the
+32-bit wrap of %globaltimer's low word); the tiles of fixed split ranges."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+import split_timeline  # noqa: E402
+
+
+def test_edits_apply_to_the_kernel_and_store_every_stamp() -> None:
+    with open(split_timeline.KERNEL_SOURCE) as handle:
+        source = handle.read()
+    edited = split_timeline.instrumented_source(source)
+    tree = ast.parse(edited)
+    kernel = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
+                  and node.name == "int2_split_gluon_kernel")
+    body = ast.unparse(kernel)
+    for stamp in ("t_start", "t_first", "t_loop", "t_end"):
+        assert f"{stamp} = " in body
+    assert body.count("gl.store(stamps") == 5
+    assert "t_first = gl.where(t_first == t_start, _timeline_now(), t_first)" in body
+
+
+def test_a_missing_anchor_is_named() -> None:
+    with pytest.raises(ValueError, match="no longer contains"):
+        split_timeline.instrumented_source("def int2_split_gluon_kernel(): pass\n")
+
+
+def test_summary_of_hand_made_stamps_across_the_timer_wrap() -> None:
+    base = (1 << 32) - 3000  # the low word wraps 3 us after the first start
+    # one request, one KV head, two split programs (3 and 2 tiles) and one window program; ns after base
+    stamps = [[0, 1000, 5000, 5200, 7],      # split 0: first tile at 1 us, loop 4 us for 3 tiles, SM 7
+              [100, 1100, 3100, 3300, 7],    # split 1: 2 tiles
+              [200, 200, 800, 900, 9]]       # window program, SM 9 (no staged tile: first == start)
+    raw = np.array(stamps, dtype=np.int64)[None, None]
+    raw[..., :4] = (raw[..., :4] + base) % (1 << 32)
+    summary = split_timeline.summarize(raw, np.array([3, 2]), sms=16)
+    assert summary["span_us"] == 5.2
+    assert summary["split_start_us"] == [0.0, 0.01, 0.05, 0.09, 0.1]
+    assert summary["split_first_tile_us"] == [1.0, 1.0, 1.0, 1.0, 1.0]
+    assert summary["split_loop_us_per_tile"] == [2.0] * 5  # (5000 - 1000) / (3 - 1), split 0 only
+    assert summary["split_end_us"][0] == 3.3 and summary["split_end_us"][-1] == 5.2
+    assert summary["window_end_us"] == [0.9] * 5
+    assert summary["sm_last_end_us"] == [0.9, 1.33, 3.05, 4.77, 5.2]  # SM 9: 0.9, SM 7: 5.2
+    assert summary["programs_per_sm"] == [1, 2]
+
+
+@pytest.mark.parametrize("n_tiles, splits, min_tiles, expected", [
+    (2043, 186, 2, [11] * 185 + [8]),
+    (10, 4, 2, [3, 3, 3, 1]),
+    (3, 4, 2, [2, 1, 0, 0]),
+    (0, 3, 2, [0, 0, 0]),
+])
+def test_fixed_split_ranges(n_tiles: int, splits: int, min_tiles: int, expected: list[int]) -> None:
+    tiles = split_timeline.split_program_tiles(n_tiles, splits, min_tiles)
+    assert tiles.tolist() == expected
+    assert tiles.sum() == n_tiles
