@@ -9,8 +9,8 @@ programs' end times spread over 8 us).
 How: a copy of vllm_oscar/kernels/gluon_decode.py instrumented by text edits (instrumented_source) reads
 %globaltimer (ns, low 32 bits) at those four points and writes them with %smid over the first five channels of the
 program's first partial (head h GROUP of its (request, KV head) pair). The copy is loaded as a module of its own and
-launched with the cell's plan (bench/gluon_case.py) over every layer in a CUDA graph, replayed; the last layer's
-partials hold the timeline. Timing only: the decode's results are overwritten. Edits that no longer find their
+launched with the cell's plan (bench/gluon_case.py) over every layer in a CUDA graph, replayed and timed; the last
+layer's partials hold the timeline. Timing only: the decode's results are overwritten. Edits that no longer find their
 anchor in the kernel's source stop the script with the anchor's text (update INSTRUMENT_EDITS with the kernel).
 """
 
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
 
 from vllm_oscar.kernels import triton_ops  # noqa: E402
-from vllm_oscar.kernels.benchmark import GEOMETRIES, captured_graph, time_graph  # noqa: E402
+from vllm_oscar.kernels.benchmark import GEOMETRIES, time_graph  # noqa: E402
 
 KERNEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vllm_oscar", "kernels",
                              "gluon_decode.py")
@@ -150,9 +150,7 @@ def time_cell(kernel, geometry: str, length: int, batch: int, reps: int, device:
         return {"skipped": NOT_GLUON}
     plan = cell.plan
     fns = [(lambda i=i: cell.kernel(i, plan.total, plan.num_splits, kernel=kernel)) for i in range(cell.layers)]
-    kernel_ms = time_graph(fns, reps)
-    captured_graph(fns)  # replayed: the partials hold the last layer's stamps
-    torch.cuda.synchronize()
+    kernel_ms = time_graph(fns, reps)  # its last replay leaves the last layer's stamps in the partials
     group = cell.case.query.shape[1] // cell.case.caches[0].shape[1]
     raw = cell.part.view(torch.int32)[:, ::group, :, :5].cpu().numpy().astype(np.int64)
     tiles = split_program_tiles(triton_ops.int2_split_tiles(length, cell.sink, cell.recent, 64, True),
