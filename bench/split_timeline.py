@@ -4,7 +4,10 @@ first staged tile has landed, when its loop ends and when its partial is stored,
 (docs/notes/kernels.md "Session 30": at Qwen3-8B 128K batch 1 the loop streams at the read bandwidth and the split
 programs' end times spread over 8 us).
 
-    python bench/split_timeline.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 [--json OUT]
+    python bench/split_timeline.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 [--json OUT] [--raw DIR]
+
+--raw DIR also keeps each cell's stamps as DIR/<geometry>_<context>_<batch>.npz (save_raw) for analyses beyond the
+summary (e.g. what the late programs have in common).
 
 How: a copy of vllm_oscar/kernels/gluon_decode.py instrumented by text edits (instrumented_source) reads
 %globaltimer (ns, low 32 bits) at those four points and writes them with %smid over the first five channels of the
@@ -143,8 +146,10 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     }
 
 
-def time_cell(kernel, geometry: str, length: int, batch: int, reps: int, device: torch.device) -> dict:
-    """One cell's timeline (summarize) with its plan and the kernel's time alone (graph replays, ms)."""
+def time_cell(kernel, geometry: str, length: int, batch: int, reps: int, device: torch.device,
+              raw_dir: str | None = None) -> dict:
+    """One cell's timeline (summarize) with its plan and the kernel's time alone (graph replays, ms); raw_dir: also
+    keep the stamps there (save_raw)."""
     cell = gluon_case(geometry, length, batch, device)
     if cell is None:
         return {"skipped": NOT_GLUON}
@@ -156,8 +161,17 @@ def time_cell(kernel, geometry: str, length: int, batch: int, reps: int, device:
     tiles = split_program_tiles(triton_ops.int2_split_tiles(length, cell.sink, cell.recent, 64, True),
                                 plan.num_splits, plan.split_consts["MIN_TILES"])
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if raw_dir:
+        save_raw(os.path.join(raw_dir, f"{geometry}_{length}_{batch}.npz"), raw, tiles, sms)
     return {"splits": plan.num_splits, "programs": plan.total, "copy_stages": plan.split_consts["COPY_STAGES"],
             "split_tiles": int(tiles.max()), "kernel_ms": kernel_ms, **summarize(raw, tiles, sms)}
+
+
+def save_raw(path: str, raw: np.ndarray, tiles: np.ndarray, sms: int) -> None:
+    """One launch's stamps at path (.npz): raw [B, Hkv, programs, 5] int64 as summarize takes them (start, first
+    staged tile landed, loop end, partial stored: %globaltimer's low 32 bits; %smid), tiles [num_splits] int64 (the
+    split programs' tile counts), sms (the device's SM count)."""
+    np.savez_compressed(path, raw=raw, tiles=tiles, sms=np.int64(sms))
 
 
 def split_program_tiles(n_tiles: int, num_splits: int, min_tiles: int) -> np.ndarray:
@@ -185,15 +199,18 @@ def main() -> int:
     parser.add_argument("--cells", type=parse_cell, nargs="+",
                         default=[parse_cell(c) for c in ("qwen3-8b:131072:1", "qwen3-8b:65536:1",
                                                          "qwen3-8b:32768:8", "smollm2-135m:131072:8")])
+    parser.add_argument("--raw", metavar="DIR", help="also keep each cell's stamps in DIR (save_raw)")
     add_output_arguments(parser)
     args = parser.parse_args()
+    if args.raw:
+        os.makedirs(args.raw, exist_ok=True)
     device = cuda_device("bench/split_timeline.py times gluon_decode's programs on a CUDA GPU; none is visible.")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         kernel = load_instrumented(folder).int2_split_gluon_kernel
         for geometry, length, batch in args.cells:
             row = {"geometry": geometry, "context": length, "batch": batch,
-                   **time_cell(kernel, geometry, length, batch, args.reps, device)}
+                   **time_cell(kernel, geometry, length, batch, args.reps, device, args.raw)}
             rows.append(row)
             print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
             torch.cuda.empty_cache()

@@ -54,6 +54,19 @@ def test_summary_of_hand_made_stamps_across_the_timer_wrap() -> None:
     assert summary["programs_per_sm"] == [1, 2]
 
 
+def test_raw_stamps_round_trip(tmp_path) -> None:
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 1 << 32, size=(2, 3, 5, 5), dtype=np.int64)
+    raw[..., 4] = rng.integers(0, 132, size=(2, 3, 5))  # %smid
+    tiles = np.array([4, 4, 3])
+    path = str(tmp_path / "cell.npz")
+    split_timeline.save_raw(path, raw, tiles, sms=132)
+    kept = np.load(path)
+    assert np.array_equal(kept["raw"], raw) and np.array_equal(kept["tiles"], tiles) and int(kept["sms"]) == 132
+    assert split_timeline.summarize(kept["raw"], kept["tiles"], int(kept["sms"])) == \
+        split_timeline.summarize(raw, tiles, 132)
+
+
 @pytest.mark.parametrize("n_tiles, splits, min_tiles, expected", [
     (2043, 186, 2, [11] * 185 + [8]),
     (10, 4, 2, [3, 3, 3, 1]),
