@@ -62,15 +62,13 @@ class GluonCase:
                                 out=self.outs[i], max_seq_len=self.length, config=self.config)
 
 
-def gluon_case(geometry: str, length: int, batch: int, device: torch.device,
-               **config_fields) -> Optional[GluonCase]:
-    """The cell's case and plan (seeded as `bench decode` seeds it), or None where the plan is not gluon_decode's;
-    config_fields: AttentionConfig fields set over the default decode config (e.g. gluon_tile_skew=0.1)."""
+def gluon_case(geometry: str, length: int, batch: int, device: torch.device) -> Optional[GluonCase]:
+    """The cell's case and plan (seeded as `bench decode` seeds it), or None where the plan is not gluon_decode's."""
     hq, hkv, dim = GEOMETRIES[geometry]
     layers = layers_for(batch * hkv * length * PageLayout(dim, dim, BLOCK_SIZE, torch.float16).token_bytes)
     case = make_oscar_case(batch, length, hq, hkv, dim, BLOCK_SIZE, layers, device,
                            torch.Generator(device=device).manual_seed(length * 131 + batch))
-    config = dataclasses.replace(triton_ops.DEFAULT_DECODE, cuda_graph=True, **config_fields)
+    config = dataclasses.replace(triton_ops.DEFAULT_DECODE, cuda_graph=True)
     plan = triton_ops._cached_plan(case.query, case.caches[0], case.window_k[0], case.window_v[0], case.layout,
                                    case.block_table, case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS,
                                    DEFAULT_RECENT_TOKENS, 1.0 / math.sqrt(dim), length, config)

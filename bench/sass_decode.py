@@ -38,7 +38,6 @@ from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_common import FOLD_TILES  # noqa: E402
 from vllm_oscar.kernels.triton_ops import (FIRST_PREFETCH_TILES, GLUON_MAX_REGISTERS, MIN_TILES_PER_SPLIT,  # noqa: E402
-                                          SCHEDULERS_PER_SM,
                                           _plane_offsets)
 
 #: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types, as the launcher
@@ -98,14 +97,13 @@ GLUON_PLAIN_SCALARS = tuple(name for name in PLAIN_SCALARS if name != "NSPLIT_SH
 
 def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,
                          query: str = "bf16", window: str = "bf16", copy_stages: int = 0, f16_values: bool = False,
-                         fold: int = FOLD_TILES.value, window_prefetch: bool = False, skew_step: int = 0):
+                         fold: int = FOLD_TILES.value, window_prefetch: bool = False):
     """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
     triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
     the compiler's register count; query / window: the element types of the query (fp32 from the served query
     rotation) and of the BF16 window store; copy_stages: its COPY_STAGES (AttentionConfig.gluon_copy_stages);
     f16_values: its F16_VALUES (AttentionConfig.gluon_f16_values); fold: its FOLD (AttentionConfig.fold_tiles);
-    window_prefetch: its WINDOW_PREFETCH (AttentionConfig.gluon_window_prefetch); skew_step: its SKEW_STEP
-    (AttentionConfig.gluon_tile_skew, tiers of an H200's 132 SMs)."""
+    window_prefetch: its WINDOW_PREFETCH (AttentionConfig.gluon_window_prefetch)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from vllm_oscar.kernels.gluon_decode import int2_split_gluon_kernel
@@ -113,8 +111,7 @@ def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: i
     layout = PageLayout(head_dim, head_dim, 64)
     constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=fold,
                      REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages,
-                     F16_VALUES=f16_values, WINDOW_PREFETCH=window_prefetch, SKEW_STEP=skew_step,
-                     TIER_PROGRAMS=SCHEDULERS_PER_SM * 132, **_plane_offsets(layout))
+                     F16_VALUES=f16_values, WINDOW_PREFETCH=window_prefetch, **_plane_offsets(layout))
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(
         fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, "q_ptr": f"*{query}", "wk_ptr": f"*{window}",
@@ -211,9 +208,6 @@ def main() -> int:
     parser.add_argument("--window-prefetch", action="store_true",
                         help="--gluon: WINDOW_PREFETCH, window programs ask L2 for their V rows up front "
                              "(AttentionConfig.gluon_window_prefetch)")
-    parser.add_argument("--skew-step", type=int, default=0,
-                        help="--gluon: SKEW_STEP, split ranges weighed by dispatch tier "
-                             "(AttentionConfig.gluon_tile_skew x 1024)")
     parser.add_argument("--full-tiles", type=int, choices=(0, 1), default=1,
                         help="1 = splits walk whole tiles, unmasked (FULL_TILES, the default); 0 = masked tiles")
     parser.add_argument("--trigger-dependents", action="store_true",
@@ -229,7 +223,7 @@ def main() -> int:
     if args.gluon:
         kernel = compile_gluon_kernel(args.head_dim, args.group, maxnreg=args.maxnreg or GLUON_MAX_REGISTERS,
                                       copy_stages=args.copy_stages, f16_values=args.f16_values, fold=args.fold,
-                                      window_prefetch=args.window_prefetch, skew_step=args.skew_step)
+                                      window_prefetch=args.window_prefetch)
     else:
         kernel = compile_kernel(args.head_dim, args.group, args.block_t, args.block_size, args.warps, args.stages,
                                 args.int8_keys, args.prefetch, args.maxnreg, args.win_bt, bool(args.full_tiles),

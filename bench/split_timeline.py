@@ -117,17 +117,16 @@ def percentiles_us(values_ns: np.ndarray) -> list[float]:
 def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     """The timeline of one launch. raw: [B, Hkv, programs, 5] int64 as the kernel wrote it (start, first staged tile
     landed, loop end, partial stored: %globaltimer's low 32 bits; %smid); tiles: [num_splits] tiles of each split
-    program (programs >= num_splits are window programs), or [B, Hkv, num_splits] where they differ by pair. Times
-    are us after the first program's start (the timer's 32-bit wrap undone); the loop's time per tile counts the
-    staged split programs of at least two tiles."""
-    num_splits = tiles.shape[-1]
+    program (programs >= num_splits are window programs). Times are us after the first program's start (the timer's
+    32-bit wrap undone); the loop's time per tile counts the staged split programs of the most tiles."""
+    num_splits = tiles.shape[0]
     stamps = raw[..., :4]
     stamps = (stamps - stamps[..., 0].min()) % (1 << 32)
     splits = stamps[:, :, :num_splits].reshape(-1, 4)
     windows = stamps[:, :, num_splits:].reshape(-1, 4)
-    split_tiles = np.broadcast_to(tiles, stamps.shape[:2] + (num_splits,)).reshape(-1)
+    split_tiles = np.broadcast_to(tiles, stamps.shape[:2] + tiles.shape).reshape(-1)
     staged = splits[:, 1] != splits[:, 0]  # the unstaged loop leaves the first-tile stamp at the start
-    walked = staged & (split_tiles >= 2)
+    full = staged & (split_tiles == tiles.max())
     sm = raw[..., 4].reshape(-1)
     ends = stamps[..., 3].reshape(-1)
     last_end = np.zeros(sms, dtype=np.int64)
@@ -137,7 +136,7 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
         "span_us": round(float(ends.max()) / 1000, 2),
         "split_start_us": percentiles_us(splits[:, 0]),
         "split_first_tile_us": percentiles_us(splits[staged, 1] - splits[staged, 0]),
-        "split_loop_us_per_tile": percentiles_us((splits[walked, 2] - splits[walked, 1]) / (split_tiles[walked] - 1)),
+        "split_loop_us_per_tile": percentiles_us((splits[full, 2] - splits[full, 1]) / max(1, int(tiles.max()) - 1)),
         "split_epilogue_us": percentiles_us(splits[:, 3] - splits[:, 2]),
         "split_end_us": percentiles_us(splits[:, 3]),
         "window_start_us": percentiles_us(windows[:, 0]),
@@ -148,10 +147,10 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
 
 
 def time_cell(kernel, geometry: str, length: int, batch: int, reps: int, device: torch.device,
-              raw_dir: str | None = None, **config_fields) -> dict:
+              raw_dir: str | None = None) -> dict:
     """One cell's timeline (summarize) with its plan and the kernel's time alone (graph replays, ms); raw_dir: also
-    keep the stamps there (save_raw); config_fields: AttentionConfig fields over the default decode config."""
-    cell = gluon_case(geometry, length, batch, device, **config_fields)
+    keep the stamps there (save_raw)."""
+    cell = gluon_case(geometry, length, batch, device)
     if cell is None:
         return {"skipped": NOT_GLUON}
     plan = cell.plan
@@ -160,8 +159,7 @@ def time_cell(kernel, geometry: str, length: int, batch: int, reps: int, device:
     group = cell.case.query.shape[1] // cell.case.caches[0].shape[1]
     raw = cell.part.view(torch.int32)[:, ::group, :, :5].cpu().numpy().astype(np.int64)
     tiles = split_program_tiles(triton_ops.int2_split_tiles(length, cell.sink, cell.recent, 64, True),
-                                plan.num_splits, plan.split_consts["MIN_TILES"], batch, cell.case.caches[0].shape[1],
-                                plan.split_consts["SKEW_STEP"], plan.split_consts["TIER_PROGRAMS"])
+                                plan.num_splits, plan.split_consts["MIN_TILES"])
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if raw_dir:
         save_raw(os.path.join(raw_dir, f"{geometry}_{length}_{batch}.npz"), raw, tiles, sms)
@@ -176,18 +174,12 @@ def save_raw(path: str, raw: np.ndarray, tiles: np.ndarray, sms: int) -> None:
     np.savez_compressed(path, raw=raw, tiles=tiles, sms=np.int64(sms))
 
 
-def split_program_tiles(n_tiles: int, num_splits: int, min_tiles: int, batch: int = 1, hkv: int = 1,
-                        skew_step: int = 0, tier_programs: int = 1) -> np.ndarray:
-    """[batch, hkv, num_splits] tiles of each split program of requests with n_tiles whole INT2 tiles, as gluon_decode
-    gives them (triton_ops.skewed_split_ranges: even ranges of max(cdiv(n, NSPLIT), MIN_TILES), the last ones short
-    or empty, or with skew_step > 0 ranges weighed by dispatch tier)."""
-    tiles = np.zeros((batch, hkv, num_splits), dtype=np.int64)
-    for b in range(batch):
-        for h in range(hkv):
-            ranges = triton_ops.skewed_split_ranges(n_tiles, num_splits, b + batch * h, batch * hkv, tier_programs,
-                                                    skew_step, min_tiles)
-            tiles[b, h] = [hi - lo for lo, hi in ranges]
-    return tiles
+def split_program_tiles(n_tiles: int, num_splits: int, min_tiles: int) -> np.ndarray:
+    """[num_splits] tiles of each split program of a request with n_tiles whole INT2 tiles, as gluon_decode's fixed
+    ranges give them (per_split = max(cdiv(n, NSPLIT), MIN_TILES) each, the last ones short or empty)."""
+    per_split = max(math.ceil(n_tiles / num_splits), min_tiles)
+    lo = np.minimum(np.arange(num_splits) * per_split, n_tiles)
+    return np.minimum(lo + per_split, n_tiles) - lo
 
 
 def parse_cell(text: str) -> tuple[str, int, int]:
@@ -208,8 +200,6 @@ def main() -> int:
                         default=[parse_cell(c) for c in ("qwen3-8b:131072:1", "qwen3-8b:65536:1",
                                                          "qwen3-8b:32768:8", "smollm2-135m:131072:8")])
     parser.add_argument("--raw", metavar="DIR", help="also keep each cell's stamps in DIR (save_raw)")
-    parser.add_argument("--gluon-tile-skew", type=float, default=None, metavar="ALPHA",
-                        help="the kernel with AttentionConfig.gluon_tile_skew=ALPHA (default: the default config's)")
     add_output_arguments(parser)
     args = parser.parse_args()
     if args.raw:
@@ -220,8 +210,7 @@ def main() -> int:
         kernel = load_instrumented(folder).int2_split_gluon_kernel
         for geometry, length, batch in args.cells:
             row = {"geometry": geometry, "context": length, "batch": batch,
-                   **time_cell(kernel, geometry, length, batch, args.reps, device, args.raw,
-                              gluon_tile_skew=args.gluon_tile_skew)}
+                   **time_cell(kernel, geometry, length, batch, args.reps, device, args.raw)}
             rows.append(row)
             print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
             torch.cuda.empty_cache()

@@ -73,15 +73,6 @@ for dim, group in ((128, 4), (64, 3)):
         report[f"window_prefetch_{dim}_{int(prefetch)}"] = dict(
             registers=int(registers), loops=len(loops), loop=" ".join(body),
             prefetches=[op for address, op in instructions(sass)].count("CCTL"))
-    for skew in (0, 100):  # split ranges weighed by dispatch tier (staged, fp16 values: the batch >= 8 default)
-        sass, registers, stack = read_compiled(compile_gluon_kernel(
-            dim, group, copy_stages=triton_ops.GLUON_AUTO_COPY_STAGES, f16_values=True, skew_step=skew), None)
-        loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
-        body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
-        ops = [op for address, op in instructions(sass)]
-        report[f"skew_{dim}_{skew}"] = dict(registers=int(registers), loops=len(loops), size=len(body),
-                                            loop_local=body.count("LDL") + body.count("STL"),
-                                            float64=sum(ops.count(op) for op in ("DMUL", "DFMA", "DADD", "F2F")))
 for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
     report[f"types_{query}_{window}"] = compile_gluon_kernel(128, 4, query=query, window=window).metadata.shared
 print(json.dumps(report))
@@ -178,21 +169,6 @@ def test_gluon_window_prefetch_leaves_the_split_loop_alone(compiled: dict, dim: 
     assert on["loops"] == off["loops"] == 1 and on["loop"] == off["loop"], (off["loops"], on["loops"])
     assert on["registers"] <= triton_ops.GLUON_MAX_REGISTERS, on
     assert on["prefetches"] == off["prefetches"] + 64 * (dim * 2 // 128) // 32, (off["prefetches"], on["prefetches"])
-
-
-@pytest.mark.parametrize("dim", [128, 64])
-def test_gluon_tile_skew_leaves_the_split_loop_alone(compiled: dict, dim: int) -> None:
-    """gluon_tile_skew: the split ranges' float64 shares are computed once per program, before the loop; the loop
-    keeps its size (within a few instructions of register moves), no spills, the register cap."""
-    even, skewed = compiled[f"skew_{dim}_0"], compiled[f"skew_{dim}_100"]
-    assert skewed["loops"] == even["loops"] == 1 and abs(skewed["size"] - even["size"]) <= 4, (even, skewed)
-    assert skewed["loop_local"] == 0 and skewed["registers"] <= triton_ops.GLUON_MAX_REGISTERS, skewed
-    assert skewed["float64"] > even["float64"], (even, skewed)
-
-
-def test_gluon_tile_skew_is_checked() -> None:
-    with pytest.raises(ValueError, match="gluon_tile_skew=0.1 weighs gluon_decode's split programs.*CUDA"):
-        _plan(triton_ops.AttentionConfig(gluon_tile_skew=0.1))  # CPU tensors: no Gluon kernel here
 
 
 def test_window_prefetch_where_the_window_programs_are_few() -> None:

@@ -48,15 +48,6 @@ a split program copies the regions of the tiles COPY_STAGES - 1 ahead into share
 registers held while they are in flight) and reads each tile from there into the same register layouts
 (_staged_tile; the code lines swizzled so that those reads are free of bank conflicts). The window programs load as
 before.
-
-SKEW_STEP > 0 (AttentionConfig.gluon_tile_skew; docs/notes/kernels.md "Session 31"): a pair's tiles are split over
-its programs in proportion to weights that fall with the program's dispatch tier instead of evenly. Per-program
-timelines (bench/split_timeline.py --raw) show each SM's warp schedulers serving their oldest resident programs first:
-split programs end in steps of one per SCHEDULERS_PER_SM programs per SM in dispatch order (Qwen3-8B 128K batch 1:
-18.5 / 20.6 / 22.5 us), so equal ranges leave the last-dispatched programs to finish alone. Program q of pair
-(b, h) is dispatched L = b + B (h + Hkv q)-th, tier t = L // TIER_PROGRAMS (TIER_PROGRAMS = schedulers x SMs), and
-weighs TILE_SKEW_ONE - SKEW_STEP min(t, TILE_SKEW_TIERS - 1) (_skewed_weights). Applies where a pair has at
-least TILE_SKEW_MIN_TILES tiles per program; else the even ranges.
 """
 
 from __future__ import annotations
@@ -66,7 +57,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES, TILE_SKEW_MIN_TILES, TILE_SKEW_ONE, TILE_SKEW_TIERS
+from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
 
 #: bar.sync of the program's warps (Gluon's name for it: thread_barrier in Triton 3.6, barrier from 3.7 on).
@@ -607,43 +598,6 @@ def _plane_factor(plane, F16: gl.constexpr):
 
 
 @gluon.jit
-def _skewed_weights(p, first, stride, SKEW_STEP: gl.constexpr, TIER_PROGRAMS: gl.constexpr):
-    """W(p) (int32), the summed weights of a pair's programs q < p, program q dispatched first + stride q-th and of
-    tier (first + stride q) // TIER_PROGRAMS: TILE_SKEW_ONE p - SKEW_STEP x (for each tier t >= 1, the programs below
-    p of tier t or later). Each step of W is at least TILE_SKEW_ONE - (TILE_SKEW_TIERS - 1) SKEW_STEP > 0."""
-    total = p * TILE_SKEW_ONE
-    for t in gl.static_range(1, TILE_SKEW_TIERS):
-        q_t = gl.cdiv(gl.maximum(t * TIER_PROGRAMS - first, 0), stride)  # the pair's first program of tier >= t
-        total -= SKEW_STEP * gl.maximum(p - q_t, 0)
-    return total
-
-
-@gluon.jit
-def _split_range(n_tiles, pid, NSPLIT, b, h, MIN_TILES: gl.constexpr, SKEW_STEP: gl.constexpr,
-                 TIER_PROGRAMS: gl.constexpr):
-    """[lo, hi): the whole INT2 tiles of split program pid of pair (b, h), out of n_tiles. Even ranges
-    (max(cdiv(n_tiles, NSPLIT), MIN_TILES) tiles, the last ones short or empty), or with SKEW_STEP > 0 and at least
-    TILE_SKEW_MIN_TILES tiles per program, the boundary of programs p - 1 and p at floor(n_tiles x (W(p) / W(NSPLIT)))
-    (_skewed_weights; float64: the shares do not depend on the length, so they are ready when it arrives, and the
-    programs on either side of a boundary compute it alike)."""
-    per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
-    lo = gl.minimum(pid * per_split, n_tiles)
-    hi = gl.minimum(lo + per_split, n_tiles)
-    if SKEW_STEP > 0:
-        batch = gl.num_programs(0)
-        first = b + batch * h
-        stride = batch * gl.num_programs(1)
-        whole = _skewed_weights(NSPLIT, first, stride, SKEW_STEP, TIER_PROGRAMS).to(gl.float64)
-        share_lo = _skewed_weights(pid, first, stride, SKEW_STEP, TIER_PROGRAMS).to(gl.float64) / whole
-        share_hi = _skewed_weights(pid + 1, first, stride, SKEW_STEP, TIER_PROGRAMS).to(gl.float64) / whole
-        n = n_tiles.to(gl.float64)
-        skewed = n_tiles >= TILE_SKEW_MIN_TILES * NSPLIT
-        lo = gl.where(skewed, gl.floor(n * share_lo).to(gl.int32), lo)
-        hi = gl.where(skewed, gl.floor(n * share_hi).to(gl.int32), hi)
-    return lo, hi
-
-
-@gluon.jit
 def _row_factor(D: gl.constexpr, F16: gl.constexpr):
     """F_P of the accumulator's rows [D] (row r: plane r // (D / 4))."""
     return _plane_factor(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)) // (D // 4), F16)
@@ -662,16 +616,14 @@ def int2_split_gluon_kernel(
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
-    F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False, SKEW_STEP: gl.constexpr = 0,
-    TIER_PROGRAMS: gl.constexpr = 1,
+    F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
     (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
     [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
     elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once;
-    WINDOW_PREFETCH: a window program asks L2 for its BF16 V rows before its logits (they are read after them);
-    SKEW_STEP, TIER_PROGRAMS: the split programs' tile ranges weighed by dispatch tier (_split_range)."""
+    WINDOW_PREFETCH: a window program asks L2 for its BF16 V rows before its logits (they are read after them)."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -702,7 +654,9 @@ def int2_split_gluon_kernel(
     sums = gl.full([16, 8], 0.0, gl.float32, layout=MMA)
     ones = gl.full([16, TILE], 1.0, gl.float16 if F16_VALUES else gl.bfloat16, layout=VALUE_OP)
     if pid < NSPLIT:
-        lo, hi = _split_range(n_tiles, pid, NSPLIT, b, h, MIN_TILES, SKEW_STEP, TIER_PROGRAMS)
+        per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
+        lo = gl.minimum(pid * per_split, n_tiles)
+        hi = gl.minimum(lo + per_split, n_tiles)
         if COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
             gl.static_assert((K_ZERO == K_SCALE + 2 * TILE) & (V_SCALE == K_SCALE + 4 * TILE)
                              & (V_ZERO == K_SCALE + 6 * TILE), "the four fp16 scale planes, contiguous, in this order")

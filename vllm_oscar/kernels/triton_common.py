@@ -34,12 +34,6 @@ BIAS: tl.constexpr = tl.constexpr(128.0)
 #: sums left to grow lose the small code part, about 1e-4 relative per tile (H200: 4.4e-2 for one split of 30000
 #: positions, 0.18 for 120000; every 8 tiles 2.0e-3 / 1.6e-3; docs/notes/kernels.md "Session 21", F1).
 FOLD_TILES: tl.constexpr = tl.constexpr(8)
-#: Tile skew of gluon_decode's split programs (AttentionConfig.gluon_tile_skew, gluon_decode._split_range): the weight
-#: of a tier-0 program, the dispatch tiers weighed apart (the last covers every later one), and the tiles per program
-#: below which the ranges stay even.
-TILE_SKEW_ONE: tl.constexpr = tl.constexpr(1024)
-TILE_SKEW_TIERS: tl.constexpr = tl.constexpr(8)
-TILE_SKEW_MIN_TILES: tl.constexpr = tl.constexpr(4)
 #: Unpack modes (see module docstring).
 UNPACK_PORTABLE: int = 0
 UNPACK_PTX: int = 1

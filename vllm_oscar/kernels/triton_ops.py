@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 from typing import Callable, Optional
 
 import torch
@@ -28,8 +27,7 @@ from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_ext
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
-from vllm_oscar.kernels.triton_common import (FOLD_TILES, TILE_SKEW_MIN_TILES, TILE_SKEW_ONE, TILE_SKEW_TIERS,
-                                             TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX)
+from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
 from vllm_oscar.kernels.triton_rotate import rotate_rows_kernel
 from vllm_oscar.kernels.triton_write import (
@@ -274,11 +272,6 @@ GLUON_F16_FOLD_TILES: int = 2
 #: V50): Qwen3-8B batch 1 16K 0.0125 -> 0.0110 ms, 32K 0.0139 -> 0.0128, SmolLM2 16K / 32K 2-3% faster, 64K / 128K
 #: equal; on at batch >= 8 up to 4% slower (Qwen3-8B 128K B=64 1.198 -> 1.246 ms).
 WINDOW_PREFETCH_PROGRAMS_PER_SM: int = 1
-#: Warp schedulers (sub-partitions) per SM: gluon_decode's dispatch tiers are this many programs per SM
-#: (AttentionConfig.gluon_tile_skew; Hopper, and every NVIDIA GPU since Volta, has 4).
-SCHEDULERS_PER_SM: int = 4
-#: AttentionConfig.gluon_tile_skew None: the fraction by which each later dispatch tier's split programs weigh less.
-GLUON_TILE_SKEW: float = 0.0
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -383,12 +376,7 @@ class AttentionConfig:
     The kernel's error against float64 at 120000 positions in one split: 2.3e-3 / 2.8e-3 (Qwen3-8B / SmolLM2
     geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py); gluon_window_prefetch: gluon_decode's window
     programs ask L2 for their BF16 V rows before computing their logits (a hint: results do not change); None (the
-    default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1);
-    gluon_tile_skew: alpha in [0, 1 / (TILE_SKEW_TIERS - 1)): gluon_decode's split programs of dispatch tier t (t =
-    dispatch index // (SCHEDULERS_PER_SM x SMs)) take tiles in proportion to 1 - alpha min(t, TILE_SKEW_TIERS - 1)
-    instead of evenly, where a pair has at least TILE_SKEW_MIN_TILES tiles per program (an SM's schedulers serve their
-    oldest programs first, so later tiers run slower; docs/notes/kernels.md "Session 31"); None (the default) =
-    GLUON_TILE_SKEW; 0 = even ranges.
+    default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1).
     """
 
     block_t: Optional[int] = None
@@ -419,7 +407,6 @@ class AttentionConfig:
     fold_tiles: Optional[int] = None
     gluon_f16_values: Optional[bool] = None
     gluon_window_prefetch: Optional[bool] = None
-    gluon_tile_skew: Optional[float] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -904,35 +891,6 @@ def window_prefetch_pays(config: AttentionConfig, window_programs: int, sms: int
     return window_programs <= WINDOW_PREFETCH_PROGRAMS_PER_SM * sms
 
 
-def tile_skew_step(config: AttentionConfig) -> int:
-    """gluon_decode's SKEW_STEP for config.gluon_tile_skew (None: GLUON_TILE_SKEW): alpha x TILE_SKEW_ONE, rounded;
-    ValueError unless every tier keeps a positive weight."""
-    alpha = GLUON_TILE_SKEW if config.gluon_tile_skew is None else config.gluon_tile_skew
-    step = round(alpha * TILE_SKEW_ONE.value)
-    if not 0 <= step * (TILE_SKEW_TIERS.value - 1) < TILE_SKEW_ONE.value:
-        raise ValueError(f"gluon_tile_skew={config.gluon_tile_skew}: choose 0 <= alpha < "
-                         f"{1 / (TILE_SKEW_TIERS.value - 1):.4f} (each later dispatch tier's programs weigh alpha "
-                         "less, and the last tier must keep a positive weight), or None for the default.")
-    return step
-
-
-def skewed_split_ranges(n_tiles: int, nsplit: int, first: int, stride: int, tier_programs: int, step: int,
-                        min_tiles: int) -> list[tuple[int, int]]:
-    """[(lo, hi)] of the nsplit split programs of one pair, as gluon_decode._split_range gives them: the pair's
-    program q is dispatched first + stride q-th (first = b + B h, stride = B x Hkv) and belongs to tier
-    (first + stride q) // tier_programs; step: its SKEW_STEP (tile_skew_step). For reports and tests."""
-    def weights(p: int) -> int:
-        return p * TILE_SKEW_ONE.value - step * sum(
-            max(p - cdiv(max(t * tier_programs - first, 0), stride), 0) for t in range(1, TILE_SKEW_TIERS.value))
-
-    if step > 0 and n_tiles >= TILE_SKEW_MIN_TILES.value * nsplit:
-        whole = float(weights(nsplit))
-        bounds = [math.floor(n_tiles * (weights(p) / whole)) for p in range(nsplit + 1)]  # float64, as the kernel
-        return list(zip(bounds[:-1], bounds[1:]))
-    per_split = max(cdiv(n_tiles, nsplit), min_tiles)
-    return [(min(p * per_split, n_tiles), min(p * per_split + per_split, n_tiles)) for p in range(nsplit)]
-
-
 def tma_pays(head_dim: int, int8_keys: bool, pairs: int, sms: int, max_seq_len: int) -> bool:
     """Whether TMA tile loads beat plain loads for a graph-captured decode of ``pairs`` (request, KV head) pairs
     planned for ``max_seq_len`` positions on ``sms`` SMs (the rule of GRAPH_TMA_STAGES). Without int8 keys they
@@ -1074,9 +1032,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if config.gluon_f16_values and not gluon_splits:
         raise ValueError(f"gluon_f16_values=True builds fp16 V operands in gluon_decode's kernel, which this launch "
                          f"does not run (it needs {gluon_missing}). Leave gluon_f16_values at None.")
-    if config.gluon_tile_skew and not gluon_splits:
-        raise ValueError(f"gluon_tile_skew={config.gluon_tile_skew} weighs gluon_decode's split programs, which this "
-                         f"launch does not run (it needs {gluon_missing}). Leave gluon_tile_skew at None.")
     if config.gluon_window_prefetch and not gluon_splits:
         raise ValueError(f"gluon_window_prefetch=True is a hint of gluon_decode's window programs, which this launch "
                          f"does not run (it needs {gluon_missing}). Leave gluon_window_prefetch at None.")
@@ -1142,7 +1097,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values,
                             WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device)),
-                            SKEW_STEP=tile_skew_step(config), TIER_PROGRAMS=SCHEDULERS_PER_SM * _device_sms(device),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
