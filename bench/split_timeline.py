@@ -114,11 +114,31 @@ def percentiles_us(values_ns: np.ndarray) -> list[float]:
     return [round(float(v) / 1000, 2) for v in np.percentile(values_ns, [0, 10, 50, 90, 100])]
 
 
+#: Warp schedulers per SM (Hopper): programs that share an SM are served oldest first, so each SM's programs fall
+#: into dispatch tiers of this many (docs/notes/kernels.md "Session 31").
+SCHEDULERS_PER_SM = 4
+
+
+def dispatch_tiers(sm: np.ndarray) -> np.ndarray:
+    """[B, Hkv, programs] tier of each program: its rank among the programs of its SM in dispatch order (grid order:
+    request fastest, then KV head, then program), // SCHEDULERS_PER_SM. sm: [B, Hkv, programs] %smid."""
+    batch, hkv, programs = sm.shape
+    order = np.arange(batch * hkv * programs).reshape(programs, hkv, batch).transpose(2, 1, 0).reshape(-1)
+    flat = sm.reshape(-1)
+    rank = np.empty_like(flat)
+    for unit in np.unique(flat):
+        members = np.flatnonzero(flat == unit)
+        rank[members[np.argsort(order[members])]] = np.arange(members.size)
+    return (rank // SCHEDULERS_PER_SM).reshape(sm.shape)
+
+
 def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     """The timeline of one launch. raw: [B, Hkv, programs, 5] int64 as the kernel wrote it (start, first staged tile
     landed, loop end, partial stored: %globaltimer's low 32 bits; %smid); tiles: [num_splits] tiles of each split
     program (programs >= num_splits are window programs). Times are us after the first program's start (the timer's
-    32-bit wrap undone); the loop's time per tile counts the staged split programs of the most tiles."""
+    32-bit wrap undone); the loop's time per tile counts the staged split programs of the most tiles;
+    split_end_by_tier_us: the mean end of the split programs of each dispatch tier (dispatch_tiers) that started in
+    the kernel's first microsecond (one wave)."""
     num_splits = tiles.shape[0]
     stamps = raw[..., :4]
     stamps = (stamps - stamps[..., 0].min()) % (1 << 32)
@@ -132,6 +152,10 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     last_end = np.zeros(sms, dtype=np.int64)
     np.maximum.at(last_end, sm, ends)
     per_sm = np.bincount(sm, minlength=sms)
+    tiers = dispatch_tiers(raw[..., 4])[:, :, :num_splits].reshape(-1)
+    first_wave = splits[:, 0] < 1000
+    by_tier = [round(float(splits[first_wave & (tiers == t), 3].mean()) / 1000, 2)
+               for t in range(int(tiers.max()) + 1) if (first_wave & (tiers == t)).any()]
     return {
         "span_us": round(float(ends.max()) / 1000, 2),
         "split_start_us": percentiles_us(splits[:, 0]),
@@ -139,6 +163,7 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
         "split_loop_us_per_tile": percentiles_us((splits[full, 2] - splits[full, 1]) / max(1, int(tiles.max()) - 1)),
         "split_epilogue_us": percentiles_us(splits[:, 3] - splits[:, 2]),
         "split_end_us": percentiles_us(splits[:, 3]),
+        "split_end_by_tier_us": by_tier,
         "window_start_us": percentiles_us(windows[:, 0]),
         "window_end_us": percentiles_us(windows[:, 3]),
         "sm_last_end_us": percentiles_us(last_end[per_sm > 0]),

@@ -52,6 +52,20 @@ def test_summary_of_hand_made_stamps_across_the_timer_wrap() -> None:
     assert summary["window_end_us"] == [0.9] * 5
     assert summary["sm_last_end_us"] == [0.9, 1.33, 3.05, 4.77, 5.2]  # SM 9: 0.9, SM 7: 5.2
     assert summary["programs_per_sm"] == [1, 2]
+    assert summary["split_end_by_tier_us"] == [4.25]  # both splits: tier 0 of SM 7, mean of 5.2 and 3.3
+
+
+def test_dispatch_tiers_follow_grid_order_per_sm() -> None:
+    """Two requests, one KV head, 5 programs: dispatch order (request fastest) 0:(0,p0) 1:(1,p0) 2:(0,p1) ... All on
+    one SM except request 1's program 0; tiers are ranks // SCHEDULERS_PER_SM among an SM's programs."""
+    sm = np.zeros((2, 1, 5), dtype=np.int64)
+    sm[1, 0, 0] = 3
+    tiers = split_timeline.dispatch_tiers(sm)
+    # SM 0 in dispatch order: (0,p0) (0,p1) (1,p1) (0,p2) (1,p2) (0,p3) (1,p3) (0,p4) (1,p4): ranks 0..8
+    expected_rank = {(0, 0): 0, (0, 1): 1, (1, 1): 2, (0, 2): 3, (1, 2): 4, (0, 3): 5, (1, 3): 6, (0, 4): 7, (1, 4): 8}
+    for (b, p), rank in expected_rank.items():
+        assert tiers[b, 0, p] == rank // split_timeline.SCHEDULERS_PER_SM
+    assert tiers[1, 0, 0] == 0  # alone on SM 3
 
 
 def test_raw_stamps_round_trip(tmp_path) -> None:
