@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
 import split_timeline  # noqa: E402
+import split_timeline_plot  # noqa: E402
 
 
 def test_edits_apply_to_the_kernel_and_store_every_stamp() -> None:
@@ -91,3 +92,16 @@ def test_fixed_split_ranges(n_tiles: int, splits: int, min_tiles: int, expected:
     tiles = split_timeline.split_program_tiles(n_tiles, splits, min_tiles)
     assert tiles.tolist() == expected
     assert tiles.sum() == n_tiles
+
+
+def test_plot_of_end_times_by_tier(tmp_path) -> None:
+    """One SM, one request and KV head, 6 programs (5 splits, 1 window): dispatch ranks 0-3 are tier 0, 4 tier 1."""
+    raw = np.zeros((1, 1, 6, 5), dtype=np.int64)
+    raw[0, 0, :, 3] = [2000, 2500, 3000, 3500, 9000, 4000]  # ends (ns after the start at 0)
+    by_tier, windows = split_timeline_plot.end_times_by_tier(raw, num_splits=5)
+    assert [ends.tolist() for ends in by_tier] == [[2.0, 2.5, 3.0, 3.5], [9.0]] and windows.tolist() == [4.0]
+    path = str(tmp_path / "cell.npz")
+    split_timeline.save_raw(path, raw, np.array([3, 3, 3, 3, 2]), sms=1)
+    out = tmp_path / "tiers.png"
+    split_timeline_plot.plot([path], str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
