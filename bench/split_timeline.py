@@ -132,6 +132,12 @@ def dispatch_tiers(sm: np.ndarray) -> np.ndarray:
     return (rank // SCHEDULERS_PER_SM).reshape(sm.shape)
 
 
+def relative_stamps(raw: np.ndarray) -> np.ndarray:
+    """[..., 4] int64 ns after the launch's first program start (the 32-bit wrap of %globaltimer's low word undone) of
+    the four stamps in raw [..., 5] (save_raw's layout)."""
+    return (raw[..., :4] - raw[..., 0].min()) % (1 << 32)
+
+
 def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     """The timeline of one launch. raw: [B, Hkv, programs, 5] int64 as the kernel wrote it (start, first staged tile
     landed, loop end, partial stored: %globaltimer's low 32 bits; %smid); tiles: [num_splits] tiles of each split
@@ -140,8 +146,7 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     split_end_by_tier_us: the mean end of the split programs of each dispatch tier (dispatch_tiers) that started in
     the kernel's first microsecond (one wave)."""
     num_splits = tiles.shape[0]
-    stamps = raw[..., :4]
-    stamps = (stamps - stamps[..., 0].min()) % (1 << 32)
+    stamps = relative_stamps(raw)
     splits = stamps[:, :, :num_splits].reshape(-1, 4)
     windows = stamps[:, :, num_splits:].reshape(-1, 4)
     split_tiles = np.broadcast_to(tiles, stamps.shape[:2] + tiles.shape).reshape(-1)

@@ -15,14 +15,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-from split_timeline import dispatch_tiers  # noqa: E402
+from split_timeline import dispatch_tiers, relative_stamps  # noqa: E402
 
 
 def end_times_by_tier(raw: np.ndarray, num_splits: int) -> tuple[list[np.ndarray], np.ndarray]:
     """([split program end times (us) of tier t for t = 0, 1, ...], window program end times (us)) of one launch;
     raw: [B, Hkv, programs, 5] as split_timeline.save_raw keeps it. Times after the first program's start."""
-    stamps = (raw[..., :4] - raw[..., 0].min()) % (1 << 32)
-    ends = stamps[..., 3] / 1000.0
+    ends = relative_stamps(raw)[..., 3] / 1000.0
     tiers = dispatch_tiers(raw[..., 4])
     split_ends, split_tiers = ends[:, :, :num_splits].reshape(-1), tiers[:, :, :num_splits].reshape(-1)
     by_tier = [split_ends[split_tiers == t] for t in range(int(split_tiers.max()) + 1)]
