@@ -207,7 +207,8 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: where gluon_decode does not run), and one split per (request, KV head) (the longest accumulation: 4.4e-2 at 30000
 #: positions before the fold of the BIAS sums, bench/split_error.py), and gluon_decode's fp16 V operands
 #: (gluon_f16_values: staged by default, unstaged, and in one split; skipped where gluon_decode does not run), and its
-#: window programs' L2 prefetch of their V rows wherever gluon_decode runs (gluon_window_prefetch; default: batch 1).
+#: window programs' L2 prefetch of their V rows wherever gluon_decode runs (gluon_window_prefetch; default: batch 1),
+#: and its staged tiles copied by TMA (gluon_copy_tma: refused where gluon_decode does not stage).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
@@ -220,13 +221,16 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
                   dict(unpack=UNPACK_PTX, gluon_f16_values=True),
                   dict(unpack=UNPACK_PTX, gluon_f16_values=True, gluon_copy_stages=0),
                   dict(unpack=UNPACK_PTX, gluon_f16_values=True, num_splits=1),
-                  dict(unpack=UNPACK_PTX, gluon_window_prefetch=True))
+                  dict(unpack=UNPACK_PTX, gluon_window_prefetch=True),
+                  dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=2),
+                  dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=3))
 
 
 
 #: The launch knobs oscar_decode refuses (ValueError "<knob>=<value> needs ...") where they do not apply: TMA tile
 #: loads need one group per row and whole tiles (not G < D), staging and fp16 V operands need gluon_decode's kernel.
-VARIANTS_REFUSED = ("gluon_copy_stages=", "tma_stages=", "gluon_f16_values=", "gluon_window_prefetch=")
+VARIANTS_REFUSED = ("gluon_copy_stages=", "tma_stages=", "gluon_f16_values=", "gluon_window_prefetch=",
+                    "gluon_copy_tma=")
 
 
 def check_decode(report: list, quick: bool = False, with_knob: str | None = None, case: str | None = None) -> None:

@@ -50,7 +50,8 @@ class GluonCase:
         c = self.case
         args = triton_ops._split_args(c.query, c.caches[i], c.window_k[i], c.window_v[i], c.block_table,
                                       c.window_block_table, c.seq_lens if seq_lens is None else seq_lens, self.part,
-                                      self.lse, self.sink, self.recent, self.scale, [])
+                                      self.lse, self.sink, self.recent, self.scale,
+                                      triton_ops._gluon_descriptors(c.caches[i], c.layout, self.plan.gluon_tma))
         batch, hkv = c.block_table.shape[0], c.caches[i].shape[1]
         (kernel or triton_ops._gluon_kernel())[(batch, hkv, programs)](*args, nsplit, **self.plan.split_consts)
 

@@ -62,7 +62,7 @@ def launchers(case, layer: int, length: int, part_t, lse_t, part_g, lse_g, maxnr
             wk, wv, wk.stride(0), wk.stride(1), wk.stride(2), case.block_table, case.window_block_table,
             case.block_table.stride(0), case.seq_lens,
             part_g, part_g.stride(0), part_g.stride(1), part_g.stride(2), lse_g, lse_g.stride(0), lse_g.stride(1),
-            DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale * triton_ops.LOG2E, nsplit,
+            DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale * triton_ops.LOG2E, None, None, None, nsplit,
             GROUP=consts["GROUP"], D=consts["D"], BS=BLOCK_SIZE, NSINK=1, MIN_TILES=consts["MIN_TILES"],
             REGION=case.layout.head_region_bytes, num_warps=1, **offsets, **extra)
 

@@ -56,6 +56,15 @@ for dim, group in ((128, 4), (64, 3)):
                                                                        if any(lo <= address <= hi
                                                                               for lo, hi in loops)}),
                                                 loop_prefetch=body.count("CCTL"))
+    for stages in triton_ops.GLUON_COPY_STAGES:  # the staged tiles copied by TMA (fp16 values, as served)
+        tma = compile_gluon_kernel(dim, group, copy_stages=stages, f16_values=True, copy_tma=True)
+        sass, registers, stack = read_compiled(tma, None)
+        loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+        body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
+        report[f"tma_{dim}_{stages}"] = dict(
+            shared=tma.metadata.shared, registers=int(registers), loops=len(loops), loop_stores=body.count("STL"),
+            loop_copies=body.count("LDGSTS"), loop_tma=body.count("UTMALDG"), loop_ldg=body.count("LDG"),
+            loop_waits=body.count("SYNCS"))
     for stages in (0, triton_ops.GLUON_AUTO_COPY_STAGES):  # fp16 V operands and weights, as bf16 above
         for f16 in (False, True):
             sass, registers, stack = read_compiled(compile_gluon_kernel(dim, group, copy_stages=stages,
@@ -131,6 +140,25 @@ def test_gluon_kernel_stages_tiles_by_cp_async(compiled: dict, dim: int, stages:
     # one register (two at head_dim 128, where ptxas rebases the V chunks), the scale planes' copy from one more; five
     # before (a 64-bit add per copy and tile)
     assert kernel["loop_copy_sources"] <= 3, kernel
+
+
+@pytest.mark.parametrize("dim", [128, 64])
+@pytest.mark.parametrize("stages", triton_ops.GLUON_COPY_STAGES)
+def test_gluon_copy_tma_copies_each_tile_in_three_boxes(compiled: dict, dim: int, stages: int) -> None:
+    """gluon_copy_tma: per tile the split loop issues three TMA copies (key codes, V codes, scale planes) and no
+    cp.async, waits on the stage's mbarrier and sets up the refill's (arrive with the expected bytes), loads one
+    block-table entry, and spills nothing; shared memory holds the stages and one 8-byte mbarrier each."""
+    kernel = compiled[f"tma_{dim}_{stages}"]
+    region = PageLayout(dim, dim, 64, torch.float16).head_region_bytes
+    assert kernel["shared"] == stages * (region + 8), kernel
+    assert kernel["registers"] <= triton_ops.GLUON_MAX_REGISTERS and kernel["loop_stores"] == 0, kernel
+    assert kernel["loops"] == 1 and kernel["loop_copies"] == 0 and kernel["loop_ldg"] == 1, kernel
+    assert kernel["loop_tma"] == 3 and kernel["loop_waits"] >= 2, kernel
+
+
+def test_gluon_copy_tma_is_checked() -> None:
+    with pytest.raises(ValueError, match="gluon_copy_tma=True copies gluon_decode's staged tiles by TMA.*set 2 or 3"):
+        _plan(triton_ops.AttentionConfig(gluon_copy_tma=True))  # CPU tensors: no Gluon kernel, nothing staged
 
 
 @pytest.mark.parametrize("dim", [128, 64])

@@ -135,6 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gluon-window-prefetch", nargs="+", default=["auto"], choices=("0", "1", "auto"),
                         help="tune: 1 = gluon_decode's window programs ask L2 for their V rows up front "
                              "(AttentionConfig.gluon_window_prefetch; auto = the default: batch 1)")
+    parser.add_argument("--gluon-copy-tma", nargs="+", default=["0"], choices=("0", "1"),
+                        help="tune: 1 = gluon_decode's staged split programs copy tiles by TMA instead of cp.async "
+                             "(AttentionConfig.gluon_copy_tma, opt-in; needs staged tiles)")
     parser.add_argument("--allocator", choices=sorted(ALLOCATOR_SETTINGS), default="expandable",
                         help="PyTorch's CUDA allocator for every buffer of the run, OSCAR and baselines alike: "
                              "expandable segments (the default; the same case reads within 1%% wherever it sits in "
@@ -177,15 +180,15 @@ def tune_configs(args: argparse.Namespace) -> list:
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
                             tma_stages=_auto(tma, int), long_splits=ls == "1", gluon_copy_stages=_auto(copy, int),
                             fold_tiles=_auto(fold, int), gluon_f16_values=_auto(f16, bool),
-                            gluon_window_prefetch=_auto(wpf, bool), cuda_graph=True)
+                            gluon_window_prefetch=_auto(wpf, bool), gluon_copy_tma=ctma == "1", cuda_graph=True)
             for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls, copy, fold, f16,
-            wpf in itertools.product(
+            wpf, ctma in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
                 args.programs_per_sm, args.num_splits, args.min_tiles, args.int8_keys, args.max_registers,
                 args.prefetch, args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles,
                 args.merge_pdl, args.tma_stages, args.long_splits, args.gluon_copy_stages,
-                args.fold_tiles, args.gluon_f16_values, args.gluon_window_prefetch)]
+                args.fold_tiles, args.gluon_f16_values, args.gluon_window_prefetch, args.gluon_copy_tma)]
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list:
@@ -280,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
                       f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']} ls={c['long_splits']} "
                       f"copy={c['gluon_copy_stages']} fold={c['fold_tiles']} f16={c['gluon_f16_values']} "
-                      f"wpf={c['gluon_window_prefetch']}: {line}",
+                      f"wpf={c['gluon_window_prefetch']} ctma={c['gluon_copy_tma']}: {line}",
                       flush=True)
                 rows.append(r)
         report["tune"] = rows

@@ -52,10 +52,13 @@ before.
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
@@ -64,6 +67,8 @@ from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE,
 _sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 #: cp.async from global into shared memory (async_copy_global_to_shared in Triton 3.6, async_load later).
 _copy_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
+#: A TMA copy of one box into shared memory on an mbarrier (the same two names).
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 
 @builtin
@@ -144,12 +149,50 @@ STAGED_PAIRS_128 = gl.DistributedLinearLayout(reg_bases=[[2, 0], [0, 16], [0, 32
 STAGED_PAIRS_64 = gl.DistributedLinearLayout(reg_bases=[[1, 0], [0, 8], [0, 16], [0, 32]],
                                              lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
                                              warp_bases=[], block_bases=[], shape=[8, 64])
+#: COPY_TMA: the three boxes of a tile's region as TMA writes them (tma_descriptors; region r = block x KV heads +
+#: head of a contiguous cache): the key codes [1, lines, 128] with the 128-byte swizzle (chunk ^ line % 8, as
+#: STAGED_KEYS), the scale planes [1, 4, 128] as stored, and the V codes [1, lines, 128] at head_dim 64 (STAGED_V_64)
+#: or, at 128, [1, 2, 8, 128] from a view whose line pairs are interleaved (box line 8 p + a = region line 2 a + p),
+#: so that the swizzle of the box lines is STAGED_V_128's chunk ^ (region line // 2) % 8 (reads free of bank
+#: conflicts: STAGED_V_128_TMA).
+TMA_SWIZZLED_3D = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
+TMA_SWIZZLED_4D = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=4)
+TMA_PLAIN_3D = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
+#: The V box of head_dim 128 as _staged_tile reads it: [lines, 64] int16 whose region line L = 2 a + p sits in box
+#: line s = 8 p + a, 16-byte chunks swizzled by s % 8 (offset bits: element 0-2, chunk 3-5, box line 6-9).
+STAGED_V_128_TMA = gl.SharedLinearLayout(offset_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [0, 32], [2, 8],
+                                                       [4, 16], [8, 32], [1, 0]])
 #: cp.async of 16 bytes per lane and copy: flat bytes, and lines of 128 bytes as [lines, 64] int16 (the key codes too,
 #: so that both code copies of a tile take their source addresses from one per-lane pointer: V54).
 COPY_LANES = gl.BlockedLayout([16], [32], [1], [0])
 COPY_LINES = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
 #: Bytes of the four scale planes of a tile (k_scale, k_offset, v_scale, v_offset: 64 fp16 each), contiguous.
 SCALE_BYTES: gl.constexpr = gl.constexpr(4 * 64 * 2)
+
+
+def tma_descriptors(int2_cache: torch.Tensor, head_dim: int, k_codes: int, v_codes: int,
+                    k_scale: int) -> list[TensorDescriptor]:
+    """The host tensor descriptors of COPY_TMA's three boxes per tile (the layouts above) over a contiguous uint8
+    cache [num_blocks, Hkv, region] (the whole regions as [num_blocks x Hkv, region]; k_codes, v_codes, k_scale: the
+    planes' byte offsets in a region, the four scale planes contiguous from k_scale): (key codes [regions, lines,
+    128], V codes [regions, lines, 128] at head_dim 64 or [regions, 2, lines / 2, 128] with strides (region, 128,
+    256, 1) at 128, scale planes [regions, 4, 128])."""
+    if not int2_cache.is_contiguous():
+        raise ValueError("COPY_TMA reads the INT2 cache by regions: it needs a contiguous [num_blocks, Hkv, region] "
+                         f"cache (got strides {int2_cache.stride()}); leave gluon_copy_tma off for this cache.")
+    flat = int2_cache.view(-1)
+    regions, region = int2_cache.shape[0] * int2_cache.shape[1], int2_cache.shape[2]
+    lines = TILE.value * head_dim // 4 // 128
+    keys = TensorDescriptor(flat[k_codes:], [regions, lines, 128], [region, 128, 1], [1, lines, 128],
+                            TMA_SWIZZLED_3D)
+    if head_dim == 128:
+        values = TensorDescriptor(flat[v_codes:], [regions, 2, lines // 2, 128], [region, 128, 256, 1],
+                                  [1, 2, lines // 2, 128], TMA_SWIZZLED_4D)
+    else:
+        values = TensorDescriptor(flat[v_codes:], [regions, lines, 128], [region, 128, 1], [1, lines, 128],
+                                  TMA_SWIZZLED_3D)
+    planes = TensorDescriptor(flat[k_scale:], [regions, 4, 128], [region, 128, 1], [1, 4, 128], TMA_PLAIN_3D)
+    return [keys, values, planes]
 
 
 @gluon.jit
@@ -420,6 +463,20 @@ def _copy_tile(codes_k, codes_v, scales, base, live, Q: gl.constexpr, K_CODES: g
 
 
 @gluon.jit
+def _tma_tile(keys, values, scales, bar, k_desc, v_desc, s_desc, region, live, Q: gl.constexpr,
+              REGION: gl.constexpr):
+    """Start the TMA copies of one INT2 tile (the cache's region ``region``) into one stage, the three boxes of
+    tma_descriptors, completing on ``bar`` (REGION bytes); unless live nothing is issued."""
+    mbarrier.expect(bar, REGION, pred=live)
+    _tma_load(k_desc, [region, 0, 0], bar, keys, pred=live)
+    if Q == 32:
+        _tma_load(v_desc, [region, 0, 0, 0], bar, values, pred=live)
+    else:
+        _tma_load(v_desc, [region, 0, 0], bar, values, pred=live)
+    _tma_load(s_desc, [region, 0, 0], bar, scales, pred=live)
+
+
+@gluon.jit
 def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr, DTYPE: gl.constexpr = gl.float32):
     """Scale plane P (0 k_scale, 1 k_offset, 2 v_scale, 3 v_offset) of a staged tile as _row_scales returns it."""
     plane = _view_as(scales, gl.float16, [4, TILE], STAGED).index(P)
@@ -428,7 +485,8 @@ def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr, DTYPE: gl.conste
 
 @gluon.jit
 def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, F16: gl.constexpr):
-    """_tile_loads' tensors of a tile copied by _copy_tile, read from shared memory into the same layouts."""
+    """_tile_loads' tensors of a tile copied by _copy_tile (or _tma_tile), read from shared memory into the same
+    layouts."""
     if Q == 32:
         codes = gl.convert_layout(gl.reshape(codes_k.load(STAGED_CODES_128), [8, 8, 4, 8]), CODE_BYTES_128,
                                   assert_trivial=True)
@@ -611,12 +669,12 @@ def int2_split_gluon_kernel(
     bt_ptr, wbt_ptr, stride_bt, seq_ptr,
     part_ptr, stride_pb, stride_ph, stride_ps,
     lse_ptr, stride_lb, stride_lh,
-    sink, recent, qk_scale, NSPLIT,
+    sink, recent, qk_scale, k_desc, v_desc, s_desc, NSPLIT,
     GROUP: gl.constexpr, D: gl.constexpr, BS: gl.constexpr, NSINK: gl.constexpr,
     K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr, K_ZERO: gl.constexpr,
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
-    F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False,
+    F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False, COPY_TMA: gl.constexpr = False,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
@@ -657,7 +715,47 @@ def int2_split_gluon_kernel(
         per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
         lo = gl.minimum(pid * per_split, n_tiles)
         hi = gl.minimum(lo + per_split, n_tiles)
-        if COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
+        if COPY_TMA:  # tiles copied COPY_STAGES - 1 ahead into shared memory by TMA, each stage on an mbarrier
+            gl.static_assert(COPY_STAGES > 1, "COPY_TMA stages tiles: COPY_STAGES >= 2")
+            LINES_T: gl.constexpr = TILE * Q // 128
+            keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES_T, 128], TMA_SWIZZLED_3D)
+            if Q == 32:
+                values = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2, LINES_T // 2, 128], TMA_SWIZZLED_4D)
+            else:
+                values = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES_T, 128], TMA_SWIZZLED_3D)
+            planes = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 4, 128], TMA_PLAIN_3D)
+            bars = gl.allocate_shared_memory(gl.int64, [COPY_STAGES, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(COPY_STAGES):
+                mbarrier.init(bars.index(s), count=1)
+            fence_async_shared()
+            heads = stride_cb // stride_ch  # regions per cache block (the cache is contiguous: tma_descriptors)
+            for s in gl.static_range(COPY_STAGES - 1):
+                blk = gl.load(bt_row + (first + (lo + s) * TILE) // BS, mask=lo + s < hi, other=0)
+                _tma_tile(keys.index(s), values.index(s), planes.index(s), bars.index(s), k_desc, v_desc, s_desc,
+                          blk * heads + h, lo + s < hi, Q, REGION)
+            ahead = lo + COPY_STAGES - 1
+            blk_ahead = gl.load(bt_row + (first + ahead * TILE) // BS, mask=ahead < hi, other=0)
+            q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
+                                                      GROUP)
+            for i in range(lo, hi):
+                stage = (i - lo) % COPY_STAGES
+                refill = (stage + COPY_STAGES - 1) % COPY_STAGES  # the stage every lane read one tile ago
+                ahead = i + COPY_STAGES - 1
+                _sync_warps()
+                _tma_tile(keys.index(refill), values.index(refill), planes.index(refill), bars.index(refill),
+                          k_desc, v_desc, s_desc, blk_ahead * heads + h, ahead < hi, Q, REGION)
+                blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
+                mbarrier.wait(bars.index(stage), ((i - lo) // COPY_STAGES) % 2)
+                codes_k = _view_as(keys.index(stage), gl.uint8, [LINES_T, 128], STAGED_KEYS)
+                codes_v = _view_as(values.index(stage), gl.int16, [LINES_T, 64],
+                                   STAGED_V_128_TMA if Q == 32 else STAGED_V_64)
+                scale_planes = _view_as(planes.index(stage), gl.uint8, [SCALE_BYTES], STAGED)
+                codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k, codes_v, scale_planes, ROWS, Q, F16_VALUES)
+                m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
+                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
+                if (i - lo) % FOLD == FOLD - 1:
+                    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
+        elif COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
             gl.static_assert((K_ZERO == K_SCALE + 2 * TILE) & (V_SCALE == K_SCALE + 4 * TILE)
                              & (V_ZERO == K_SCALE + 6 * TILE), "the four fp16 scale planes, contiguous, in this order")
             LINES: gl.constexpr = TILE * Q // 128

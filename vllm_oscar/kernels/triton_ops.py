@@ -376,7 +376,10 @@ class AttentionConfig:
     The kernel's error against float64 at 120000 positions in one split: 2.3e-3 / 2.8e-3 (Qwen3-8B / SmolLM2
     geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py); gluon_window_prefetch: gluon_decode's window
     programs ask L2 for their BF16 V rows before computing their logits (a hint: results do not change); None (the
-    default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1).
+    default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1);
+    gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes on an mbarrier per stage,
+    gluon_decode.COPY_TMA) instead of cp.async; needs staged tiles (gluon_copy_stages >= 2 or staging by default) and
+    a contiguous cache; the host encodes three tensor descriptors per launch (cheap inside a CUDA graph only).
     """
 
     block_t: Optional[int] = None
@@ -407,6 +410,7 @@ class AttentionConfig:
     fold_tiles: Optional[int] = None
     gluon_f16_values: Optional[bool] = None
     gluon_window_prefetch: Optional[bool] = None
+    gluon_copy_tma: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -778,13 +782,14 @@ class _DecodePlan:
     tma_block_t: Optional[int]  # the tile of the TMA plane descriptors (None: plain loads, no descriptors)
     merge_pdl: bool  # the merge launched with programmatic dependent launch (_merge_pdl)
     gluon_splits: bool = False  # the split and window programs in gluon_decode's kernel
+    gluon_tma: bool = False  # gluon_decode's staged tiles copied by TMA (its three descriptors)
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
                 part: torch.Tensor, lse: torch.Tensor, sink: int, recent: int, softmax_scale: float,
                 descriptors: list) -> list:
-    """The runtime arguments of int2_split_kernel (tensors, strides, scalars, plane descriptors); with no
-    descriptors, those of gluon_decode's kernel but NSPLIT (the same ABI up to qk_scale)."""
+    """The runtime arguments of int2_split_kernel (tensors, strides, scalars, its six plane descriptors), or with
+    _gluon_descriptors' three those of gluon_decode's kernel but NSPLIT (the same ABI up to qk_scale)."""
     return [query_rot, query_rot.stride(0), query_rot.stride(1),
             int2_cache, int2_cache.stride(0), int2_cache.stride(1),
             window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
@@ -813,6 +818,24 @@ def _cached_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: O
         if len(_DESCRIPTORS) >= DESCRIPTOR_CACHE_ENTRIES:
             _DESCRIPTORS.clear()
         found = _DESCRIPTORS[key] = _tile_descriptors(int2_cache, layout, block_t)
+    return found
+
+
+def _gluon_descriptors(int2_cache: torch.Tensor, layout: PageLayout, tma: bool) -> list:
+    """gluon_decode's three TMA descriptors of this cache with tma (the same objects for the same memory, shape and
+    layout: gluon_decode.tma_descriptors), else three None."""
+    if not tma:
+        return [None] * 3
+    key = ("gluon", int2_cache.data_ptr(), tuple(int2_cache.shape), int2_cache.device, layout)
+    found = _DESCRIPTORS.get(key)
+    if found is None:
+        from vllm_oscar.kernels.gluon_decode import tma_descriptors
+
+        if len(_DESCRIPTORS) >= DESCRIPTOR_CACHE_ENTRIES:
+            _DESCRIPTORS.clear()
+        offsets = _plane_offsets(layout)
+        found = _DESCRIPTORS[key] = tma_descriptors(int2_cache, layout.head_dim, offsets["K_CODES"],
+                                                    offsets["V_CODES"], offsets["K_SCALE"])
     return found
 
 
@@ -1062,6 +1085,12 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             small_merge_tiles = cdiv(split_tiles, capped)
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
             layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles) else 0
+    gluon_tma = config.gluon_copy_tma
+    if gluon_tma and not (copy_stages and int2_cache.is_contiguous()):
+        raise ValueError(f"gluon_copy_tma=True copies gluon_decode's staged tiles by TMA: it needs staged tiles "
+                         f"(gluon_copy_stages {copy_stages}: set 2 or 3; this launch runs gluon_decode: "
+                         f"{gluon_splits}) and a contiguous int2_cache (contiguous: {int2_cache.is_contiguous()}). "
+                         f"Leave gluon_copy_tma False.")
     if config.prefetch is None:
         prefetch = PREFETCH_TILES if meta["MODE"] == UNPACK_PTX and not tma_stages else 0
     else:
@@ -1095,7 +1124,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
-                            COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values,
+                            COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values, COPY_TMA=gluon_tma,
                             WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device)),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
@@ -1111,7 +1140,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                     probe = torch.empty(1, hq, 1, d, dtype=torch.float32, device=device)
                     return _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table,
                                        seq_lens, probe, probe[..., 0], sink, recent, softmax_scale,
-                                       [] if gluon_splits else _cached_descriptors(int2_cache, layout, tma_block_t))
+                                       _gluon_descriptors(int2_cache, layout, gluon_tma) if gluon_splits
+                                       else _cached_descriptors(int2_cache, layout, tma_block_t))
 
                 dtypes = (query_rot.dtype, int2_cache.dtype, window_k.dtype)
                 runtime = {"NSPLIT": 1} if gluon_splits else {"NSPLIT": 1, "NSPLIT_SHORT": 1}
@@ -1131,7 +1161,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
     return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl,
-                       gluon_splits)
+                       gluon_splits, gluon_tma)
 
 
 def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
@@ -1234,10 +1264,11 @@ def oscar_decode(
     meta, nsplit, total, split_int2, nsink = plan.meta, plan.num_splits, plan.total, plan.split_int2, plan.nsink
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
-    if split_int2 and plan.gluon_splits:  # the split and window programs in gluon_decode's kernel (no descriptors)
+    if split_int2 and plan.gluon_splits:  # the split and window programs in gluon_decode's kernel
         _gluon_kernel()[(batch, hkv, total)](
             *_split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
-                         lse, sink, recent, softmax_scale, []), nsplit, **plan.split_consts)
+                         lse, sink, recent, softmax_scale, _gluon_descriptors(int2_cache, layout, plan.gluon_tma)),
+            nsplit, **plan.split_consts)
     elif split_int2:  # INT2 splits, then window tiles, in one launch (split programs dispatch first)
         args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, part,
                            lse, sink, recent, softmax_scale, _cached_descriptors(int2_cache, layout, plan.tma_block_t))
