@@ -135,9 +135,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gluon-window-prefetch", nargs="+", default=["auto"], choices=("0", "1", "auto"),
                         help="tune: 1 = gluon_decode's window programs ask L2 for their V rows up front "
                              "(AttentionConfig.gluon_window_prefetch; auto = the default: batch 1)")
-    parser.add_argument("--gluon-copy-tma", nargs="+", default=["0"], choices=("0", "1"),
+    parser.add_argument("--gluon-copy-tma", nargs="+", default=["auto"], choices=("0", "1", "auto"),
                         help="tune: 1 = gluon_decode's staged split programs copy tiles by TMA instead of cp.async "
-                             "(AttentionConfig.gluon_copy_tma, opt-in; needs staged tiles)")
+                             "(AttentionConfig.gluon_copy_tma; needs staged tiles; auto = the default: staged tiles "
+                             "at head_dim >= 128)")
     parser.add_argument("--allocator", choices=sorted(ALLOCATOR_SETTINGS), default="expandable",
                         help="PyTorch's CUDA allocator for every buffer of the run, OSCAR and baselines alike: "
                              "expandable segments (the default; the same case reads within 1%% wherever it sits in "
@@ -180,7 +181,7 @@ def tune_configs(args: argparse.Namespace) -> list:
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
                             tma_stages=_auto(tma, int), long_splits=ls == "1", gluon_copy_stages=_auto(copy, int),
                             fold_tiles=_auto(fold, int), gluon_f16_values=_auto(f16, bool),
-                            gluon_window_prefetch=_auto(wpf, bool), gluon_copy_tma=ctma == "1", cuda_graph=True)
+                            gluon_window_prefetch=_auto(wpf, bool), gluon_copy_tma=_auto(ctma, bool), cuda_graph=True)
             for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls, copy, fold, f16,
             wpf, ctma in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],

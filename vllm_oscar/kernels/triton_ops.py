@@ -242,6 +242,9 @@ GLUON_MAX_REGISTERS: int = 128
 #: AttentionConfig.gluon_copy_stages values besides 0: shared-memory stages of gluon_decode's cp.async tile copies
 #: (3 stages at head_dim 128 take 13.5 KB per program, 15 programs per SM of the H200's 227 KB).
 GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
+#: AttentionConfig.gluon_copy_tma None: staged tiles are copied by TMA from this head_dim on (3 boxes per tile, 1-5%
+#: faster at head_dim 128 from 32K; at 64, 4-5% slower from 32K at batch >= 8: docs/notes/kernels.md "Session 32").
+TMA_COPY_MIN_HEAD_DIM: int = 128
 #: AttentionConfig.gluon_copy_stages None: GLUON_AUTO_COPY_STAGES where gluon_decode runs and staging pays
 #: (staging_pays): at head_dim <= STAGED_MAX_HEAD_DIM always, above it where the plan holds at least
 #: STAGED_MIN_POSITIONS_PER_SM cached positions of (request, KV head) pairs per SM (the bandwidth-bound launches).
@@ -378,8 +381,12 @@ class AttentionConfig:
     programs ask L2 for their BF16 V rows before computing their logits (a hint: results do not change); None (the
     default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1);
     gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes on an mbarrier per stage,
-    gluon_decode.COPY_TMA) instead of cp.async; needs staged tiles (gluon_copy_stages >= 2 or staging by default) and
-    a contiguous cache; the host encodes three tensor descriptors per launch (cheap inside a CUDA graph only).
+    gluon_decode.COPY_TMA) instead of cp.async; True needs staged tiles (gluon_copy_stages >= 2, or staged by
+    default) and a contiguous cache; None (the default) = where the tiles are staged at head_dim >=
+    TMA_COPY_MIN_HEAD_DIM in a launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host
+    encodes three tensor descriptors per launch, which only a graph's replays skip. H200, graph replays
+    (docs/notes/kernels.md "Session 32"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K
+    B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 4-5% slower from 32K at batch >= 8; False = cp.async.
     """
 
     block_t: Optional[int] = None
@@ -410,7 +417,7 @@ class AttentionConfig:
     fold_tiles: Optional[int] = None
     gluon_f16_values: Optional[bool] = None
     gluon_window_prefetch: Optional[bool] = None
-    gluon_copy_tma: bool = False
+    gluon_copy_tma: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -990,6 +997,13 @@ def two_waves_pay(gluon_splits: bool, head_dim: int, pairs: int, sms: int, per_s
     return tiles >= TWO_WAVE_MIN_TILES * max(1, 2 * per_sm * sms // pairs)
 
 
+def tma_copy_pays(cuda_graph: bool, head_dim: int, int2_cache: torch.Tensor, device: torch.device) -> bool:
+    """AttentionConfig.gluon_copy_tma None, where gluon_decode stages its tiles: whether TMA copies them (a launch
+    captured in a CUDA graph, head_dim >= TMA_COPY_MIN_HEAD_DIM, a contiguous cache, compute capability >= 9.0)."""
+    return (cuda_graph and head_dim >= TMA_COPY_MIN_HEAD_DIM and int2_cache.is_contiguous()
+            and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY)
+
+
 def staging_pays(head_dim: int, pairs: int, max_seq_len: int, sms: int,
                  small_merge_tiles: Optional[int] = None) -> bool:
     """Whether gluon_decode's split programs stage their tiles in shared memory (AttentionConfig.gluon_copy_stages
@@ -1086,6 +1100,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
             layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles) else 0
     gluon_tma = config.gluon_copy_tma
+    if gluon_tma is None:
+        gluon_tma = bool(copy_stages) and tma_copy_pays(config.cuda_graph, layout.head_dim, int2_cache, device)
     if gluon_tma and not (copy_stages and int2_cache.is_contiguous()):
         raise ValueError(f"gluon_copy_tma=True copies gluon_decode's staged tiles by TMA: it needs staged tiles "
                          f"(gluon_copy_stages {copy_stages}: set 2 or 3; this launch runs gluon_decode: "
