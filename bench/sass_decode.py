@@ -115,16 +115,15 @@ def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: i
 
     layout = PageLayout(head_dim, head_dim, 64)
     offsets = _plane_offsets(layout)
+    built = [None] * len(GLUON_DESCRIPTOR_ARGS)
     if copy_tma:
-        cache = torch.zeros(4, 2, layout.head_region_bytes, dtype=torch.uint8)
-        descriptors = dict(zip(GLUON_DESCRIPTOR_ARGS, map(mangle_type, tma_descriptors(
-            cache, head_dim, offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"]))))
-    else:
-        descriptors = {}
+        built = tma_descriptors(torch.zeros(4, 2, layout.head_region_bytes, dtype=torch.uint8), head_dim,
+                                offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
+    descriptors = {name: mangle_type(desc) for name, desc in zip(GLUON_DESCRIPTOR_ARGS, built) if desc is not None}
     constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=fold,
                      REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages,
                      F16_VALUES=f16_values, WINDOW_PREFETCH=window_prefetch, COPY_TMA=copy_tma,
-                     **({} if copy_tma else dict.fromkeys(GLUON_DESCRIPTOR_ARGS)), **offsets)
+                     **{name: None for name, desc in zip(GLUON_DESCRIPTOR_ARGS, built) if desc is None}, **offsets)
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(
         fn=int2_split_gluon_kernel, signature={**GLUON_SIGNATURE, "q_ptr": f"*{query}", "wk_ptr": f"*{window}",

@@ -149,12 +149,12 @@ STAGED_PAIRS_128 = gl.DistributedLinearLayout(reg_bases=[[2, 0], [0, 16], [0, 32
 STAGED_PAIRS_64 = gl.DistributedLinearLayout(reg_bases=[[1, 0], [0, 8], [0, 16], [0, 32]],
                                              lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
                                              warp_bases=[], block_bases=[], shape=[8, 64])
-#: COPY_TMA: the three boxes of a tile's region as TMA writes them (tma_descriptors; region r = block x KV heads +
-#: head of a contiguous cache): the key codes [1, lines, 128] with the 128-byte swizzle (chunk ^ line % 8, as
-#: STAGED_KEYS), the scale planes [1, 4, 128] as stored, and the V codes [1, lines, 128] at head_dim 64 (STAGED_V_64)
-#: or, at 128, [1, 2, 8, 128] from a view whose line pairs are interleaved (box line 8 p + a = region line 2 a + p),
-#: so that the swizzle of the box lines is STAGED_V_128's chunk ^ (region line // 2) % 8 (reads free of bank
-#: conflicts: STAGED_V_128_TMA).
+#: COPY_TMA: the boxes of a tile's region as TMA writes them (tma_descriptors; region r = block x KV heads + head of a
+#: contiguous cache), the code lines with the 128-byte swizzle (chunk ^ line % 8), the scale planes [1, 4, 128] as
+#: stored. head_dim 128: the key codes [1, lines, 128] (STAGED_KEYS) and the V codes [1, 2, 8, 128] from a view whose
+#: line pairs are interleaved (box line 8 p + a = region line 2 a + p), so that the swizzle of the box lines is
+#: STAGED_V_128's chunk ^ (region line // 2) % 8 (reads free of bank conflicts: STAGED_V_128_TMA); head_dim 64: the
+#: key and V codes in one box [1, 2 x lines, 128] (STAGED_KEYS and STAGED_V_64 both swizzle by line % 8).
 TMA_SWIZZLED_3D = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
 TMA_SWIZZLED_4D = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=4)
 TMA_PLAIN_3D = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
@@ -171,28 +171,32 @@ SCALE_BYTES: gl.constexpr = gl.constexpr(4 * 64 * 2)
 
 
 def tma_descriptors(int2_cache: torch.Tensor, head_dim: int, k_codes: int, v_codes: int,
-                    k_scale: int) -> list[TensorDescriptor]:
-    """The host tensor descriptors of COPY_TMA's three boxes per tile (the layouts above) over a contiguous uint8
-    cache [num_blocks, Hkv, region] (the whole regions as [num_blocks x Hkv, region]; k_codes, v_codes, k_scale: the
-    planes' byte offsets in a region, the four scale planes contiguous from k_scale): (key codes [regions, lines,
-    128], V codes [regions, lines, 128] at head_dim 64 or [regions, 2, lines / 2, 128] with strides (region, 128,
-    256, 1) at 128, scale planes [regions, 4, 128])."""
+                    k_scale: int) -> list[TensorDescriptor | None]:
+    """The host tensor descriptors of COPY_TMA's boxes (the layouts above) over a contiguous uint8 cache [num_blocks,
+    Hkv, region] (the whole regions as [num_blocks x Hkv, region]; k_codes, v_codes, k_scale: the planes' byte
+    offsets in a region, the four scale planes contiguous from k_scale): [codes, V codes, scale planes] with codes
+    the key codes [regions, lines, 128] and V codes [regions, 2, lines / 2, 128] of strides (region, 128, 256, 1) at
+    head_dim 128, the key and V codes [regions, 2 x lines, 128] and no V descriptor (None) at head_dim 64, and the
+    scale planes [regions, 4, 128]."""
     if not int2_cache.is_contiguous():
         raise ValueError("COPY_TMA reads the INT2 cache by regions: it needs a contiguous [num_blocks, Hkv, region] "
                          f"cache (got strides {int2_cache.stride()}); leave gluon_copy_tma off for this cache.")
     flat = int2_cache.view(-1)
     regions, region = int2_cache.shape[0] * int2_cache.shape[1], int2_cache.shape[2]
     lines = TILE.value * head_dim // 4 // 128
-    keys = TensorDescriptor(flat[k_codes:], [regions, lines, 128], [region, 128, 1], [1, lines, 128],
-                            TMA_SWIZZLED_3D)
+    planes = TensorDescriptor(flat[k_scale:], [regions, 4, 128], [region, 128, 1], [1, 4, 128], TMA_PLAIN_3D)
     if head_dim == 128:
+        keys = TensorDescriptor(flat[k_codes:], [regions, lines, 128], [region, 128, 1], [1, lines, 128],
+                                TMA_SWIZZLED_3D)
         values = TensorDescriptor(flat[v_codes:], [regions, 2, lines // 2, 128], [region, 128, 256, 1],
                                   [1, 2, lines // 2, 128], TMA_SWIZZLED_4D)
-    else:
-        values = TensorDescriptor(flat[v_codes:], [regions, lines, 128], [region, 128, 1], [1, lines, 128],
-                                  TMA_SWIZZLED_3D)
-    planes = TensorDescriptor(flat[k_scale:], [regions, 4, 128], [region, 128, 1], [1, 4, 128], TMA_PLAIN_3D)
-    return [keys, values, planes]
+        return [keys, values, planes]
+    if v_codes != k_codes + lines * 128:
+        raise ValueError(f"COPY_TMA at head_dim {head_dim} copies the key and V codes as one run: V codes at "
+                         f"{v_codes}, expected {k_codes + lines * 128}.")
+    both = TensorDescriptor(flat[k_codes:], [regions, 2 * lines, 128], [region, 128, 1], [1, 2 * lines, 128],
+                            TMA_SWIZZLED_3D)
+    return [both, None, planes]
 
 
 @gluon.jit
@@ -465,14 +469,13 @@ def _copy_tile(codes_k, codes_v, scales, base, live, Q: gl.constexpr, K_CODES: g
 @gluon.jit
 def _tma_tile(keys, values, scales, bar, k_desc, v_desc, s_desc, region, live, Q: gl.constexpr,
               REGION: gl.constexpr):
-    """Start the TMA copies of one INT2 tile (the cache's region ``region``) into one stage, the three boxes of
-    tma_descriptors, completing on ``bar`` (REGION bytes); unless live nothing is issued."""
+    """Start the TMA copies of one INT2 tile (the cache's region ``region``) into one stage, the boxes of
+    tma_descriptors (at Q = 16 the key and V codes in one, into keys; values unused), completing on ``bar`` (REGION
+    bytes); unless live nothing is issued."""
     mbarrier.expect(bar, REGION, pred=live)
     _tma_load(k_desc, [region, 0, 0], bar, keys, pred=live)
     if Q == 32:
         _tma_load(v_desc, [region, 0, 0, 0], bar, values, pred=live)
-    else:
-        _tma_load(v_desc, [region, 0, 0], bar, values, pred=live)
     _tma_load(s_desc, [region, 0, 0], bar, scales, pred=live)
 
 
@@ -718,11 +721,12 @@ def int2_split_gluon_kernel(
         if COPY_TMA:  # tiles copied COPY_STAGES - 1 ahead into shared memory by TMA, each stage on an mbarrier
             gl.static_assert(COPY_STAGES > 1, "COPY_TMA stages tiles: COPY_STAGES >= 2")
             LINES_T: gl.constexpr = TILE * Q // 128
-            keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES_T, 128], TMA_SWIZZLED_3D)
             if Q == 32:
+                keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES_T, 128], TMA_SWIZZLED_3D)
                 values = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2, LINES_T // 2, 128], TMA_SWIZZLED_4D)
-            else:
-                values = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES_T, 128], TMA_SWIZZLED_3D)
+            else:  # the key and V codes in one box
+                keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2 * LINES_T, 128], TMA_SWIZZLED_3D)
+                values = keys
             planes = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 4, 128], TMA_PLAIN_3D)
             bars = gl.allocate_shared_memory(gl.int64, [COPY_STAGES, 1], mbarrier.MBarrierLayout())
             for s in gl.static_range(COPY_STAGES):
@@ -746,9 +750,12 @@ def int2_split_gluon_kernel(
                           k_desc, v_desc, s_desc, blk_ahead * heads + h, ahead < hi, Q, REGION)
                 blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
                 mbarrier.wait(bars.index(stage), ((i - lo) // COPY_STAGES) % 2)
-                codes_k = _view_as(keys.index(stage), gl.uint8, [LINES_T, 128], STAGED_KEYS)
-                codes_v = _view_as(values.index(stage), gl.int16, [LINES_T, 64],
-                                   STAGED_V_128_TMA if Q == 32 else STAGED_V_64)
+                if Q == 32:
+                    codes_k = _view_as(keys.index(stage), gl.uint8, [LINES_T, 128], STAGED_KEYS)
+                    codes_v = _view_as(values.index(stage), gl.int16, [LINES_T, 64], STAGED_V_128_TMA)
+                else:
+                    codes_k = _view_as(keys.index(stage), gl.uint8, [2, LINES_T, 128], STAGED_KEYS).index(0)
+                    codes_v = _view_as(keys.index(stage), gl.int16, [2, LINES_T, 64], STAGED_V_64).index(1)
                 scale_planes = _view_as(planes.index(stage), gl.uint8, [SCALE_BYTES], STAGED)
                 codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k, codes_v, scale_planes, ROWS, Q, F16_VALUES)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,

@@ -380,7 +380,7 @@ class AttentionConfig:
     geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py); gluon_window_prefetch: gluon_decode's window
     programs ask L2 for their BF16 V rows before computing their logits (a hint: results do not change); None (the
     default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1);
-    gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes on an mbarrier per stage,
+    gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes, two at head_dim 64, on an mbarrier per stage,
     gluon_decode.COPY_TMA) instead of cp.async; True needs staged tiles (gluon_copy_stages >= 2, or staged by
     default) and a contiguous cache; None (the default) = where the tiles are staged at head_dim >=
     TMA_COPY_MIN_HEAD_DIM in a launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host
@@ -789,7 +789,7 @@ class _DecodePlan:
     tma_block_t: Optional[int]  # the tile of the TMA plane descriptors (None: plain loads, no descriptors)
     merge_pdl: bool  # the merge launched with programmatic dependent launch (_merge_pdl)
     gluon_splits: bool = False  # the split and window programs in gluon_decode's kernel
-    gluon_tma: bool = False  # gluon_decode's staged tiles copied by TMA (its three descriptors)
+    gluon_tma: bool = False  # gluon_decode's staged tiles copied by TMA (its descriptors)
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
@@ -829,8 +829,8 @@ def _cached_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: O
 
 
 def _gluon_descriptors(int2_cache: torch.Tensor, layout: PageLayout, tma: bool) -> list:
-    """gluon_decode's three TMA descriptors of this cache with tma (the same objects for the same memory, shape and
-    layout: gluon_decode.tma_descriptors), else three None."""
+    """gluon_decode's TMA descriptors of this cache with tma (the same objects for the same memory, shape and layout:
+    gluon_decode.tma_descriptors), else three None."""
     if not tma:
         return [None] * 3
     key = ("gluon", int2_cache.data_ptr(), tuple(int2_cache.shape), int2_cache.device, layout)
