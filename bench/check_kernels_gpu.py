@@ -397,11 +397,13 @@ def check_prefill(report: list) -> None:
 def check_graph(report: list) -> None:
     """Capture decode once; replay with new lengths/tables/queries; compare with eager calls of the same
     config (bit for bit); with the merge launched programmatically dependent and not, at vLLM's blocks of
-    16 (pointer loads) and OSCAR's blocks of 64 (TMA tile loads where the GPU has them)."""
+    16 (pointer loads) and OSCAR's blocks of 64 (TMA tile loads where the GPU has them), and with gluon_decode's
+    staged tiles, which a captured launch copies by TMA (gluon_copy_tma None)."""
     for bs in (16, GPU_DECODE_BLOCK_SIZE):
         for merge_pdl in (False, True):
             _check_graph(report, triton_ops.AttentionConfig(merge_pdl=merge_pdl), bs)
         _check_graph(report, triton_ops.AttentionConfig(cuda_graph=True), bs)  # the served capture: TMA at 64
+    _check_graph(report, triton_ops.AttentionConfig(cuda_graph=True, gluon_copy_stages=2), GPU_DECODE_BLOCK_SIZE)
 
 
 def _check_graph(report: list, config, bs: int) -> None:
@@ -445,8 +447,9 @@ def _check_graph(report: list, config, bs: int) -> None:
         worst = max(worst, float((replayed.float() - eager.float()).abs().max()))
     ok = worst == 0.0
     report.append({"check": "graph", "block_size": bs, "merge_pdl": config.merge_pdl, "cuda_graph": config.cuda_graph,
-                   "max_abs_diff_replay_vs_eager": worst, "ok": ok})
-    print(f"graph (blocks of {bs}, merge_pdl={config.merge_pdl}, cuda_graph={config.cuda_graph}): 6 replays with changing lengths/tables/queries, "
+                   "gluon_copy_stages": config.gluon_copy_stages, "max_abs_diff_replay_vs_eager": worst, "ok": ok})
+    print(f"graph (blocks of {bs}, merge_pdl={config.merge_pdl}, cuda_graph={config.cuda_graph}, "
+          f"gluon_copy_stages={config.gluon_copy_stages}): 6 replays with changing lengths/tables/queries, "
           f"max |replay - eager| = {worst:.1e} "
           f"{'ok' if ok else 'FAIL'}", flush=True)
 
