@@ -149,6 +149,10 @@ SHORT_SPLIT_TILES: int = 4
 #: this many programs per SM even when more are resident (H200, docs/notes/kernels.md V22: Qwen3-8B
 #: B=1, blocks of 64 whose kernel holds 16 per SM: 32K 0.0172 ms at 251 splits, 0.0155 at 185).
 SMALL_MERGE_PROGRAMS_PER_SM: int = 12
+#: The same where gluon_decode's staged tiles are copied by TMA (no registers or issue slots held by the copies, so
+#: fewer, longer splits keep the memory as busy; H200, docs/notes/kernels.md "Session 32": Qwen3-8B B=1 64K
+#: 0.0174-0.0178 -> 0.0169-0.0170 ms at 128 splits instead of 170, 128K 0.0276-0.0277 -> 0.0274).
+TMA_SMALL_MERGE_PROGRAMS_PER_SM: int = 8
 #: AttentionConfig.long_splits (opt-in): the grid holds LONG_SPLIT_PROGRAMS_PER_SM split programs per SM, of which a
 #: (request, KV head) pair uses all only where the one-wave split count would leave each split >= LONG_SPLIT_TILES
 #: tiles. H200, Qwen3-8B (int8 keys), graph replays with TMA loads (docs/notes/kernels.md K1, session 14): 1-4%
@@ -1164,7 +1168,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 per_sm = _programs_per_sm(_gluon_kernel() if gluon_splits else int2_split_kernel, probe_args,
                                           {**split_consts, **runtime}, dtypes, device)
             if small_merge:
-                per_sm = min(per_sm, SMALL_MERGE_PROGRAMS_PER_SM)
+                per_sm = min(per_sm, TMA_SMALL_MERGE_PROGRAMS_PER_SM if gluon_tma else SMALL_MERGE_PROGRAMS_PER_SM)
             if two_waves_pay(gluon_splits, d, batch * hkv, _device_sms(device), per_sm, cdiv(max_seq_len, block_t)):
                 per_sm *= 2  # two waves of half-length splits: a shorter tail
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
