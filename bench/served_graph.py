@@ -377,7 +377,8 @@ def main() -> int:
     parser.add_argument("--no-gluon", action="store_true",
                         help="decode with AttentionConfig(gluon_splits=False): int2_split_kernel only, for comparisons")
     parser.add_argument("--max-model-len", type=int,
-                        help="time: capture the graphs for this many positions (a long-context deployment)")
+                        help="check and time: capture the graphs for this many positions (a long-context "
+                             "deployment: its batch-1 plans stage tiles, copied by TMA in the graphs)")
     parser.add_argument("--profile", nargs=2, type=int, metavar=("CONTEXT", "BATCH"),
                         help="instead: cProfile eager decode steps at this context and batch")
     parser.add_argument("--rotate-precision", choices=["ieee", "tf32x3"],
@@ -401,7 +402,7 @@ def main() -> int:
     failed = False
     if "check" in args.only:
         try:
-            check(report, torch.device("cuda"))
+            check(report, torch.device("cuda"), **({"max_model_len": args.max_model_len} if args.max_model_len else {}))
         except Exception as error:  # report it; the timing still runs
             failed = True
             report.append({"check": "served_graph", "ok": False, "error": f"{type(error).__name__}: {error}"})
