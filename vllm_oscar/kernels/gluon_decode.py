@@ -47,7 +47,10 @@ docs/notes/kernels.md "Session 21" and "Session 29"): instead of an L2 prefetch 
 a split program copies the regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no
 registers held while they are in flight) and reads each tile from there into the same register layouts
 (_staged_tile; the code lines swizzled so that those reads are free of bank conflicts). The window programs load as
-before.
+before. With COPY_TMA (AttentionConfig.gluon_copy_tma; by default at head_dim 128 in launches captured in CUDA graphs,
+docs/notes/kernels.md "Session 32") the copies are TMA boxes instead (tma_descriptors, _tma_tile: the same staged
+layouts, written by the copy engine; one mbarrier per stage), and the kernel takes the descriptors as k_desc, v_desc
+and s_desc (None without COPY_TMA).
 """
 
 from __future__ import annotations
