@@ -225,6 +225,8 @@ def test_tune_without_launch_flags_times_exactly_the_shipped_decode_config() -> 
     assert splits == [shipped, dataclasses.replace(shipped, num_splits=384)]
     staged = tune_configs(_bench_args(["tune", "--gluon-copy-stages", "0", "2", "3", "auto"]))
     assert staged == [dataclasses.replace(shipped, gluon_copy_stages=stages) for stages in (0, 2, 3, None)]
+    tma_copies = tune_configs(_bench_args(["tune", "--gluon-copy-tma", "0", "1", "auto"]))
+    assert tma_copies == [dataclasses.replace(shipped, gluon_copy_tma=flag) for flag in (False, True, None)]
     folds = tune_configs(_bench_args(["tune", "--fold-tiles", "8", "32", "auto"]))
     assert folds == [dataclasses.replace(shipped, fold_tiles=tiles) for tiles in (8, 32, None)]
     tiles = tune_configs(_bench_args(["tune", "--block-t", "32", "64", "--num-warps", "2"]))

@@ -1,0 +1,96 @@
+"""gluon_decode's TMA copies (AttentionConfig.gluon_copy_tma) without a GPU: the host descriptors' boxes cover exactly
+one (block, KV head) region each, in the order the kernel's staged reads assume (checked by reading each box through
+torch.as_strided with the descriptor's own shape and strides, against byte ranges of the page layout); the shared
+layout the kernel reads the V box through agrees with an independent model of where TMA's 128-byte swizzle puts each
+byte; and the default copies by TMA only where it was measured to pay. The kernel's numbers are checked on the GPU
+(bench/check_kernels_gpu.py --with-knob gluon_copy_tma, --only graph)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vllm_oscar.kernels import gluon_decode, triton_ops
+from vllm_oscar.kernels.layout import PageLayout
+
+BLOCKS, HEADS = 3, 2
+
+
+def _cache(dim: int) -> tuple[PageLayout, torch.Tensor, list]:
+    layout = PageLayout(dim, dim, 64, torch.float16)
+    cache = torch.randint(0, 256, (BLOCKS, HEADS, layout.head_region_bytes), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(dim))
+    offsets = triton_ops._plane_offsets(layout)
+    return layout, cache, gluon_decode.tma_descriptors(cache, dim, offsets["K_CODES"], offsets["V_CODES"],
+                                                       offsets["K_SCALE"])
+
+
+def _box(desc, cache: torch.Tensor, region: int) -> torch.Tensor:
+    """The bytes TMA copies for the box at [region, 0, ...] of desc, in box order (row-major over its block shape)."""
+    base = desc.base.storage_offset() - cache.storage_offset()
+    flat = cache.reshape(-1)
+    view = torch.as_strided(flat, list(desc.block_shape), list(desc.strides),
+                            storage_offset=base + region * desc.strides[0])
+    return view.reshape(-1, 128)
+
+
+@pytest.mark.parametrize("dim", [128, 64])
+def test_tma_boxes_cover_one_region_each(dim: int) -> None:
+    layout, cache, (codes, values, planes) = _cache(dim)
+    code_lines = 64 * layout.code_bytes // 128  # 128-byte lines of one code plane
+    for block in range(BLOCKS):
+        for head in range(HEADS):
+            region = cache[block, head].view(-1, 128)  # the region's 128-byte lines
+            r = block * HEADS + head
+            torch.testing.assert_close(_box(planes, cache, r), region[2 * code_lines:], rtol=0, atol=0)
+            if dim == 128:
+                torch.testing.assert_close(_box(codes, cache, r), region[:code_lines], rtol=0, atol=0)
+                # box line 8 p + a holds region line 2 a + p of the V codes
+                box = _box(values, cache, r)
+                v_lines = region[code_lines:2 * code_lines]
+                for s in range(code_lines):
+                    p, a = divmod(s, code_lines // 2)
+                    torch.testing.assert_close(box[s], v_lines[2 * a + p], rtol=0, atol=0)
+            else:
+                assert values is None  # the key and V codes travel in one box
+                torch.testing.assert_close(_box(codes, cache, r), region[:2 * code_lines], rtol=0, atol=0)
+    total = sum(math.prod(desc.block_shape) for desc in (codes, values, planes) if desc is not None)
+    assert total == layout.head_region_bytes  # the mbarrier's expected bytes: the whole region, once
+
+
+def test_staged_v_layout_is_where_tma_puts_the_interleaved_lines() -> None:
+    """STAGED_V_128_TMA maps each int16 offset of the V stage to (region line, element) as TMA placed it: box line
+    s = 8 p + a holds region line 2 a + p, and the 128-byte swizzle stores 16-byte chunk c of box line s at chunk
+    c ^ (s % 8)."""
+    bases = gluon_decode.STAGED_V_128_TMA.offset_bases
+    for offset in range(16 * 64):
+        row = col = 0
+        for bit, (d_row, d_col) in enumerate(bases):  # a linear layout: XOR of the bases of the offset's set bits
+            if offset >> bit & 1:
+                row, col = row ^ d_row, col ^ d_col
+        s, within = divmod(offset, 64)
+        chunk = (within // 8) ^ (s % 8)
+        p, a = divmod(s, 8)
+        assert (row, col) == (2 * a + p, 8 * chunk + within % 8), offset
+
+
+def test_tma_descriptors_need_a_contiguous_cache() -> None:
+    layout = PageLayout(128, 128, 64, torch.float16)
+    cache = layout.allocate(4, 4)[:, :2]  # every other KV head: not contiguous
+    offsets = triton_ops._plane_offsets(layout)
+    with pytest.raises(ValueError, match="contiguous .*leave gluon_copy_tma off"):
+        gluon_decode.tma_descriptors(cache, 128, offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
+
+
+@pytest.mark.parametrize("capability,cuda_graph,dim,contiguous,expected", [
+    ((9, 0), True, 128, True, True), ((10, 0), True, 128, True, True), ((8, 9), True, 128, True, False),
+    ((9, 0), False, 128, True, False), ((9, 0), True, 64, True, False), ((9, 0), True, 128, False, False)])
+def test_tma_copies_by_default_where_they_pay(monkeypatch, capability, cuda_graph, dim, contiguous, expected) -> None:
+    """gluon_copy_tma None (where the tiles are staged): a captured launch, head_dim >= 128 (slower at 64), a
+    contiguous cache, compute capability >= 9.0."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cache = PageLayout(dim, dim, 64, torch.float16).allocate(4, 4)
+    cache = cache if contiguous else cache[:, :2]
+    assert triton_ops.tma_copy_pays(cuda_graph, dim, cache, torch.device("cpu")) is expected
