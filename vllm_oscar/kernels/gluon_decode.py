@@ -509,6 +509,39 @@ def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, 
 
 
 @gluon.jit
+def _start_stage(keys, values, planes, bar, k_desc, v_desc, s_desc, head_base, blk, heads, h, stride_cb, live,
+                 Q: gl.constexpr, K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr,
+                 REGION: gl.constexpr, COPY_TMA: gl.constexpr):
+    """Start the copies of the tile in cache block blk (KV head h) into one stage: _tma_tile's boxes (region
+    blk x heads + h) with COPY_TMA, else _copy_tile's cp.async group (bar unused)."""
+    if COPY_TMA:
+        _tma_tile(keys, values, planes, bar, k_desc, v_desc, s_desc, blk * heads + h, live, Q, REGION)
+    else:
+        _copy_tile(keys, values, planes, head_base + blk.to(gl.int64) * stride_cb, live, Q, K_CODES, V_CODES, K_SCALE)
+
+
+@gluon.jit
+def _stage_landed(keys, values, planes, bar, phase, ROWS: gl.constexpr, Q: gl.constexpr, F16: gl.constexpr,
+                  COPY_STAGES: gl.constexpr, COPY_TMA: gl.constexpr):
+    """Wait until the stage's tile has landed (its mbarrier at ``phase`` with COPY_TMA, else all but the
+    COPY_STAGES - 1 newest cp.async groups, then every lane), and read it as _staged_tile does."""
+    if COPY_TMA:
+        mbarrier.wait(bar, phase)
+        LINES: gl.constexpr = TILE * Q // 128
+        if Q == 32:
+            codes_k = _view_as(keys, gl.uint8, [LINES, 128], STAGED_KEYS)
+            codes_v = _view_as(values, gl.int16, [LINES, 64], STAGED_V_128_TMA)
+        else:
+            codes_k = _view_as(keys, gl.uint8, [2, LINES, 128], STAGED_KEYS).index(0)
+            codes_v = _view_as(keys, gl.int16, [2, LINES, 64], STAGED_V_64).index(1)
+        return _staged_tile(codes_k, codes_v, _view_as(planes, gl.uint8, [SCALE_BYTES], STAGED), ROWS, Q, F16)
+    else:
+        async_copy.wait_group(COPY_STAGES - 1)
+        _sync_warps()  # every lane's copies of the tile have landed
+        return _staged_tile(keys, values, planes, ROWS, Q, F16)
+
+
+@gluon.jit
 def _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s, ones, m_i, l_acc, acc, sums,
                Q: gl.constexpr, F16: gl.constexpr):
     """One INT2 tile of a split program (its loads given): logits, lazy-rescaled online softmax, V products.
@@ -721,62 +754,34 @@ def int2_split_gluon_kernel(
         per_split = gl.maximum(gl.cdiv(n_tiles, NSPLIT), MIN_TILES)
         lo = gl.minimum(pid * per_split, n_tiles)
         hi = gl.minimum(lo + per_split, n_tiles)
-        if COPY_TMA:  # tiles copied COPY_STAGES - 1 ahead into shared memory by TMA, each stage on an mbarrier
-            gl.static_assert(COPY_STAGES > 1, "COPY_TMA stages tiles: COPY_STAGES >= 2")
-            LINES_T: gl.constexpr = TILE * Q // 128
-            if Q == 32:
-                keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES_T, 128], TMA_SWIZZLED_3D)
-                values = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2, LINES_T // 2, 128], TMA_SWIZZLED_4D)
-            else:  # the key and V codes in one box
-                keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2 * LINES_T, 128], TMA_SWIZZLED_3D)
-                values = keys
-            planes = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 4, 128], TMA_PLAIN_3D)
-            bars = gl.allocate_shared_memory(gl.int64, [COPY_STAGES, 1], mbarrier.MBarrierLayout())
-            for s in gl.static_range(COPY_STAGES):
-                mbarrier.init(bars.index(s), count=1)
-            fence_async_shared()
-            heads = stride_cb // stride_ch  # regions per cache block (the cache is contiguous: tma_descriptors)
-            for s in gl.static_range(COPY_STAGES - 1):
-                blk = gl.load(bt_row + (first + (lo + s) * TILE) // BS, mask=lo + s < hi, other=0)
-                _tma_tile(keys.index(s), values.index(s), planes.index(s), bars.index(s), k_desc, v_desc, s_desc,
-                          blk * heads + h, lo + s < hi, Q, REGION)
-            ahead = lo + COPY_STAGES - 1
-            blk_ahead = gl.load(bt_row + (first + ahead * TILE) // BS, mask=ahead < hi, other=0)
-            q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
-                                                      GROUP)
-            for i in range(lo, hi):
-                stage = (i - lo) % COPY_STAGES
-                refill = (stage + COPY_STAGES - 1) % COPY_STAGES  # the stage every lane read one tile ago
-                ahead = i + COPY_STAGES - 1
-                _sync_warps()
-                _tma_tile(keys.index(refill), values.index(refill), planes.index(refill), bars.index(refill),
-                          k_desc, v_desc, s_desc, blk_ahead * heads + h, ahead < hi, Q, REGION)
-                blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
-                mbarrier.wait(bars.index(stage), ((i - lo) // COPY_STAGES) % 2)
-                if Q == 32:
-                    codes_k = _view_as(keys.index(stage), gl.uint8, [LINES_T, 128], STAGED_KEYS)
-                    codes_v = _view_as(values.index(stage), gl.int16, [LINES_T, 64], STAGED_V_128_TMA)
-                else:
-                    codes_k = _view_as(keys.index(stage), gl.uint8, [2, LINES_T, 128], STAGED_KEYS).index(0)
-                    codes_v = _view_as(keys.index(stage), gl.int16, [2, LINES_T, 64], STAGED_V_64).index(1)
-                scale_planes = _view_as(planes.index(stage), gl.uint8, [SCALE_BYTES], STAGED)
-                codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k, codes_v, scale_planes, ROWS, Q, F16_VALUES)
-                m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
-                                                   ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
-                if (i - lo) % FOLD == FOLD - 1:
-                    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
-        elif COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async), no L2 prefetch
+        if COPY_STAGES > 0:  # tiles copied COPY_STAGES - 1 ahead into shared memory (cp.async or TMA), no prefetch
             gl.static_assert((K_ZERO == K_SCALE + 2 * TILE) & (V_SCALE == K_SCALE + 4 * TILE)
                              & (V_ZERO == K_SCALE + 6 * TILE), "the four fp16 scale planes, contiguous, in this order")
             LINES: gl.constexpr = TILE * Q // 128
-            codes_k = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, LINES, 128], STAGED_KEYS)
-            codes_v = gl.allocate_shared_memory(gl.int16, [COPY_STAGES, LINES, 64],
-                                                STAGED_V_128 if Q == 32 else STAGED_V_64)
-            scales = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, SCALE_BYTES], STAGED)
+            if COPY_TMA:  # the boxes of tma_descriptors, each stage completing on its mbarrier
+                if Q == 32:
+                    keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES, 128], TMA_SWIZZLED_3D)
+                    values = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2, LINES // 2, 128], TMA_SWIZZLED_4D)
+                else:  # the key and V codes in one box
+                    keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2 * LINES, 128], TMA_SWIZZLED_3D)
+                    values = keys
+                planes = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 4, 128], TMA_PLAIN_3D)
+                bars = gl.allocate_shared_memory(gl.int64, [COPY_STAGES, 1], mbarrier.MBarrierLayout())
+                for s in gl.static_range(COPY_STAGES):
+                    mbarrier.init(bars.index(s), count=1)
+                fence_async_shared()
+            else:
+                keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, LINES, 128], STAGED_KEYS)
+                values = gl.allocate_shared_memory(gl.int16, [COPY_STAGES, LINES, 64],
+                                                   STAGED_V_128 if Q == 32 else STAGED_V_64)
+                planes = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, SCALE_BYTES], STAGED)
+                bars = planes  # never read: cp.async groups complete the stages (_stage_landed)
+            heads = stride_cb // stride_ch  # regions per cache block (TMA: the cache is contiguous)
             for s in gl.static_range(COPY_STAGES - 1):
                 blk = gl.load(bt_row + (first + (lo + s) * TILE) // BS, mask=lo + s < hi, other=0)
-                _copy_tile(codes_k.index(s), codes_v.index(s), scales.index(s),
-                           head_base + blk.to(gl.int64) * stride_cb, lo + s < hi, Q, K_CODES, V_CODES, K_SCALE)
+                _start_stage(keys.index(s), values.index(s), planes.index(s), bars.index(s), k_desc, v_desc, s_desc,
+                             head_base, blk, heads, h, stride_cb, lo + s < hi, Q, K_CODES, V_CODES, K_SCALE, REGION,
+                             COPY_TMA)
             ahead = lo + COPY_STAGES - 1
             blk_ahead = gl.load(bt_row + (first + ahead * TILE) // BS, mask=ahead < hi, other=0)
             q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
@@ -786,13 +791,14 @@ def int2_split_gluon_kernel(
                 refill = (stage + COPY_STAGES - 1) % COPY_STAGES  # the stage every lane read one tile ago
                 ahead = i + COPY_STAGES - 1
                 _sync_warps()
-                _copy_tile(codes_k.index(refill), codes_v.index(refill), scales.index(refill),
-                           head_base + blk_ahead.to(gl.int64) * stride_cb, ahead < hi, Q, K_CODES, V_CODES, K_SCALE)
+                _start_stage(keys.index(refill), values.index(refill), planes.index(refill), bars.index(refill),
+                             k_desc, v_desc, s_desc, head_base, blk_ahead, heads, h, stride_cb, ahead < hi, Q,
+                             K_CODES, V_CODES, K_SCALE, REGION, COPY_TMA)
                 blk_ahead = gl.load(bt_row + (first + (ahead + 1) * TILE) // BS, mask=ahead + 1 < hi, other=0)
-                async_copy.wait_group(COPY_STAGES - 1)
-                _sync_warps()  # every lane's copies of tile i have landed
-                codes, pairs, ks, kz, vs, vz = _staged_tile(codes_k.index(stage), codes_v.index(stage),
-                                                            scales.index(stage), ROWS, Q, F16_VALUES)
+                codes, pairs, ks, kz, vs, vz = _stage_landed(keys.index(stage), values.index(stage),
+                                                             planes.index(stage), bars.index(stage),
+                                                             ((i - lo) // COPY_STAGES) % 2, ROWS, Q, F16_VALUES,
+                                                             COPY_STAGES, COPY_TMA)
                 m_i, l_acc, acc, sums = _tile_step(codes, pairs, ks, kz, vs, vz, q0, q1, q2, q3, qo, l_scale, zero_s,
                                                    ones, m_i, l_acc, acc, sums, Q, F16_VALUES)
                 if (i - lo) % FOLD == FOLD - 1:
