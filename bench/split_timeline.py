@@ -57,8 +57,8 @@ def _timeline_sm():
 '''
 
 #: (anchor, replacement, every occurrence) text edits of gluon_decode.py: the helpers before the kernel, the start
-#: stamp after its first line of setup, the first-tile stamp after each staged loop's landing barrier, the loop-end
-#: stamp before the epilogue's fold, and the stores after the partial's log-sum-exp.
+#: stamp after its first line of setup, the first-tile stamp once the staged loop's tile has landed (cp.async or TMA:
+#: _stage_landed), the loop-end stamp before the epilogue's fold, and the stores after the partial's log-sum-exp.
 INSTRUMENT_EDITS: tuple[tuple[str, str, bool], ...] = (
     ('\n\n@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])\n'
      'def int2_split_gluon_kernel(',
@@ -67,9 +67,9 @@ INSTRUMENT_EDITS: tuple[tuple[str, str, bool], ...] = (
     ('    Q: gl.constexpr = D // 4\n    b = gl.program_id(0)\n',
      '    Q: gl.constexpr = D // 4\n    t_start = _timeline_now()\n    t_first = t_start\n'
      '    b = gl.program_id(0)\n', False),
-    ("_sync_warps()  # every lane's copies of tile",
-     "t_first = gl.where(t_first == t_start, _timeline_now(), t_first)\n                _sync_warps()  # every "
-     "lane's copies of tile", True),
+    ("COPY_STAGES, COPY_TMA)\n                m_i, l_acc, acc, sums = _tile_step(",
+     "COPY_STAGES, COPY_TMA)\n                t_first = gl.where(t_first == t_start, _timeline_now(), t_first)\n"
+     "                m_i, l_acc, acc, sums = _tile_step(", False),
     ('    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j',
      '    t_loop = _timeline_now()\n    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j', False),
     ('    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n',
