@@ -76,12 +76,17 @@ def test_staged_v_layout_is_where_tma_puts_the_interleaved_lines() -> None:
         assert (row, col) == (2 * a + p, 8 * chunk + within % 8), offset
 
 
-def test_tma_descriptors_need_a_contiguous_cache() -> None:
+def test_tma_descriptors_need_a_contiguous_cache_and_a_kernel_head_dim() -> None:
     layout = PageLayout(128, 128, 64, torch.float16)
     cache = layout.allocate(4, 4)[:, :2]  # every other KV head: not contiguous
     offsets = triton_ops._plane_offsets(layout)
     with pytest.raises(ValueError, match="contiguous .*leave gluon_copy_tma off"):
         gluon_decode.tma_descriptors(cache, 128, offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
+    wide = PageLayout(256, 256, 64, torch.float16)
+    offsets = triton_ops._plane_offsets(wide)
+    with pytest.raises(ValueError, match="head_dim in \\(64, 128\\).*not 256"):
+        gluon_decode.tma_descriptors(wide.allocate(2, 2), 256, offsets["K_CODES"], offsets["V_CODES"],
+                                     offsets["K_SCALE"])
 
 
 @pytest.mark.parametrize("capability,cuda_graph,dim,contiguous,expected", [

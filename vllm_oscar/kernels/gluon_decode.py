@@ -181,6 +181,8 @@ def tma_descriptors(int2_cache: torch.Tensor, head_dim: int, k_codes: int, v_cod
     the key codes [regions, lines, 128] and V codes [regions, 2, lines / 2, 128] of strides (region, 128, 256, 1) at
     head_dim 128, the key and V codes [regions, 2 x lines, 128] and no V descriptor (None) at head_dim 64, and the
     scale planes [regions, 4, 128]."""
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"COPY_TMA boxes exist for head_dim in {HEAD_DIMS} (gluon_decode's), not {head_dim}.")
     if not int2_cache.is_contiguous():
         raise ValueError("COPY_TMA reads the INT2 cache by regions: it needs a contiguous [num_blocks, Hkv, region] "
                          f"cache (got strides {int2_cache.stride()}); leave gluon_copy_tma off for this cache.")
