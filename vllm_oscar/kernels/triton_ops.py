@@ -247,7 +247,7 @@ GLUON_MAX_REGISTERS: int = 128
 #: (3 stages at head_dim 128 take 13.5 KB per program, 15 programs per SM of the H200's 227 KB).
 GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 #: AttentionConfig.gluon_copy_tma None: staged tiles are copied by TMA from this head_dim on (3 boxes per tile, 1-5%
-#: faster at head_dim 128 from 32K; at 64, 4-5% slower from 32K at batch >= 8: docs/notes/kernels.md "Session 32").
+#: faster at head_dim 128 from 32K; at 64, 1-5% slower from 32K at batch >= 8: docs/notes/kernels.md "Session 32").
 TMA_COPY_MIN_HEAD_DIM: int = 128
 #: AttentionConfig.gluon_copy_stages None: GLUON_AUTO_COPY_STAGES where gluon_decode runs and staging pays
 #: (staging_pays): at head_dim <= STAGED_MAX_HEAD_DIM always, above it where the plan holds at least
@@ -384,13 +384,13 @@ class AttentionConfig:
     geometry) against bf16's 1.5e-3 / 1.7e-3 (bench/split_error.py); gluon_window_prefetch: gluon_decode's window
     programs ask L2 for their BF16 V rows before computing their logits (a hint: results do not change); None (the
     default) = where the window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM (batch 1);
-    gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes, two at head_dim 64, on an mbarrier per stage,
-    gluon_decode.COPY_TMA) instead of cp.async; True needs staged tiles (gluon_copy_stages >= 2, or staged by
-    default) and a contiguous cache; None (the default) = where the tiles are staged at head_dim >=
+    gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes, two at head_dim 64, on
+    one mbarrier per stage: gluon_decode.COPY_TMA) instead of cp.async; True needs staged tiles (gluon_copy_stages
+    >= 2, or staged by default) and a contiguous cache; None (the default) = where the tiles are staged at head_dim >=
     TMA_COPY_MIN_HEAD_DIM in a launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host
-    encodes three tensor descriptors per launch, which only a graph's replays skip. H200, graph replays
+    encodes the tensor descriptors at every launch, which only a graph's replays skip. H200, graph replays
     (docs/notes/kernels.md "Session 32"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K
-    B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 4-5% slower from 32K at batch >= 8; False = cp.async.
+    B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async.
     """
 
     block_t: Optional[int] = None
@@ -1141,7 +1141,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
         FOLD=fold,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
-    if gluon_splits:  # gluon_decode's kernel instead: its own constexprs, no TMA descriptors
+    if gluon_splits:  # gluon_decode's kernel instead: its own constexprs (and descriptors: _gluon_descriptors)
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values, COPY_TMA=gluon_tma,
