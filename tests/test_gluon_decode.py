@@ -146,8 +146,9 @@ def test_gluon_kernel_stages_tiles_by_cp_async(compiled: dict, dim: int, stages:
 @pytest.mark.parametrize("stages", triton_ops.GLUON_COPY_STAGES)
 def test_gluon_copy_tma_copies_each_tile_in_boxes(compiled: dict, dim: int, stages: int) -> None:
     """gluon_copy_tma: per tile the split loop issues three TMA copies (key codes, V codes, scale planes; at head_dim
-    64 the key and V codes in one) and no cp.async, waits on the stage's mbarrier and sets up the refill's (arrive with the expected bytes), loads one
-    block-table entry, and spills nothing; shared memory holds the stages and one 8-byte mbarrier each."""
+    64 the key and V codes in one) and no cp.async, waits on the stage's mbarrier and sets up the refill's (arrive
+    with the expected bytes), loads one block-table entry, and spills nothing; shared memory holds the stages and one
+    8-byte mbarrier each."""
     kernel = compiled[f"tma_{dim}_{stages}"]
     region = PageLayout(dim, dim, 64, torch.float16).head_region_bytes
     assert kernel["shared"] == stages * (region + 8), kernel
