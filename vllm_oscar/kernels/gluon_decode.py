@@ -48,7 +48,7 @@ a split program copies the regions of the tiles COPY_STAGES - 1 ahead into share
 registers held while they are in flight) and reads each tile from there into the same register layouts
 (_staged_tile; the code lines swizzled so that those reads are free of bank conflicts). The window programs load as
 before. With COPY_TMA (AttentionConfig.gluon_copy_tma; by default at head_dim 128 in launches captured in CUDA graphs,
-docs/notes/kernels.md "Session 32") the copies are TMA boxes instead (tma_descriptors, _tma_tile: the same staged
+docs/notes/kernels.md "Session 32") the copies are TMA boxes instead (tma_descriptors, _start_stage: the same staged
 layouts, written by the copy engine; one mbarrier per stage), and the kernel takes the descriptors as k_desc, v_desc
 and s_desc (None without COPY_TMA).
 """
@@ -472,19 +472,6 @@ def _copy_tile(codes_k, codes_v, scales, base, live, Q: gl.constexpr, K_CODES: g
 
 
 @gluon.jit
-def _tma_tile(keys, values, scales, bar, k_desc, v_desc, s_desc, region, live, Q: gl.constexpr,
-              REGION: gl.constexpr):
-    """Start the TMA copies of one INT2 tile (the cache's region ``region``) into one stage, the boxes of
-    tma_descriptors (at Q = 16 the key and V codes in one, into keys; values unused), completing on ``bar`` (REGION
-    bytes); unless live nothing is issued."""
-    mbarrier.expect(bar, REGION, pred=live)
-    _tma_load(k_desc, [region, 0, 0], bar, keys, pred=live)
-    if Q == 32:
-        _tma_load(v_desc, [region, 0, 0, 0], bar, values, pred=live)
-    _tma_load(s_desc, [region, 0, 0], bar, scales, pred=live)
-
-
-@gluon.jit
 def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr, DTYPE: gl.constexpr = gl.float32):
     """Scale plane P (0 k_scale, 1 k_offset, 2 v_scale, 3 v_offset) of a staged tile as _row_scales returns it."""
     plane = _view_as(scales, gl.float16, [4, TILE], STAGED).index(P)
@@ -493,7 +480,7 @@ def _staged_scales(scales, P: gl.constexpr, ROWS: gl.constexpr, DTYPE: gl.conste
 
 @gluon.jit
 def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, F16: gl.constexpr):
-    """_tile_loads' tensors of a tile copied by _copy_tile (or _tma_tile), read from shared memory into the same
+    """_tile_loads' tensors of a tile copied by _start_stage (cp.async or TMA), read from shared memory into the same
     layouts."""
     if Q == 32:
         codes = gl.convert_layout(gl.reshape(codes_k.load(STAGED_CODES_128), [8, 8, 4, 8]), CODE_BYTES_128,
@@ -514,10 +501,17 @@ def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, 
 def _start_stage(keys, values, planes, bar, k_desc, v_desc, s_desc, head_base, blk, heads, h, stride_cb, live,
                  Q: gl.constexpr, K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr,
                  REGION: gl.constexpr, COPY_TMA: gl.constexpr):
-    """Start the copies of the tile in cache block blk (KV head h) into one stage: _tma_tile's boxes (region
-    blk x heads + h) with COPY_TMA, else _copy_tile's cp.async group (bar unused)."""
+    """Start the copies of the tile in cache block blk (KV head h) into one stage; unless live nothing is issued.
+    COPY_TMA: the boxes of tma_descriptors for the cache's region blk x heads + h (at Q = 16 the key and V codes in
+    one, into keys; values unused), completing on ``bar`` once its REGION bytes have landed; else _copy_tile's
+    cp.async group (bar unused)."""
     if COPY_TMA:
-        _tma_tile(keys, values, planes, bar, k_desc, v_desc, s_desc, blk * heads + h, live, Q, REGION)
+        region = blk * heads + h
+        mbarrier.expect(bar, REGION, pred=live)
+        _tma_load(k_desc, [region, 0, 0], bar, keys, pred=live)
+        if Q == 32:
+            _tma_load(v_desc, [region, 0, 0, 0], bar, values, pred=live)
+        _tma_load(s_desc, [region, 0, 0], bar, planes, pred=live)
     else:
         _copy_tile(keys, values, planes, head_base + blk.to(gl.int64) * stride_cb, live, Q, K_CODES, V_CODES, K_SCALE)
 

@@ -818,18 +818,24 @@ PLAN_CACHE_ENTRIES: int = 4096
 DESCRIPTOR_CACHE_ENTRIES: int = 1024
 
 
+def _bounded_entry(cache: dict, limit: int, key: tuple, build: Callable[[], object]):
+    """cache[key], built by build() on a miss; the cache is emptied first when it holds limit entries."""
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= limit:
+            cache.clear()
+        found = cache[key] = build()
+    return found
+
+
 def _cached_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: Optional[int]) -> list:
     """_tile_descriptors of this cache (the same objects for the same memory, shape and layout), or one
     None per plane without TMA."""
     if block_t is None:
         return [None] * len(PLANES)
     key = (int2_cache.data_ptr(), tuple(int2_cache.shape), int2_cache.dtype, int2_cache.device, layout, block_t)
-    found = _DESCRIPTORS.get(key)
-    if found is None:
-        if len(_DESCRIPTORS) >= DESCRIPTOR_CACHE_ENTRIES:
-            _DESCRIPTORS.clear()
-        found = _DESCRIPTORS[key] = _tile_descriptors(int2_cache, layout, block_t)
-    return found
+    return _bounded_entry(_DESCRIPTORS, DESCRIPTOR_CACHE_ENTRIES, key,
+                          lambda: _tile_descriptors(int2_cache, layout, block_t))
 
 
 def _gluon_descriptors(int2_cache: torch.Tensor, layout: PageLayout, tma: bool) -> list:
@@ -837,17 +843,15 @@ def _gluon_descriptors(int2_cache: torch.Tensor, layout: PageLayout, tma: bool) 
     gluon_decode.tma_descriptors), else three None."""
     if not tma:
         return [None] * 3
-    key = ("gluon", int2_cache.data_ptr(), tuple(int2_cache.shape), int2_cache.device, layout)
-    found = _DESCRIPTORS.get(key)
-    if found is None:
+
+    def build() -> list:
         from vllm_oscar.kernels.gluon_decode import tma_descriptors
 
-        if len(_DESCRIPTORS) >= DESCRIPTOR_CACHE_ENTRIES:
-            _DESCRIPTORS.clear()
         offsets = _plane_offsets(layout)
-        found = _DESCRIPTORS[key] = tma_descriptors(int2_cache, layout.head_dim, offsets["K_CODES"],
-                                                    offsets["V_CODES"], offsets["K_SCALE"])
-    return found
+        return tma_descriptors(int2_cache, layout.head_dim, offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
+
+    key = ("gluon", int2_cache.data_ptr(), tuple(int2_cache.shape), int2_cache.device, layout)
+    return _bounded_entry(_DESCRIPTORS, DESCRIPTOR_CACHE_ENTRIES, key, build)
 
 
 def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
@@ -859,14 +863,9 @@ def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     tiles = cdiv(max_seq_len, resolved_block_t(config))
     key = (tuple(query_rot.shape), query_rot.dtype, query_rot.device, tuple(int2_cache.shape[1:]), int2_cache.dtype,
            int2_cache.is_contiguous(), window_k.dtype, layout, sink, recent, tiles, config, _interpreting())
-    found = _PLANS.get(key)
-    if found is None:
-        if len(_PLANS) >= PLAN_CACHE_ENTRIES:
-            _PLANS.clear()
-        found = _PLANS[key] = _plan_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
-                                           window_block_table, seq_lens, sink, recent, softmax_scale, max_seq_len,
-                                           config)
-    return found
+    return _bounded_entry(_PLANS, PLAN_CACHE_ENTRIES, key, lambda: _plan_decode(
+        query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens, sink, recent,
+        softmax_scale, max_seq_len, config))
 
 
 def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: AttentionConfig,
