@@ -99,3 +99,37 @@ def test_tma_copies_by_default_where_they_pay(monkeypatch, capability, cuda_grap
     cache = PageLayout(dim, dim, 64, torch.float16).allocate(4, 4)
     cache = cache if contiguous else cache[:, :2]
     assert triton_ops.tma_copy_pays(cuda_graph, dim, cache, torch.device("cpu")) is expected
+
+
+def _batch1_plan(monkeypatch, length: int, **config) -> "triton_ops._DecodePlan":
+    """The plan of a batch-1 decode at Qwen3-8B geometry (32 / 8 heads, head_dim 128, blocks of 64) over ``length``
+    positions, as on an sm_90 GPU of 132 SMs in a captured launch: gluon_decode's kernel (16 programs per SM)."""
+    monkeypatch.setattr(triton_ops, "gluon_splits_apply", lambda *args: (True, ""))
+    monkeypatch.setattr(triton_ops, "_programs_per_sm", lambda *args: 16)
+    monkeypatch.setattr(triton_ops, "_gluon_descriptors", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    layout = PageLayout(128, 128, 64, torch.float16)
+    blocks = length // 64
+    table = torch.arange(blocks, dtype=torch.int32).view(1, blocks)
+    window = torch.zeros(2, 64, 8, 128, dtype=torch.bfloat16)
+    return triton_ops._plan_decode(torch.zeros(1, 32, 128, dtype=torch.bfloat16), layout.allocate(blocks, 8), window,
+                                   window, layout, table, torch.full((1, 4), -1, dtype=torch.int32),
+                                   torch.full((1,), length, dtype=torch.int32), 64, 256, 0.1, length,
+                                   triton_ops.AttentionConfig(cuda_graph=True, **config))
+
+
+def test_batch1_tma_plans_stage_splits_of_at_least_four_tiles(monkeypatch) -> None:
+    """Batch 1 at head_dim 128 where TMA would copy staged tiles: staged, copied by TMA, splits sized for
+    TMA_SMALL_MERGE_PROGRAMS_PER_SM walking >= STAGED_MIN_SPLIT_TILES tiles (H200: 8K-24K 8-12% faster than
+    unstaged splits of 2-3 tiles). Without TMA (gluon_copy_tma=False) the cp.async rule of staging_pays holds."""
+    for length, splits in ((8192, 31), (16384, 63), (32768, 127), (131072, 128)):
+        plan = _batch1_plan(monkeypatch, length)
+        tiles = triton_ops.int2_split_tiles(length, 64, 256, 64, True)
+        assert plan.gluon_tma and plan.split_consts["COPY_STAGES"] == triton_ops.GLUON_AUTO_COPY_STAGES, length
+        assert (plan.num_splits, plan.split_consts["MIN_TILES"]) == (splits, triton_ops.STAGED_MIN_SPLIT_TILES)
+        assert -(-tiles // plan.num_splits) >= triton_ops.STAGED_MIN_SPLIT_TILES, length
+    cp_async = _batch1_plan(monkeypatch, 16384, gluon_copy_tma=False)
+    assert not cp_async.gluon_tma and cp_async.split_consts["COPY_STAGES"] == 0
+    assert cp_async.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT and cp_async.num_splits == 126
+    staged = _batch1_plan(monkeypatch, 16384, gluon_copy_stages=2)  # explicit stages: TMA's split sizing only
+    assert staged.gluon_tma and staged.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT

@@ -151,7 +151,10 @@ SHORT_SPLIT_TILES: int = 4
 SMALL_MERGE_PROGRAMS_PER_SM: int = 12
 #: The same where gluon_decode's staged tiles are copied by TMA (no registers or issue slots held by the copies, so
 #: fewer, longer splits keep the memory as busy; H200, docs/notes/kernels.md "Session 32": Qwen3-8B B=1 64K
-#: 0.0174-0.0178 -> 0.0169-0.0170 ms at 128 splits instead of 170, 128K 0.0276-0.0277 -> 0.0274).
+#: 0.0174-0.0178 -> 0.0169-0.0170 ms at 128 splits instead of 170, 128K 0.0276-0.0277 -> 0.0274). Where TMA would
+#: copy them (tma_copy_pays), small-merge plans always stage their tiles and walk >= STAGED_MIN_SPLIT_TILES tiles per
+#: split (docs/notes/kernels.md "Session 33": Qwen3-8B B=1, ms unstaged splits of 2-3 tiles / staged TMA splits of 4:
+#: 8K 0.0095 / 0.0084-0.0085, 16K 0.0107 / 0.0098-0.0099, 24K 0.0122-0.0123 / 0.0107-0.0108, 32K equal, 48K on equal).
 TMA_SMALL_MERGE_PROGRAMS_PER_SM: int = 8
 #: AttentionConfig.long_splits (opt-in): the grid holds LONG_SPLIT_PROGRAMS_PER_SM split programs per SM, of which a
 #: (request, KV head) pair uses all only where the one-wave split count would leave each split >= LONG_SPLIT_TILES
@@ -300,7 +303,8 @@ class AttentionConfig:
     split kernel's registers, warps and shared memory: one full wave, docs/notes/kernels.md V10; two waves for
     gluon_decode at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs); either way
     the count is then cut to the fewest splits at the same tiles per split for max_seq_len (decode_splits);
-    min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts);
+    min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts; at least
+    STAGED_MIN_SPLIT_TILES in batch-1 plans whose staged tiles TMA copies, TMA_SMALL_MERGE_PROGRAMS_PER_SM);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
     head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8, V39: 1.1-1.2x on
@@ -1093,15 +1097,20 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
     split_tiles = int2_split_tiles(max_seq_len, sink, recent, block_t, full_tiles) if split_int2 else None
     copy_stages = config.gluon_copy_stages
+    # Small-merge plans whose tiles TMA would copy are staged, their splits walking >= STAGED_MIN_SPLIT_TILES tiles.
+    tma_small_merge = (gluon_splits and small_merge and copy_stages is None and config.gluon_copy_tma is not False
+                       and not config.num_splits and tma_copy_pays(config.cuda_graph, d, int2_cache, device))
+    min_tiles = (max(config.min_tiles_per_split, STAGED_MIN_SPLIT_TILES) if tma_small_merge
+                 else config.min_tiles_per_split)
     if copy_stages is None:
         small_merge_tiles = None  # tiles per split of a small-merge plan, its split count sized as below
-        if gluon_splits and small_merge:
+        if gluon_splits and small_merge and not tma_small_merge:
             capped = config.num_splits or decode_splits(
                 batch, hkv, max_seq_len, block_t, device, config.programs_per_sm or SMALL_MERGE_PROGRAMS_PER_SM,
-                config.min_tiles_per_split, windows, split_tiles)
+                min_tiles, windows, split_tiles)
             small_merge_tiles = cdiv(split_tiles, capped)
-        copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and staging_pays(
-            layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles) else 0
+        copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and (tma_small_merge or staging_pays(
+            layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles)) else 0
     gluon_tma = config.gluon_copy_tma
     if gluon_tma is None:
         gluon_tma = bool(copy_stages) and tma_copy_pays(config.cuda_graph, layout.head_dim, int2_cache, device)
@@ -1137,7 +1146,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         WINDOWS_FIRST=_windows_first(config, batch * hkv * windows, device), FULL_TILES=full_tiles,
         TRIGGER_DEPENDENTS=merge_pdl, TMA_STAGES=tma_stages,
         FIRST_PREFETCH=FIRST_PREFETCH_TILES if meta["MODE"] == UNPACK_PTX else 0,
-        MIN_TILES=1 if config.num_splits else config.min_tiles_per_split,  # an explicit split count is kept
+        MIN_TILES=1 if config.num_splits else min_tiles,  # an explicit split count is kept
         FOLD=fold,
         **({} if config.max_registers is None else {"maxnreg": config.max_registers}))
     if gluon_splits:  # gluon_decode's kernel instead: its own constexprs (and descriptors: _gluon_descriptors)
@@ -1170,7 +1179,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 per_sm = min(per_sm, TMA_SMALL_MERGE_PROGRAMS_PER_SM if gluon_tma else SMALL_MERGE_PROGRAMS_PER_SM)
             if two_waves_pay(gluon_splits, d, batch * hkv, _device_sms(device), per_sm, cdiv(max_seq_len, block_t)):
                 per_sm *= 2  # two waves of half-length splits: a shorter tail
-        nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, config.min_tiles_per_split,
+        nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, min_tiles,
                                windows if split_int2 else 0, split_tiles)
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
