@@ -182,6 +182,8 @@ DECODE_CASES = [
     ("qwen3-8b bs64 B=40", [30000, 12000, 5000, 700, 70] + [300 + 17 * i for i in range(35)], 32, 8, 128, 128, 64, 1),
     # batch 1 at 64K: a small merge whose splits walk 6 tiles, so gluon_decode stages by default (session 29)
     ("qwen3-8b bs64 B=1 64K", [65600], 32, 8, 128, 128, 64, 1),
+    # batch 1 at 16K: with cuda_graph=True (TMA copies) staged splits of >= 4 tiles; unstaged 2-tile splits otherwise
+    ("qwen3-8b bs64 B=1 16K", [16400], 32, 8, 128, 128, 64, 1),
 ]
 
 
@@ -208,7 +210,9 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: positions before the fold of the BIAS sums, bench/split_error.py), and gluon_decode's fp16 V operands
 #: (gluon_f16_values: staged by default, unstaged, and in one split; skipped where gluon_decode does not run), and its
 #: window programs' L2 prefetch of their V rows wherever gluon_decode runs (gluon_window_prefetch; default: batch 1),
-#: and its staged tiles copied by TMA (gluon_copy_tma: refused where gluon_decode does not stage).
+#: and its staged tiles copied by TMA (gluon_copy_tma: refused where gluon_decode does not stage), and the default
+#: plan of a launch that may be captured (cuda_graph=True: TMA copies where they pay, batch-1 plans then staged with
+#: splits of >= triton_ops.STAGED_MIN_SPLIT_TILES tiles).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),
@@ -223,7 +227,8 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
                   dict(unpack=UNPACK_PTX, gluon_f16_values=True, num_splits=1),
                   dict(unpack=UNPACK_PTX, gluon_window_prefetch=True),
                   dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=2),
-                  dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=3))
+                  dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=3),
+                  dict(unpack=UNPACK_PTX, cuda_graph=True))
 
 
 
