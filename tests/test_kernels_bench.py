@@ -109,6 +109,19 @@ def test_decode_splits_make_room_for_the_windows_beside_short_splits() -> None:
     assert decode_splits(1, 8, 16384, 64, cpu, 12, 2, window_programs=13) == 128
 
 
+def test_decode_splits_of_under_eight_tiles_make_room_only_at_a_quarter_fewer() -> None:
+    """Splits of SHORT_SPLIT_TILES to WINDOW_ROOM_SPLIT_TILES - 1 tiles give the window programs room in the wave
+    (16 per SM x 132 SMs = 2112 slots) only where at most a quarter of the splits go."""
+    cpu = torch.device("cpu")
+    # 32K, B=8 x 3 heads: 88 splits of 512 tiles (5-6 each); 24 x (88 + 6) > 2112; room for 82 >= 88 - 22.
+    assert decode_splits(8, 3, 32768, 64, cpu, 16, 2, window_programs=6) == 82
+    assert decode_splits(8, 3, 32768, 64, cpu, 16, 2, window_programs=6, split_tiles=507) == 73  # 7 tiles each
+    # 4K, B=64 x 3 heads: 11 splits of 64 tiles (5-6 each); room for (2112 - 192 x 6) // 192 = 5 < 11 - 2: kept.
+    assert decode_splits(64, 3, 4096, 64, cpu, 16, 2, window_programs=6) == 11
+    # 128K, B=8: splits of 23 tiles keep the one-wave count although the windows overflow it.
+    assert decode_splits(8, 3, 131072, 64, cpu, 16, 2, window_programs=6) == 88
+
+
 def test_int2_split_tiles_count_the_tiles_the_splits_share() -> None:
     """The split programs' tiles of a request, from positions: with whole tiles only, those inside the pure INT2
     range [min(sink, L), max(sink_end, L - recent)); else from the tile of its first position to its end."""

@@ -144,6 +144,12 @@ MAX_SPLITS: int = 384
 #: then cost as much as the split itself, so decode_splits makes room for them in the first wave
 #: (H200, docs/notes/kernels.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
 SHORT_SPLIT_TILES: int = 4
+#: Splits of SHORT_SPLIT_TILES up to WINDOW_ROOM_SPLIT_TILES tiles make the same room for the window programs, but only
+#: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/notes/kernels.md
+#: "Session 33"): SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
+#: 0.0149-0.0150, Qwen3-8B 16K B=8 (32 -> 26) 0.0355 / 0.0350; without the quarter limit SmolLM2 4K B=64 (10 -> 5)
+#: 0.0179 / 0.0186.
+WINDOW_ROOM_SPLIT_TILES: int = 8
 #: Where the merge of the partials has fewer programs than the GPU has SMs (batch 1: one per query
 #: head and channel block), its time grows with the split count, so the splits are sized for at most
 #: this many programs per SM even when more are resident (H200, docs/notes/kernels.md V22: Qwen3-8B
@@ -655,7 +661,8 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
 
     window_programs: programs per (request, KV head) of the same launch besides the splits. Where the
     splits are short (fewer than SHORT_SPLIT_TILES tiles each) and splits plus windows overflow one
-    wave, the splits shrink to leave the windows room in it, to no fewer than half.
+    wave, the splits shrink to leave the windows room in it, to no fewer than half; splits of fewer than
+    WINDOW_ROOM_SPLIT_TILES tiles shrink so only where at most a quarter of them go.
 
     split_tiles: the tiles a max_seq_len request's splits share (int2_split_tiles), or None. Given, the count is
     then cut to the fewest splits that give those tiles out at the same tiles per split, so that no split of
@@ -668,8 +675,12 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     tiles = cdiv(max_seq_len, block_t)
     splits = max(1, min(wanted, max(1, tiles // min_tiles_per_split), MAX_SPLITS))
     wave = programs_per_sm * sms
-    if splits * SHORT_SPLIT_TILES > tiles and pairs * (splits + window_programs) > wave:
-        splits = max(1, (wave - pairs * window_programs) // pairs, splits // 2)
+    if pairs * (splits + window_programs) > wave:
+        room = max(1, (wave - pairs * window_programs) // pairs)  # splits that leave the windows room in the wave
+        if splits * SHORT_SPLIT_TILES > tiles:
+            splits = max(room, splits // 2)
+        elif splits * WINDOW_ROOM_SPLIT_TILES > tiles and room >= splits - splits // 4:
+            splits = room
     if split_tiles is not None:
         splits = max(1, min(splits, cdiv(split_tiles, max(cdiv(split_tiles, splits), min_tiles_per_split))))
     return splits
