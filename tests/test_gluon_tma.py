@@ -122,7 +122,7 @@ def test_batch1_tma_plans_stage_splits_of_at_least_four_tiles(monkeypatch) -> No
     """Batch 1 at head_dim 128 where TMA would copy staged tiles: staged, copied by TMA, splits sized for
     TMA_SMALL_MERGE_PROGRAMS_PER_SM walking >= STAGED_MIN_SPLIT_TILES tiles (H200: 8K-24K 8-12% faster than
     unstaged splits of 2-3 tiles). Without TMA (gluon_copy_tma=False) the cp.async rule of staging_pays holds."""
-    for length, splits in ((8192, 31), (16384, 63), (32768, 127), (131072, 128)):
+    for length, splits in ((8192, 31), (16384, 63), (32768, 127), (65536, 128), (131072, 128)):
         plan = _batch1_plan(monkeypatch, length)
         tiles = triton_ops.int2_split_tiles(length, 64, 256, 64, True)
         assert plan.gluon_tma and plan.split_consts["COPY_STAGES"] == triton_ops.GLUON_AUTO_COPY_STAGES, length

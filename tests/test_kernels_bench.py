@@ -13,8 +13,8 @@ import torch
 from vllm_oscar.cli import main
 from vllm_oscar.commands.bench import fastest_configs
 from vllm_oscar.kernels import triton_ops
-from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, AttentionConfig, SmLimits, decode_splits,
-                                          resident_programs)
+from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, SHORT_SPLIT_TILES, AttentionConfig, SmLimits,
+                                          decode_splits, resident_programs)
 from vllm_oscar.kernels.benchmark import (ALLOCATOR_ENV, ALLOCATOR_SETTINGS, bf16_bytes, configure_allocator,
                                           format_breakdown, summarize_kernels, window_blocks)
 
@@ -120,6 +120,9 @@ def test_decode_splits_of_under_eight_tiles_make_room_only_at_a_quarter_fewer() 
     assert decode_splits(64, 3, 4096, 64, cpu, 16, 2, window_programs=6) == 11
     # 128K, B=8: splits of 23 tiles keep the one-wave count although the windows overflow it.
     assert decode_splits(8, 3, 131072, 64, cpu, 16, 2, window_programs=6) == 88
+    # A count capped below residency (batch 1, 8 per SM for 8 heads: 132 splits of 7-8 tiles at 64K) keeps it.
+    assert decode_splits(1, 8, 65536, 64, cpu, 8, 4, window_programs=6, room_tiles=SHORT_SPLIT_TILES) == 132
+    assert decode_splits(1, 8, 65536, 64, cpu, 8, 4, window_programs=6) == 126
 
 
 def test_int2_split_tiles_count_the_tiles_the_splits_share() -> None:

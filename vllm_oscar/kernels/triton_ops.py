@@ -148,7 +148,8 @@ SHORT_SPLIT_TILES: int = 4
 #: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/notes/kernels.md
 #: "Session 33"): SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
 #: 0.0149-0.0150, Qwen3-8B 16K B=8 (32 -> 26) 0.0355 / 0.0350; without the quarter limit SmolLM2 4K B=64 (10 -> 5)
-#: 0.0179 / 0.0186.
+#: 0.0179 / 0.0186. Not in small-merge plans, whose split count is capped below the SM's residency (the windows fit
+#: anyway): Qwen3-8B B=1 32K 127 -> 102 splits 4% faster but 64K 128 -> 114 2.4% slower.
 WINDOW_ROOM_SPLIT_TILES: int = 8
 #: Where the merge of the partials has fewer programs than the GPU has SMs (batch 1: one per query
 #: head and channel block), its time grows with the split count, so the splits are sized for at most
@@ -655,14 +656,16 @@ def window_tile_counts(sink: int, recent: int, block_t: int, window_t: int, full
 
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device,
                   programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT,
-                  window_programs: int = 0, split_tiles: Optional[int] = None) -> int:
+                  window_programs: int = 0, split_tiles: Optional[int] = None,
+                  room_tiles: int = WINDOW_ROOM_SPLIT_TILES) -> int:
     """Split-K count: at most programs_per_sm split programs per SM in all (rounded down, so that they
     fill whole waves rather than spill a partial one), each with >= min_tiles_per_split tiles.
 
     window_programs: programs per (request, KV head) of the same launch besides the splits. Where the
     splits are short (fewer than SHORT_SPLIT_TILES tiles each) and splits plus windows overflow one
     wave, the splits shrink to leave the windows room in it, to no fewer than half; splits of fewer than
-    WINDOW_ROOM_SPLIT_TILES tiles shrink so only where at most a quarter of them go.
+    room_tiles tiles shrink so only where at most a quarter of them go (pass SHORT_SPLIT_TILES where
+    programs_per_sm caps the count below what an SM holds: the windows then fit anyway).
 
     split_tiles: the tiles a max_seq_len request's splits share (int2_split_tiles), or None. Given, the count is
     then cut to the fewest splits that give those tiles out at the same tiles per split, so that no split of
@@ -679,7 +682,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
         room = max(1, (wave - pairs * window_programs) // pairs)  # splits that leave the windows room in the wave
         if splits * SHORT_SPLIT_TILES > tiles:
             splits = max(room, splits // 2)
-        elif splits * WINDOW_ROOM_SPLIT_TILES > tiles and room >= splits - splits // 4:
+        elif splits * room_tiles > tiles and room >= splits - splits // 4:
             splits = room
     if split_tiles is not None:
         splits = max(1, min(splits, cdiv(split_tiles, max(cdiv(split_tiles, splits), min_tiles_per_split))))
@@ -1118,7 +1121,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if gluon_splits and small_merge and not tma_small_merge:
             capped = config.num_splits or decode_splits(
                 batch, hkv, max_seq_len, block_t, device, config.programs_per_sm or SMALL_MERGE_PROGRAMS_PER_SM,
-                min_tiles, windows, split_tiles)
+                min_tiles, windows, split_tiles, SHORT_SPLIT_TILES)
             small_merge_tiles = cdiv(split_tiles, capped)
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and (tma_small_merge or staging_pays(
             layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles)) else 0
@@ -1191,7 +1194,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             if two_waves_pay(gluon_splits, d, batch * hkv, _device_sms(device), per_sm, cdiv(max_seq_len, block_t)):
                 per_sm *= 2  # two waves of half-length splits: a shorter tail
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, min_tiles,
-                               windows if split_int2 else 0, split_tiles)
+                               windows if split_int2 else 0, split_tiles,
+                               SHORT_SPLIT_TILES if small_merge else WINDOW_ROOM_SPLIT_TILES)
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
