@@ -101,20 +101,24 @@ def test_tma_copies_by_default_where_they_pay(monkeypatch, capability, cuda_grap
     assert triton_ops.tma_copy_pays(cuda_graph, dim, cache, torch.device("cpu")) is expected
 
 
-def _batch1_plan(monkeypatch, length: int, **config) -> "triton_ops._DecodePlan":
-    """The plan of a batch-1 decode at Qwen3-8B geometry (32 / 8 heads, head_dim 128, blocks of 64) over ``length``
-    positions, as on an sm_90 GPU of 132 SMs in a captured launch: gluon_decode's kernel (16 programs per SM)."""
-    monkeypatch.setattr(triton_ops, "gluon_splits_apply", lambda *args: (True, ""))
+def _h200_plan(monkeypatch, length: int, batch: int = 1, heads: tuple[int, int, int] = (32, 8, 128),
+               gluon: bool = True, **config) -> "triton_ops._DecodePlan":
+    """The decode plan over ``length`` positions for ``batch`` requests of ``heads`` (query heads, KV heads,
+    head_dim; Qwen3-8B's by default) at blocks of 64, as on an sm_90 GPU of 132 SMs in a captured launch: gluon_decode's
+    kernel (or int2_split_kernel with gluon False), 16 programs per SM."""
+    hq, hkv, dim = heads
+    monkeypatch.setattr(triton_ops, "gluon_splits_apply", lambda *args: (gluon, "" if gluon else "a GPU"))
     monkeypatch.setattr(triton_ops, "_programs_per_sm", lambda *args: 16)
     monkeypatch.setattr(triton_ops, "_gluon_descriptors", lambda *args: None)
+    monkeypatch.setattr(triton_ops, "_cached_descriptors", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    layout = PageLayout(128, 128, 64, torch.float16)
+    layout = PageLayout(dim, dim, 64, torch.float16)
     blocks = length // 64
-    table = torch.arange(blocks, dtype=torch.int32).view(1, blocks)
-    window = torch.zeros(2, 64, 8, 128, dtype=torch.bfloat16)
-    return triton_ops._plan_decode(torch.zeros(1, 32, 128, dtype=torch.bfloat16), layout.allocate(blocks, 8), window,
-                                   window, layout, table, torch.full((1, 4), -1, dtype=torch.int32),
-                                   torch.full((1,), length, dtype=torch.int32), 64, 256, 0.1, length,
+    table = torch.zeros(batch, blocks, dtype=torch.int32)  # every request reads block 0: only the plan matters
+    window = torch.zeros(2, 64, hkv, dim, dtype=torch.bfloat16)
+    return triton_ops._plan_decode(torch.zeros(batch, hq, dim, dtype=torch.bfloat16), layout.allocate(1, hkv),
+                                   window, window, layout, table, torch.full((batch, 4), -1, dtype=torch.int32),
+                                   torch.full((batch,), length, dtype=torch.int32), 64, 256, 0.1, length,
                                    triton_ops.AttentionConfig(cuda_graph=True, **config))
 
 
@@ -123,13 +127,30 @@ def test_batch1_tma_plans_stage_splits_of_at_least_four_tiles(monkeypatch) -> No
     TMA_SMALL_MERGE_PROGRAMS_PER_SM walking >= STAGED_MIN_SPLIT_TILES tiles (H200: 8K-24K 8-12% faster than
     unstaged splits of 2-3 tiles). Without TMA (gluon_copy_tma=False) the cp.async rule of staging_pays holds."""
     for length, splits in ((8192, 31), (16384, 63), (32768, 127), (65536, 128), (131072, 128)):
-        plan = _batch1_plan(monkeypatch, length)
+        plan = _h200_plan(monkeypatch, length)
         tiles = triton_ops.int2_split_tiles(length, 64, 256, 64, True)
         assert plan.gluon_tma and plan.split_consts["COPY_STAGES"] == triton_ops.GLUON_AUTO_COPY_STAGES, length
         assert (plan.num_splits, plan.split_consts["MIN_TILES"]) == (splits, triton_ops.STAGED_MIN_SPLIT_TILES)
         assert -(-tiles // plan.num_splits) >= triton_ops.STAGED_MIN_SPLIT_TILES, length
-    cp_async = _batch1_plan(monkeypatch, 16384, gluon_copy_tma=False)
+    cp_async = _h200_plan(monkeypatch, 16384, gluon_copy_tma=False)
     assert not cp_async.gluon_tma and cp_async.split_consts["COPY_STAGES"] == 0
     assert cp_async.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT and cp_async.num_splits == 126
-    staged = _batch1_plan(monkeypatch, 16384, gluon_copy_stages=2)  # explicit stages: TMA's split sizing only
+    staged = _h200_plan(monkeypatch, 16384, gluon_copy_stages=2)  # explicit stages: TMA's split sizing only
     assert staged.gluon_tma and staged.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT
+
+
+def test_window_room_for_splits_of_under_eight_tiles_in_gluon_plans_only(monkeypatch) -> None:
+    """SmolLM2 geometry (9 / 3 heads, head_dim 64) at 32K batch 8: gluon_decode's one-wave splits (88, 6 tiles each)
+    and its window programs overflow 16 programs per SM, so the splits leave the windows room (82, balanced to 73 of
+    7 tiles); int2_split_kernel's plan keeps the count of SHORT_SPLIT_TILES' rule (not measured with the new one)."""
+    cpu = torch.device("cpu")
+    tiles = triton_ops.int2_split_tiles(32768, 64, 256, 64, True)
+    gluon = _h200_plan(monkeypatch, 32768, batch=8, heads=(9, 3, 64))
+    assert gluon.gluon_splits and gluon.num_splits == 73
+    assert gluon.num_splits == triton_ops.decode_splits(8, 3, 32768, 64, cpu, 16, 2, gluon.total - gluon.num_splits,
+                                                        tiles)
+    triton = _h200_plan(monkeypatch, 32768, batch=8, heads=(9, 3, 64), gluon=False)
+    windows = triton.total - triton.num_splits
+    assert not triton.gluon_splits and triton.num_splits == triton_ops.decode_splits(
+        8, 3, 32768, 64, cpu, 16, 2, windows, tiles, triton_ops.SHORT_SPLIT_TILES)
+    assert triton.num_splits != triton_ops.decode_splits(8, 3, 32768, 64, cpu, 16, 2, windows, tiles)

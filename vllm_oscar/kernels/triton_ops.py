@@ -149,7 +149,8 @@ SHORT_SPLIT_TILES: int = 4
 #: "Session 33"): SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
 #: 0.0149-0.0150, Qwen3-8B 16K B=8 (32 -> 26) 0.0355 / 0.0350; without the quarter limit SmolLM2 4K B=64 (10 -> 5)
 #: 0.0179 / 0.0186. Not in small-merge plans, whose split count is capped below the SM's residency (the windows fit
-#: anyway): Qwen3-8B B=1 32K 127 -> 102 splits 4% faster but 64K 128 -> 114 2.4% slower.
+#: anyway): Qwen3-8B B=1 32K 127 -> 102 splits 4% faster but 64K 128 -> 114 2.4% slower. gluon_decode's plans only
+#: (int2_split_kernel's window programs, of 16-32 positions, were not measured with it).
 WINDOW_ROOM_SPLIT_TILES: int = 8
 #: Where the merge of the partials has fewer programs than the GPU has SMs (batch 1: one per query
 #: head and channel block), its time grows with the split count, so the splits are sized for at most
@@ -1195,7 +1196,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 per_sm *= 2  # two waves of half-length splits: a shorter tail
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, min_tiles,
                                windows if split_int2 else 0, split_tiles,
-                               SHORT_SPLIT_TILES if small_merge else WINDOW_ROOM_SPLIT_TILES)
+                               WINDOW_ROOM_SPLIT_TILES if gluon_splits and not small_merge else SHORT_SPLIT_TILES)
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
