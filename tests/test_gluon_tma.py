@@ -148,9 +148,10 @@ def test_window_room_for_splits_of_under_eight_tiles_in_gluon_plans_only(monkeyp
     gluon = _h200_plan(monkeypatch, 32768, batch=8, heads=(9, 3, 64))
     assert gluon.gluon_splits and gluon.num_splits == 73
     assert gluon.num_splits == triton_ops.decode_splits(8, 3, 32768, 64, cpu, 16, 2, gluon.total - gluon.num_splits,
-                                                        tiles)
+                                                        tiles, triton_ops.WINDOW_ROOM_SPLIT_TILES)
     triton = _h200_plan(monkeypatch, 32768, batch=8, heads=(9, 3, 64), gluon=False)
     windows = triton.total - triton.num_splits
-    assert not triton.gluon_splits and triton.num_splits == triton_ops.decode_splits(
-        8, 3, 32768, 64, cpu, 16, 2, windows, tiles, triton_ops.SHORT_SPLIT_TILES)
-    assert triton.num_splits != triton_ops.decode_splits(8, 3, 32768, 64, cpu, 16, 2, windows, tiles)
+    assert not triton.gluon_splits
+    assert triton.num_splits == triton_ops.decode_splits(8, 3, 32768, 64, cpu, 16, 2, windows, tiles)
+    assert triton.num_splits != triton_ops.decode_splits(8, 3, 32768, 64, cpu, 16, 2, windows, tiles,
+                                                         triton_ops.WINDOW_ROOM_SPLIT_TILES)

@@ -13,8 +13,8 @@ import torch
 from vllm_oscar.cli import main
 from vllm_oscar.commands.bench import fastest_configs
 from vllm_oscar.kernels import triton_ops
-from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, SHORT_SPLIT_TILES, AttentionConfig, SmLimits,
-                                          decode_splits, resident_programs)
+from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, WINDOW_ROOM_SPLIT_TILES, AttentionConfig,
+                                          SmLimits, decode_splits, resident_programs)
 from vllm_oscar.kernels.benchmark import (ALLOCATOR_ENV, ALLOCATOR_SETTINGS, bf16_bytes, configure_allocator,
                                           format_breakdown, summarize_kernels, window_blocks)
 
@@ -113,16 +113,15 @@ def test_decode_splits_of_under_eight_tiles_make_room_only_at_a_quarter_fewer() 
     """Splits of SHORT_SPLIT_TILES to WINDOW_ROOM_SPLIT_TILES - 1 tiles give the window programs room in the wave
     (16 per SM x 132 SMs = 2112 slots) only where at most a quarter of the splits go."""
     cpu = torch.device("cpu")
+    room = WINDOW_ROOM_SPLIT_TILES
     # 32K, B=8 x 3 heads: 88 splits of 512 tiles (5-6 each); 24 x (88 + 6) > 2112; room for 82 >= 88 - 22.
-    assert decode_splits(8, 3, 32768, 64, cpu, 16, 2, window_programs=6) == 82
-    assert decode_splits(8, 3, 32768, 64, cpu, 16, 2, window_programs=6, split_tiles=507) == 73  # 7 tiles each
+    assert decode_splits(8, 3, 32768, 64, cpu, 16, 2, 6, room_tiles=room) == 82
+    assert decode_splits(8, 3, 32768, 64, cpu, 16, 2, 6, 507, room) == 73  # balanced: 7 tiles each
+    assert decode_splits(8, 3, 32768, 64, cpu, 16, 2, 6) == 88  # the default: splits of < SHORT_SPLIT_TILES only
     # 4K, B=64 x 3 heads: 11 splits of 64 tiles (5-6 each); room for (2112 - 192 x 6) // 192 = 5 < 11 - 2: kept.
-    assert decode_splits(64, 3, 4096, 64, cpu, 16, 2, window_programs=6) == 11
+    assert decode_splits(64, 3, 4096, 64, cpu, 16, 2, 6, room_tiles=room) == 11
     # 128K, B=8: splits of 23 tiles keep the one-wave count although the windows overflow it.
-    assert decode_splits(8, 3, 131072, 64, cpu, 16, 2, window_programs=6) == 88
-    # A count capped below residency (batch 1, 8 per SM for 8 heads: 132 splits of 7-8 tiles at 64K) keeps it.
-    assert decode_splits(1, 8, 65536, 64, cpu, 8, 4, window_programs=6, room_tiles=SHORT_SPLIT_TILES) == 132
-    assert decode_splits(1, 8, 65536, 64, cpu, 8, 4, window_programs=6) == 126
+    assert decode_splits(8, 3, 131072, 64, cpu, 16, 2, 6, room_tiles=room) == 88
 
 
 def test_int2_split_tiles_count_the_tiles_the_splits_share() -> None:

@@ -658,15 +658,15 @@ def window_tile_counts(sink: int, recent: int, block_t: int, window_t: int, full
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int, device: torch.device,
                   programs_per_sm: int = PROGRAMS_PER_SM, min_tiles_per_split: int = MIN_TILES_PER_SPLIT,
                   window_programs: int = 0, split_tiles: Optional[int] = None,
-                  room_tiles: int = WINDOW_ROOM_SPLIT_TILES) -> int:
+                  room_tiles: int = SHORT_SPLIT_TILES) -> int:
     """Split-K count: at most programs_per_sm split programs per SM in all (rounded down, so that they
     fill whole waves rather than spill a partial one), each with >= min_tiles_per_split tiles.
 
     window_programs: programs per (request, KV head) of the same launch besides the splits. Where the
     splits are short (fewer than SHORT_SPLIT_TILES tiles each) and splits plus windows overflow one
     wave, the splits shrink to leave the windows room in it, to no fewer than half; splits of fewer than
-    room_tiles tiles shrink so only where at most a quarter of them go (pass SHORT_SPLIT_TILES where
-    programs_per_sm caps the count below what an SM holds: the windows then fit anyway).
+    room_tiles tiles (WINDOW_ROOM_SPLIT_TILES in gluon_decode's plans where programs_per_sm is what an SM holds;
+    the default, SHORT_SPLIT_TILES, adds no such splits) shrink so only where at most a quarter of them go.
 
     split_tiles: the tiles a max_seq_len request's splits share (int2_split_tiles), or None. Given, the count is
     then cut to the fewest splits that give those tiles out at the same tiles per split, so that no split of
@@ -1122,7 +1122,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if gluon_splits and small_merge and not tma_small_merge:
             capped = config.num_splits or decode_splits(
                 batch, hkv, max_seq_len, block_t, device, config.programs_per_sm or SMALL_MERGE_PROGRAMS_PER_SM,
-                min_tiles, windows, split_tiles, SHORT_SPLIT_TILES)
+                min_tiles, windows, split_tiles)
             small_merge_tiles = cdiv(split_tiles, capped)
         copy_stages = GLUON_AUTO_COPY_STAGES if gluon_splits and (tma_small_merge or staging_pays(
             layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles)) else 0
