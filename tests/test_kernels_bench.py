@@ -298,3 +298,21 @@ def test_decode_splits_are_sized_for_fewer_programs_when_the_merge_is_small() ->
     small, resident = triton_ops.SMALL_MERGE_PROGRAMS_PER_SM * 132 // 8, triton_ops.PROGRAMS_PER_SM * 132 // 16
     assert _split_count_for(1, 131072) == math.ceil(2043 / math.ceil(2043 / small))
     assert _split_count_for(2, 131072) == math.ceil(2043 / math.ceil(2043 / resident))
+
+
+@pytest.mark.parametrize("length,num_splits,empty", [(32768, 86, 1), (32768, 85, 0), (32768, 74, 1), (32768, 73, 0),
+                                                     (24576, 48, 0), (24576, 74, 10), (131072, 128, 0), (4096, 64, 5),
+                                                     (300, 8, 8)])
+def test_tune_flags_forced_split_counts_that_leave_splits_without_tiles(length, num_splits, empty) -> None:
+    """bench tune --num-splits n: the splits of a length-position request that get no tile, counted here by handing
+    out the request's whole INT2 tiles (sink 64 .. length - 256, tiles of 64) as the kernels do: ceil(tiles / n) per
+    split, in order."""
+    from vllm_oscar.kernels.benchmark import forced_empty_splits
+
+    first, end = 64, max(64, length - 256) // 64 * 64
+    tiles = max(end - first, 0) // 64
+    per_split = max(-(-tiles // num_splits), 1)
+    without = sum(1 for split in range(num_splits) if split * per_split >= tiles)
+    assert without == empty
+    assert forced_empty_splits(AttentionConfig(num_splits=num_splits), length) == empty
+    assert forced_empty_splits(AttentionConfig(num_splits=num_splits, block_t=64), length) == empty

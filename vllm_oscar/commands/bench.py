@@ -88,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the default)")
     parser.add_argument("--num-splits", type=int, nargs="+", default=[0],
                         help="tune: a fixed split-K count per (request, KV head) (AttentionConfig.num_splits; 0 = "
-                             "sized by --programs-per-sm and --min-tiles, the default)")
+                             "sized by --programs-per-sm and --min-tiles, the default); each row reports the splits "
+                             "a fixed count leaves without tiles at its context (empty_splits)")
     parser.add_argument("--min-tiles", type=int, nargs="+", default=[MIN_TILES_PER_SPLIT],
                         help="tune: the fewest tiles per decode split (short contexts / batch 1)")
     parser.add_argument("--int8-keys", nargs="+", default=["auto"], choices=("auto", "0", "1"),
@@ -278,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
                 c = r["config"]
                 line = r.get("error") or (f"{r['oscar']['ms']:.4f} ms {r['oscar']['pct_read_bw']:.0f}% "
                                           f"splits={r['oscar']['splits']}")
+                if r.get("oscar", {}).get("empty_splits"):
+                    line += f" ({r['oscar']['empty_splits']} of them without tiles at this context)"
                 print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']}/{c['split_warps']} "
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "

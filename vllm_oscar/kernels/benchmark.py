@@ -346,6 +346,17 @@ def _splits(config, case: OscarCase, length: int, layer: int = 0) -> int:
         1.0 / math.sqrt(case.layout.head_dim), length, config)
 
 
+def forced_empty_splits(config, length: int) -> int:
+    """Splits of an explicit AttentionConfig.num_splits that a ``length``-position request leaves without tiles
+    (the default sink and recent windows; tiles of the config's block_t, whole unless full_tiles is False): each
+    still launches a program and adds a merge partial, so a tune of split counts should know them."""
+    from vllm_oscar.kernels import triton_ops
+
+    tiles = triton_ops.int2_split_tiles(length, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS,
+                                        triton_ops.resolved_block_t(config), config.full_tiles is not False)
+    return config.num_splits - triton_ops.splits_with_tiles(config.num_splits, tiles)
+
+
 def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int, device: torch.device,
               bandwidth: dict[str, float], configs: list) -> list[dict]:
     """OSCAR decode time of each launch config on one shared random case (built once).
@@ -375,6 +386,8 @@ def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int
             row["oscar"] = {"ms": ms, "GBps": o_bytes / ms / 1e6,
                             "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
                             "splits": _splits(config, case, length)}
+            if config.num_splits:
+                row["oscar"]["empty_splits"] = forced_empty_splits(config, length)
         except Exception as error:  # noqa: BLE001 - a variant that fails is reported
             row["error"] = error_summary(error)
         rows.append(row)

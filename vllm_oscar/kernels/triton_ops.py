@@ -686,8 +686,15 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
         elif splits * room_tiles > tiles and room >= splits - splits // 4:
             splits = room
     if split_tiles is not None:
-        splits = max(1, min(splits, cdiv(split_tiles, max(cdiv(split_tiles, splits), min_tiles_per_split))))
+        splits = max(1, min(splits, splits_with_tiles(splits, split_tiles, min_tiles_per_split)))
     return splits
+
+
+def splits_with_tiles(num_splits: int, split_tiles: int, min_tiles_per_split: int = 1) -> int:
+    """How many of num_splits splits get tiles when they share split_tiles tiles (int2_split_tiles) as the kernels
+    hand them out: max(ceil(split_tiles / num_splits), min_tiles_per_split) per split, in order; the rest are empty
+    (each still a program and a merge partial)."""
+    return cdiv(split_tiles, max(cdiv(split_tiles, num_splits), min_tiles_per_split))
 
 
 @dataclasses.dataclass(frozen=True)
