@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Per-program timelines of gluon_decode's kernel on a CUDA GPU: when each split and window program starts, when its
-first staged tile has landed, when its loop ends and when its partial is stored, and on which SM it ran
-(docs/notes/kernels.md "Session 30": at Qwen3-8B 128K batch 1 the loop streams at the read bandwidth and the split
-programs' end times spread over 8 us).
+loop ends and when its partial is stored, on which SM it ran, and with --first-tile when its first staged tile has
+landed (docs/notes/kernels.md "Session 30": at Qwen3-8B 128K batch 1 the loop streams at the read bandwidth and the
+split programs' end times spread over 8 us).
 
-    python bench/split_timeline.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 [--json OUT] [--raw DIR]
+    python bench/split_timeline.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 [--first-tile] [--json OUT]
+        [--raw DIR]
 
 --raw DIR also keeps each cell's stamps as DIR/<geometry>_<context>_<batch>.npz (save_raw) for analyses beyond the
 summary (e.g. what the late programs have in common).
@@ -54,27 +55,54 @@ def _timeline_sm():
     return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
+#: A stamp parked in shared memory: [1] int32, every lane holding it.
+TIMELINE_STAMP = gl.BlockedLayout([1], [32], [1], [0])
+
+
+@gluon.jit
+def _timeline_park(slot, stamp):
+    """Store a stamp into its shared slot (held there, not in a register, while the tile loop runs)."""
+    slot.store(gl.full([1], 0, gl.int32, layout=TIMELINE_STAMP) + stamp)
+
+
+@gluon.jit
+def _timeline_parked(slot):
+    """The stamp in a shared slot."""
+    return gl.sum(slot.load(TIMELINE_STAMP), axis=0)
+
+
 '''
 
 #: (anchor, replacement, every occurrence) text edits of gluon_decode.py: the helpers before the kernel, the start
-#: stamp after its first line of setup, the first-tile stamp once the staged loop's tile has landed (cp.async or TMA:
-#: _stage_landed), the loop-end stamp before the epilogue's fold, and the stores after the partial's log-sum-exp.
+#: stamp after its first line of setup, the first-tile stamp once the staged loop's first tile has landed (cp.async or
+#: TMA: _stage_landed), the loop-end stamp before the epilogue's fold, and the stores after the partial's log-sum-exp.
+#: The start and first-tile stamps wait in shared memory (_timeline_park), not in registers across the tile loop.
+#: The first-tile stamp is the edit marked FIRST_TILE_EDIT: inside the loop it makes the 128-register kernel spill there
+#: (offline SASS, Triton 3.6, sm_90, head_dim 128: 12-17 local loads and stores per tile, either copy path; none
+#: without it), and the TMA loop's fence before each copy waits for those stores (session 33: that timeline's kernel
+#: 34.8 us against 26.7-27.1), so it is opt-in (--first-tile).
+FIRST_TILE_EDIT = "if i == lo:"
 INSTRUMENT_EDITS: tuple[tuple[str, str, bool], ...] = (
     ('\n\n@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])\n'
      'def int2_split_gluon_kernel(',
      '\n\n' + TIMER_HELPERS + '@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", '
      '"NSPLIT"])\ndef int2_split_gluon_kernel(', False),
     ('    Q: gl.constexpr = D // 4\n    b = gl.program_id(0)\n',
-     '    Q: gl.constexpr = D // 4\n    t_start = _timeline_now()\n    t_first = t_start\n'
+     '    Q: gl.constexpr = D // 4\n    t_start = _timeline_now()\n'
+     '    parked_start = gl.allocate_shared_memory(gl.int32, [1], STAGED)\n'
+     '    parked_first = gl.allocate_shared_memory(gl.int32, [1], STAGED)\n'
+     '    _timeline_park(parked_start, t_start)\n    _timeline_park(parked_first, t_start)\n'
      '    b = gl.program_id(0)\n', False),
     ("COPY_STAGES, COPY_TMA)\n                m_i, l_acc, acc, sums = _tile_step(",
-     "COPY_STAGES, COPY_TMA)\n                t_first = gl.where(t_first == t_start, _timeline_now(), t_first)\n"
+     "COPY_STAGES, COPY_TMA)\n                if i == lo:\n"
+     "                    _timeline_park(parked_first, _timeline_now())\n"
      "                m_i, l_acc, acc, sums = _tile_step(", False),
     ('    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j',
      '    t_loop = _timeline_now()\n    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j', False),
     ('    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n',
      '    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n'
-     '    t_end = _timeline_now()\n'
+     '    t_end = _timeline_now()\n    t_start = _timeline_parked(parked_start)\n'
+     '    t_first = _timeline_parked(parked_first)\n'
      '    stamps = (part_ptr + b.to(gl.int64) * stride_pb + (h * GROUP) * stride_ph + pid * stride_ps).to(\n'
      '        gl.pointer_type(gl.int32))\n'
      '    gl.store(stamps, t_start)\n    gl.store(stamps + 1, t_first)\n    gl.store(stamps + 2, t_loop)\n'
@@ -82,9 +110,12 @@ INSTRUMENT_EDITS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-def instrumented_source(source: str) -> str:
-    """gluon_decode.py's source with INSTRUMENT_EDITS applied; ValueError naming the first anchor not found."""
+def instrumented_source(source: str, first_tile: bool = False) -> str:
+    """gluon_decode.py's source with INSTRUMENT_EDITS applied (the first-tile stamp only with first_tile);
+    ValueError naming the first anchor not found."""
     for anchor, replacement, every in INSTRUMENT_EDITS:
+        if FIRST_TILE_EDIT in replacement and not first_tile:
+            continue
         if anchor not in source:
             raise ValueError(f"split_timeline: gluon_decode.py no longer contains {anchor!r}; update "
                              "bench/split_timeline.py's INSTRUMENT_EDITS to the kernel's source.")
@@ -92,11 +123,11 @@ def instrumented_source(source: str) -> str:
     return source
 
 
-def load_instrumented(folder: str) -> ModuleType:
-    """The instrumented copy of gluon_decode, written into folder and imported as a module of its own (Gluon reads a
-    kernel's source from its file)."""
+def load_instrumented(folder: str, first_tile: bool = False) -> ModuleType:
+    """The instrumented copy of gluon_decode (instrumented_source), written into folder and imported as a module of its
+    own (Gluon reads a kernel's source from its file)."""
     with open(KERNEL_SOURCE) as handle:
-        source = instrumented_source(handle.read())
+        source = instrumented_source(handle.read(), first_tile)
     path = os.path.join(folder, "gluon_decode_timeline.py")
     with open(path, "w") as handle:
         handle.write(source)
@@ -142,7 +173,9 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     """The timeline of one launch. raw: [B, Hkv, programs, 5] int64 as the kernel wrote it (start, first staged tile
     landed, loop end, partial stored: %globaltimer's low 32 bits; %smid); tiles: [num_splits] tiles of each split
     program (programs >= num_splits are window programs). Times are us after the first program's start (the timer's
-    32-bit wrap undone); the loop's time per tile counts the staged split programs of the most tiles;
+    32-bit wrap undone); the loop's time per tile counts the staged split programs of the most tiles, from the
+    first tile's landing where the launch stamped it (--first-tile; loop_timed_from "first_tile"), else from the
+    program's start (loop_timed_from "start": every tile, the first one's latency included);
     split_end_by_tier_us: the mean end of the split programs of each dispatch tier (dispatch_tiers) that started in
     the kernel's first microsecond (one wave)."""
     num_splits = tiles.shape[0]
@@ -150,8 +183,10 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
     splits = stamps[:, :, :num_splits].reshape(-1, 4)
     windows = stamps[:, :, num_splits:].reshape(-1, 4)
     split_tiles = np.broadcast_to(tiles, stamps.shape[:2] + tiles.shape).reshape(-1)
-    staged = splits[:, 1] != splits[:, 0]  # the unstaged loop leaves the first-tile stamp at the start
-    full = staged & (split_tiles == tiles.max())
+    staged = splits[:, 1] != splits[:, 0]  # the unstaged loop (or no --first-tile) leaves the stamp at the start
+    from_first = bool(staged.any())
+    full = (staged if from_first else True) & (split_tiles == tiles.max())
+    loop_tiles = max(1, int(tiles.max()) - 1) if from_first else max(1, int(tiles.max()))
     sm = raw[..., 4].reshape(-1)
     ends = stamps[..., 3].reshape(-1)
     last_end = np.zeros(sms, dtype=np.int64)
@@ -165,7 +200,8 @@ def summarize(raw: np.ndarray, tiles: np.ndarray, sms: int) -> dict:
         "span_us": round(float(ends.max()) / 1000, 2),
         "split_start_us": percentiles_us(splits[:, 0]),
         "split_first_tile_us": percentiles_us(splits[staged, 1] - splits[staged, 0]),
-        "split_loop_us_per_tile": percentiles_us((splits[full, 2] - splits[full, 1]) / max(1, int(tiles.max()) - 1)),
+        "split_loop_us_per_tile": percentiles_us((splits[full, 2] - splits[full, 1]) / loop_tiles),
+        "loop_timed_from": "first_tile" if from_first else "start",
         "split_epilogue_us": percentiles_us(splits[:, 3] - splits[:, 2]),
         "split_end_us": percentiles_us(splits[:, 3]),
         "split_end_by_tier_us": by_tier,
@@ -230,6 +266,10 @@ def main() -> int:
                         default=[parse_cell(c) for c in ("qwen3-8b:131072:1", "qwen3-8b:65536:1",
                                                          "qwen3-8b:32768:8", "smollm2-135m:131072:8")])
     parser.add_argument("--raw", metavar="DIR", help="also keep each cell's stamps in DIR (save_raw)")
+    parser.add_argument("--first-tile", action="store_true",
+                        help="also stamp when each staged split's first tile has landed (split_first_tile_us); that "
+                             "stamp makes the kernel spill in its tile loop, which slows the TMA loop (~30%% at "
+                             "Qwen3-8B 128K batch 1)")
     add_output_arguments(parser)
     args = parser.parse_args()
     if args.raw:
@@ -237,7 +277,7 @@ def main() -> int:
     device = cuda_device("bench/split_timeline.py times gluon_decode's programs on a CUDA GPU; none is visible.")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        kernel = load_instrumented(folder).int2_split_gluon_kernel
+        kernel = load_instrumented(folder, args.first_tile).int2_split_gluon_kernel
         for geometry, length, batch in args.cells:
             row = {"geometry": geometry, "context": length, "batch": batch,
                    **time_cell(kernel, geometry, length, batch, args.reps, device, args.raw)}

@@ -1,11 +1,15 @@
 """bench/split_timeline.py without a GPU: its text edits still find their anchors in gluon_decode.py and give valid
-Python with every timestamp stored; its summary of a launch's stamps (against numbers worked out by hand, across the
-32-bit wrap of %globaltimer's low word); the tiles of fixed split ranges."""
+Python with every timestamp stored; by default the instrumented kernel's tile loop is the kernel's own (compiled for
+sm_90); its summary of a launch's stamps (against numbers worked out by hand, across the 32-bit wrap of
+%globaltimer's low word); the tiles of fixed split ranges."""
 
 from __future__ import annotations
 
 import ast
+import collections
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -28,7 +32,42 @@ def test_edits_apply_to_the_kernel_and_store_every_stamp() -> None:
     for stamp in ("t_start", "t_first", "t_loop", "t_end"):
         assert f"{stamp} = " in body
     assert body.count("gl.store(stamps") == 5
-    assert "t_first = gl.where(t_first == t_start, _timeline_now(), t_first)" in body
+    assert "_timeline_park(parked_first, _timeline_now())" not in body  # the first-tile stamp is opt-in
+    with_first = ast.unparse(next(node for node in ast.parse(split_timeline.instrumented_source(source, True)).body
+                                  if isinstance(node, ast.FunctionDef) and node.name == "int2_split_gluon_kernel"))
+    assert with_first.count("_timeline_park(parked_first, _timeline_now())") == 1
+
+
+LOOP_PROBE = r'''
+import json, sys, tempfile
+sys.path[:0] = [ROOT, ROOT + "/bench"]
+import split_timeline
+from sass_decode import backward_branches, compile_gluon_kernel, instructions, read_compiled
+
+def loop_opcodes():
+    """The split loop's SASS opcodes of gluon_decode's kernel as the module now loaded compiles it (head_dim 128,
+    staged tiles copied by TMA, fp16 values: the launch whose timeline the stamps disturbed in session 33)."""
+    sass = read_compiled(compile_gluon_kernel(128, 4, copy_stages=2, f16_values=True, fold=2, copy_tma=True), None)[0]
+    spans = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+    return [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in spans)]
+
+plain = loop_opcodes()
+sys.modules["vllm_oscar.kernels.gluon_decode"] = split_timeline.load_instrumented(tempfile.mkdtemp())
+print(json.dumps({"plain": plain, "instrumented": loop_opcodes()}))
+'''
+
+
+def test_instrumented_tile_loop_is_the_kernels_own() -> None:
+    """Without --first-tile the stamps stay out of the tile loop (the start stamp parked in shared memory): the
+    instrumented kernel's loop has the plain kernel's instructions, no local-memory spill among them."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", f"ROOT = {root!r}\n" + LOOP_PROBE], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    loops = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "STL" not in loops["instrumented"] and "LDL" not in loops["instrumented"]
+    assert collections.Counter(loops["instrumented"]) == collections.Counter(loops["plain"])
 
 
 def test_a_missing_anchor_is_named() -> None:
@@ -54,6 +93,11 @@ def test_summary_of_hand_made_stamps_across_the_timer_wrap() -> None:
     assert summary["sm_last_end_us"] == [0.9, 1.33, 3.05, 4.77, 5.2]  # SM 9: 0.9, SM 7: 5.2
     assert summary["programs_per_sm"] == [1, 2]
     assert summary["split_end_by_tier_us"] == [4.25]  # both splits: tier 0 of SM 7, mean of 5.2 and 3.3
+    assert summary["loop_timed_from"] == "first_tile"
+    raw[..., 1] = raw[..., 0]  # no --first-tile: the loop's time per tile runs from the start over every tile
+    summary = split_timeline.summarize(raw, np.array([3, 2]), sms=16)
+    assert summary["loop_timed_from"] == "start" and summary["split_first_tile_us"] == []
+    assert summary["split_loop_us_per_tile"] == [round(5000 / 3 / 1000, 2)] * 5  # split 0: (5000 - 0) / 3
 
 
 def test_dispatch_tiers_follow_grid_order_per_sm() -> None:
