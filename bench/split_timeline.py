@@ -76,11 +76,11 @@ def _timeline_parked(slot):
 #: (anchor, replacement, every occurrence) text edits of gluon_decode.py: the helpers before the kernel, the start
 #: stamp after its first line of setup, the first-tile stamp once the staged loop's first tile has landed (cp.async or
 #: TMA: _stage_landed), the loop-end stamp before the epilogue's fold, and the stores after the partial's log-sum-exp.
-#: The start and first-tile stamps wait in shared memory (_timeline_park), not in registers across the tile loop.
-#: The first-tile stamp is the edit marked FIRST_TILE_EDIT: inside the loop it makes the 128-register kernel spill there
+#: The start and first-tile stamps wait in shared memory (_timeline_park), not in registers across the tile loop. The
+#: first-tile stamp is the edit marked FIRST_TILE_EDIT: inside the loop it makes the 128-register kernel spill there
 #: (offline SASS, Triton 3.6, sm_90, head_dim 128: 12-17 local loads and stores per tile, either copy path; none
-#: without it), and the TMA loop's fence before each copy likely waits for those stores (session 33: that timeline's kernel
-#: 34.8 us against 26.7-27.1), so it is opt-in (--first-tile).
+#: without it), and the TMA loop's fence before each copy likely waits for those stores (session 33: that timeline's
+#: kernel 34.8 us against 26.7-27.1), so it is opt-in (--first-tile).
 FIRST_TILE_EDIT = "if i == lo:"
 INSTRUMENT_EDITS: tuple[tuple[str, str, bool], ...] = (
     ('\n\n@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])\n'
