@@ -1119,9 +1119,10 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
     split_tiles = int2_split_tiles(max_seq_len, sink, recent, block_t, full_tiles) if split_int2 else None
     copy_stages = config.gluon_copy_stages
+    tma_would_copy = gluon_splits and tma_copy_pays(config.cuda_graph, d, int2_cache, device)  # staged ones, by default
     # Small-merge plans whose tiles TMA would copy are staged, their splits walking >= STAGED_MIN_SPLIT_TILES tiles.
-    tma_small_merge = (gluon_splits and small_merge and copy_stages is None and config.gluon_copy_tma is not False
-                       and not config.num_splits and tma_copy_pays(config.cuda_graph, d, int2_cache, device))
+    tma_small_merge = (tma_would_copy and small_merge and copy_stages is None and config.gluon_copy_tma is not False
+                       and not config.num_splits)
     min_tiles = (max(config.min_tiles_per_split, STAGED_MIN_SPLIT_TILES) if tma_small_merge
                  else config.min_tiles_per_split)
     if copy_stages is None:
@@ -1135,7 +1136,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             layout.head_dim, batch * hkv, max_seq_len, _device_sms(device), small_merge_tiles)) else 0
     gluon_tma = config.gluon_copy_tma
     if gluon_tma is None:
-        gluon_tma = bool(copy_stages) and tma_copy_pays(config.cuda_graph, layout.head_dim, int2_cache, device)
+        gluon_tma = bool(copy_stages) and tma_would_copy
     if gluon_tma and not (copy_stages and int2_cache.is_contiguous()):
         raise ValueError(f"gluon_copy_tma=True copies gluon_decode's staged tiles by TMA: it needs staged tiles "
                          f"(gluon_copy_stages {copy_stages}: set 2 or 3; this launch runs gluon_decode: "
