@@ -260,6 +260,12 @@ GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 #: AttentionConfig.gluon_copy_tma None: staged tiles are copied by TMA from this head_dim on (3 boxes per tile, 1-5%
 #: faster at head_dim 128 from 32K; at 64, 1-5% slower from 32K at batch >= 8: docs/notes/kernels.md "Session 32").
 TMA_COPY_MIN_HEAD_DIM: int = 128
+#: Below TMA_COPY_MIN_HEAD_DIM, TMA still copies the staged tiles of splits that walk at most this many tiles, in plans
+#: whose merge is not small (batch >= 8 at SmolLM2's 9 query heads): there a split's copy latency, not the loop's
+#: issue rate, sets its time. H200, graph replays, SmolLM2 geometry, ms cp.async / TMA (docs/notes/kernels.md
+#: "Session 34"): 4K B=8 (2 tiles per split) 0.0069 / 0.0065-0.0066, 8K B=8 (2) 0.0084-0.0085 / 0.0082-0.0083, 4K
+#: B=16 (2) equal; splits of 4 tiles and more 2-5% slower (16K B=8 0.0098 / 0.0100, 32K B=8 0.0145 / 0.0153).
+TMA_SHORT_SPLIT_TILES: int = 2
 #: AttentionConfig.gluon_copy_stages None: GLUON_AUTO_COPY_STAGES where gluon_decode runs and staging pays
 #: (staging_pays): at head_dim <= STAGED_MAX_HEAD_DIM always, above it where the plan holds at least
 #: STAGED_MIN_POSITIONS_PER_SM cached positions of (request, KV head) pairs per SM (the bandwidth-bound launches).
@@ -399,10 +405,12 @@ class AttentionConfig:
     gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes, two at head_dim 64, on
     one mbarrier per stage: gluon_decode.COPY_TMA) instead of cp.async; True needs staged tiles (gluon_copy_stages
     >= 2, or staged by default) and a contiguous cache; None (the default) = where the tiles are staged at head_dim >=
-    TMA_COPY_MIN_HEAD_DIM in a launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host
-    encodes the tensor descriptors at every launch, which only a graph's replays skip. H200, graph replays
-    (docs/notes/kernels.md "Session 32"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K
-    B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async.
+    TMA_COPY_MIN_HEAD_DIM (below it, splits of <= TMA_SHORT_SPLIT_TILES tiles in plans whose merge is not small) in a
+    launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host encodes the tensor
+    descriptors at every launch, which only a graph's replays skip. H200, graph replays (docs/notes/kernels.md
+    "Session 32", "Session 34"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K B=1
+    0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8 but 2-5% faster with splits
+    of 2 tiles (4K / 8K B=8); False = cp.async.
     """
 
     block_t: Optional[int] = None
@@ -1026,10 +1034,13 @@ def two_waves_pay(gluon_splits: bool, head_dim: int, pairs: int, sms: int, per_s
     return tiles >= TWO_WAVE_MIN_TILES * max(1, 2 * per_sm * sms // pairs)
 
 
-def tma_copy_pays(cuda_graph: bool, head_dim: int, int2_cache: torch.Tensor, device: torch.device) -> bool:
+def tma_copy_pays(cuda_graph: bool, head_dim: int, int2_cache: torch.Tensor, device: torch.device,
+                  short_split_tiles: Optional[int] = None) -> bool:
     """AttentionConfig.gluon_copy_tma None, where gluon_decode stages its tiles: whether TMA copies them (a launch
-    captured in a CUDA graph, head_dim >= TMA_COPY_MIN_HEAD_DIM, a contiguous cache, compute capability >= 9.0)."""
-    return (cuda_graph and head_dim >= TMA_COPY_MIN_HEAD_DIM and int2_cache.is_contiguous()
+    captured in a CUDA graph, a contiguous cache, compute capability >= 9.0, and head_dim >= TMA_COPY_MIN_HEAD_DIM or
+    short_split_tiles, the tiles per split of a plan whose merge is not small, <= TMA_SHORT_SPLIT_TILES)."""
+    short_splits = short_split_tiles is not None and short_split_tiles <= TMA_SHORT_SPLIT_TILES
+    return (cuda_graph and (head_dim >= TMA_COPY_MIN_HEAD_DIM or short_splits) and int2_cache.is_contiguous()
             and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY)
 
 
@@ -1205,6 +1216,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, min_tiles,
                                windows if split_int2 else 0, split_tiles,
                                WINDOW_ROOM_SPLIT_TILES if gluon_splits and not small_merge else SHORT_SPLIT_TILES)
+    if gluon_splits and config.gluon_copy_tma is None and copy_stages and not gluon_tma and not small_merge:
+        gluon_tma = tma_copy_pays(config.cuda_graph, d, int2_cache, device, cdiv(split_tiles, nsplit))
+        split_consts["COPY_TMA"] = gluon_tma
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
