@@ -264,7 +264,7 @@ TMA_COPY_MIN_HEAD_DIM: int = 128
 #: whose merge is not small (batch >= 8 at SmolLM2's 9 query heads): there a split's copy latency, not the loop's
 #: issue rate, sets its time. H200, graph replays, SmolLM2 geometry, ms cp.async / TMA (docs/notes/kernels.md
 #: "Session 34"): 4K B=8 (2 tiles per split) 0.0069 / 0.0065-0.0066, 8K B=8 (2) 0.0084-0.0085 / 0.0082-0.0083, 4K
-#: B=16 (2) equal; splits of 4 tiles and more 2-5% slower (16K B=8 0.0098 / 0.0100, 32K B=8 0.0145 / 0.0153).
+#: B=16 (2) 0-2% faster; splits of 4 tiles and more 2-5% slower (16K B=8 0.0098 / 0.0100, 32K B=8 0.0145 / 0.0153).
 TMA_SHORT_SPLIT_TILES: int = 2
 #: AttentionConfig.gluon_copy_stages None: GLUON_AUTO_COPY_STAGES where gluon_decode runs and staging pays
 #: (staging_pays): at head_dim <= STAGED_MAX_HEAD_DIM always, above it where the plan holds at least
