@@ -184,8 +184,8 @@ DECODE_CASES = [
     ("qwen3-8b bs64 B=1 64K", [65600], 32, 8, 128, 128, 64, 1),
     # batch 1 at 16K: with cuda_graph=True (TMA copies) staged splits of >= 4 tiles; unstaged 2-tile splits otherwise
     ("qwen3-8b bs64 B=1 16K", [16400], 32, 8, 128, 128, 64, 1),
-    # 8 requests at 4K, head_dim 64: a merge that is not small and splits of 2 tiles, which a captured launch copies
-    # by TMA (triton_ops.TMA_SHORT_SPLIT_TILES, session 34)
+    # 8 requests at 4K, head_dim 64: a merge that is not small, whose splits walk at least
+    # triton_ops.BATCHED_MIN_SPLIT_TILES tiles (session 34)
     ("smollm2 bs64 B=8 4K", [4100, 4000, 3100, 2050, 700, 321, 70, 1], 9, 3, 64, 64, 64, 1),
 ]
 
@@ -215,7 +215,7 @@ DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpa
 #: window programs' L2 prefetch of their V rows wherever gluon_decode runs (gluon_window_prefetch; default: batch 1),
 #: and its staged tiles copied by TMA (gluon_copy_tma: refused where gluon_decode does not stage), and the default
 #: plan of a launch that may be captured (cuda_graph=True: TMA copies where they pay, batch-1 plans then staged with
-#: splits of >= triton_ops.STAGED_MIN_SPLIT_TILES tiles, short splits at head_dim 64 copied by TMA).
+#: splits of >= triton_ops.STAGED_MIN_SPLIT_TILES tiles).
 QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(unpack=UNPACK_PTX, prefetch=2),
                   dict(unpack=UNPACK_PTX, window_block_t=64, merge_block_d=32),
                   dict(unpack=UNPACK_PTX, window_block_t=16, merge_block_d=16),

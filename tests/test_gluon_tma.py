@@ -89,20 +89,16 @@ def test_tma_descriptors_need_a_contiguous_cache_and_a_kernel_head_dim() -> None
                                      offsets["K_SCALE"])
 
 
-@pytest.mark.parametrize("capability,cuda_graph,dim,contiguous,short_tiles,expected", [
-    ((9, 0), True, 128, True, None, True), ((10, 0), True, 128, True, None, True),
-    ((8, 9), True, 128, True, None, False), ((9, 0), False, 128, True, None, False),
-    ((9, 0), True, 64, True, None, False), ((9, 0), True, 128, False, None, False),
-    ((9, 0), True, 64, True, 2, True), ((9, 0), True, 64, True, 3, False), ((9, 0), False, 64, True, 2, False),
-    ((8, 9), True, 64, True, 1, False), ((9, 0), True, 64, False, 2, False)])
-def test_tma_copies_by_default_where_they_pay(monkeypatch, capability, cuda_graph, dim, contiguous, short_tiles,
-                                              expected) -> None:
-    """gluon_copy_tma None (where the tiles are staged): a captured launch, a contiguous cache, compute capability
-    >= 9.0, and head_dim >= 128 or (below it, where TMA is slower over long splits) splits of <= 2 tiles."""
+@pytest.mark.parametrize("capability,cuda_graph,dim,contiguous,expected", [
+    ((9, 0), True, 128, True, True), ((10, 0), True, 128, True, True), ((8, 9), True, 128, True, False),
+    ((9, 0), False, 128, True, False), ((9, 0), True, 64, True, False), ((9, 0), True, 128, False, False)])
+def test_tma_copies_by_default_where_they_pay(monkeypatch, capability, cuda_graph, dim, contiguous, expected) -> None:
+    """gluon_copy_tma None (where the tiles are staged): a captured launch, head_dim >= 128 (slower at 64), a
+    contiguous cache, compute capability >= 9.0."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     cache = PageLayout(dim, dim, 64, torch.float16).allocate(4, 4)
     cache = cache if contiguous else cache[:, :2]
-    assert triton_ops.tma_copy_pays(cuda_graph, dim, cache, torch.device("cpu"), short_tiles) is expected
+    assert triton_ops.tma_copy_pays(cuda_graph, dim, cache, torch.device("cpu")) is expected
 
 
 def _h200_plan(monkeypatch, length: int, batch: int = 1, heads: tuple[int, int, int] = (32, 8, 128),
@@ -123,7 +119,7 @@ def _h200_plan(monkeypatch, length: int, batch: int = 1, heads: tuple[int, int, 
     return triton_ops._plan_decode(torch.zeros(batch, hq, dim, dtype=torch.bfloat16), layout.allocate(1, hkv),
                                    window, window, layout, table, torch.full((batch, 4), -1, dtype=torch.int32),
                                    torch.full((batch,), length, dtype=torch.int32), 64, 256, 0.1, length,
-                                   triton_ops.AttentionConfig(**{"cuda_graph": True, **config}))
+                                   triton_ops.AttentionConfig(cuda_graph=True, **config))
 
 
 def test_batch1_tma_plans_stage_splits_of_at_least_four_tiles(monkeypatch) -> None:
@@ -161,21 +157,18 @@ def test_window_room_for_splits_of_under_eight_tiles_in_gluon_plans_only(monkeyp
                                                          triton_ops.WINDOW_ROOM_SPLIT_TILES)
 
 
-def test_head_dim_64_plans_copy_short_splits_by_tma_where_the_merge_is_not_small(monkeypatch) -> None:
-    """SmolLM2 geometry (9 / 3 heads, head_dim 64), as on an sm_90 GPU in a captured launch: splits of
-    TMA_SHORT_SPLIT_TILES tiles (4K and 8K at batch 8, 4K at batch 16) are copied by TMA (H200: 4K B=8 5% faster);
-    longer splits, small-merge (batch-1) plans, eager launches and gluon_copy_tma=False keep cp.async. The split
-    counts do not change."""
+def test_batched_gluon_plans_walk_at_least_three_tiles_per_split(monkeypatch) -> None:
+    """gluon_decode's plans whose merge is not small walk >= BATCHED_MIN_SPLIT_TILES tiles per split (H200, SmolLM2
+    geometry: 8K B=8 8% faster, 4K B=16 4.5%): SmolLM2 4K B=8 / B=16 and 8K B=8 drop from 2-tile splits to 3-tile
+    ones; batch-1 plans (a small merge) keep 2-tile splits, int2_split_kernel's plans (gluon off) their count."""
     smollm2 = (9, 3, 64)
-    tiles = {length: triton_ops.int2_split_tiles(length, 64, 256, 64, True) for length in (4096, 8192, 16384)}
-    for length, batch, expected in ((4096, 8, True), (8192, 8, True), (4096, 16, True), (16384, 8, False),
-                                    (4096, 32, False), (4096, 1, False), (8192, 4, False)):
+    for length, batch, before, after in ((4096, 8, 30, 20), (4096, 16, 30, 20), (8192, 8, 62, 41)):
         plan = _h200_plan(monkeypatch, length, batch, smollm2)
-        assert plan.split_consts["COPY_STAGES"] == triton_ops.GLUON_AUTO_COPY_STAGES, (length, batch)
-        assert plan.gluon_tma is expected and plan.split_consts["COPY_TMA"] is expected, (length, batch)
-        assert (-(-tiles[length] // plan.num_splits) <= triton_ops.TMA_SHORT_SPLIT_TILES) is (expected or batch < 8)
-        cp_async = _h200_plan(monkeypatch, length, batch, smollm2, gluon_copy_tma=False)
-        assert not cp_async.gluon_tma and not cp_async.split_consts["COPY_TMA"]
-        assert cp_async.num_splits == plan.num_splits, (length, batch)
-    eager = _h200_plan(monkeypatch, 4096, 8, smollm2, cuda_graph=False)
-    assert not eager.gluon_tma
+        tiles = triton_ops.int2_split_tiles(length, 64, 256, 64, True)
+        assert plan.split_consts["MIN_TILES"] == triton_ops.BATCHED_MIN_SPLIT_TILES
+        assert plan.num_splits == after and -(-tiles // after) == triton_ops.BATCHED_MIN_SPLIT_TILES, (length, batch)
+        assert -(-tiles // before) == triton_ops.MIN_TILES_PER_SPLIT  # the count of the 2-tile floor
+    small_merge = _h200_plan(monkeypatch, 4096, 1, smollm2)
+    assert small_merge.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT and small_merge.num_splits == 30
+    triton = _h200_plan(monkeypatch, 4096, 8, smollm2, gluon=False)
+    assert triton.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT

@@ -135,6 +135,12 @@ SM_PARTITIONS: int = 4
 DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
 MIN_TILES_PER_SPLIT: int = 2
+#: gluon_decode's plans whose merge is not small (batch >= 8 at SmolLM2's 9 query heads) walk at least this many tiles
+#: per split: fewer, longer splits pay where 2-tile splits would launch more programs than the memory needs. H200,
+#: graph replays, SmolLM2 geometry, ms at 2 / 3 / 4 tiles (docs/notes/kernels.md "Session 34"): 4K B=8 0.0064-0.0065 /
+#: 0.0063-0.0064 / 0.0065-0.0067, 4K B=16 0.0083 / 0.0079-0.0080 / 0.0079-0.0081, 8K B=8 0.0082 / 0.0074-0.0076 /
+#: 0.0075-0.0077; plans of >= 3 tiles per split do not change.
+BATCHED_MIN_SPLIT_TILES: int = 3
 #: The most splits per (request, KV head): it binds only where the pairs are few (one-wave count above it: SmolLM2
 #: geometry, 3 KV heads, batch 1-2). H200, graph replays, Gluon splits (docs/notes/kernels.md S19): SmolLM2 batch 1
 #: 384 vs 256 splits 0.0126 / 0.0142 ms at 128K, 0.0092 / 0.0098 at 64K, equal at 32K (where two-tile splits cap
@@ -260,12 +266,6 @@ GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 #: AttentionConfig.gluon_copy_tma None: staged tiles are copied by TMA from this head_dim on (3 boxes per tile, 1-5%
 #: faster at head_dim 128 from 32K; at 64, 1-5% slower from 32K at batch >= 8: docs/notes/kernels.md "Session 32").
 TMA_COPY_MIN_HEAD_DIM: int = 128
-#: Below TMA_COPY_MIN_HEAD_DIM, TMA still copies the staged tiles of splits that walk at most this many tiles, in plans
-#: whose merge is not small (batch >= 8 at SmolLM2's 9 query heads): there a split's copy latency, not the loop's
-#: issue rate, sets its time. H200, graph replays, SmolLM2 geometry, ms cp.async / TMA (docs/notes/kernels.md
-#: "Session 34"): 4K B=8 (2 tiles per split) 0.0069 / 0.0065-0.0066, 8K B=8 (2) 0.0084-0.0085 / 0.0082-0.0083, 4K
-#: B=16 (2) 0-2% faster; splits of 4 tiles and more 2-5% slower (16K B=8 0.0098 / 0.0100, 32K B=8 0.0145 / 0.0153).
-TMA_SHORT_SPLIT_TILES: int = 2
 #: AttentionConfig.gluon_copy_stages None: GLUON_AUTO_COPY_STAGES where gluon_decode runs and staging pays
 #: (staging_pays): at head_dim <= STAGED_MAX_HEAD_DIM always, above it where the plan holds at least
 #: STAGED_MIN_POSITIONS_PER_SM cached positions of (request, KV head) pairs per SM (the bandwidth-bound launches).
@@ -318,7 +318,8 @@ class AttentionConfig:
     gluon_decode at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs); either way
     the count is then cut to the fewest splits at the same tiles per split for max_seq_len (decode_splits);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts; at least
-    STAGED_MIN_SPLIT_TILES in batch-1 plans whose staged tiles TMA copies, TMA_SMALL_MERGE_PROGRAMS_PER_SM);
+    STAGED_MIN_SPLIT_TILES in batch-1 plans whose staged tiles TMA copies, TMA_SMALL_MERGE_PROGRAMS_PER_SM, and
+    BATCHED_MIN_SPLIT_TILES in gluon_decode's plans whose merge is not small);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
     head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8, V39: 1.1-1.2x on
@@ -405,12 +406,10 @@ class AttentionConfig:
     gluon_copy_tma: gluon_decode's staged split programs copy each tile by TMA (three boxes, two at head_dim 64, on
     one mbarrier per stage: gluon_decode.COPY_TMA) instead of cp.async; True needs staged tiles (gluon_copy_stages
     >= 2, or staged by default) and a contiguous cache; None (the default) = where the tiles are staged at head_dim >=
-    TMA_COPY_MIN_HEAD_DIM (below it, splits of <= TMA_SHORT_SPLIT_TILES tiles in plans whose merge is not small) in a
-    launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host encodes the tensor
-    descriptors at every launch, which only a graph's replays skip. H200, graph replays (docs/notes/kernels.md
-    "Session 32", "Session 34"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K B=1
-    0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8 but 2-5% faster with splits
-    of 2 tiles (4K / 8K B=8); False = cp.async.
+    TMA_COPY_MIN_HEAD_DIM in a launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host
+    encodes the tensor descriptors at every launch, which only a graph's replays skip. H200, graph replays
+    (docs/notes/kernels.md "Session 32"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K
+    B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async.
     """
 
     block_t: Optional[int] = None
@@ -1034,13 +1033,10 @@ def two_waves_pay(gluon_splits: bool, head_dim: int, pairs: int, sms: int, per_s
     return tiles >= TWO_WAVE_MIN_TILES * max(1, 2 * per_sm * sms // pairs)
 
 
-def tma_copy_pays(cuda_graph: bool, head_dim: int, int2_cache: torch.Tensor, device: torch.device,
-                  short_split_tiles: Optional[int] = None) -> bool:
+def tma_copy_pays(cuda_graph: bool, head_dim: int, int2_cache: torch.Tensor, device: torch.device) -> bool:
     """AttentionConfig.gluon_copy_tma None, where gluon_decode stages its tiles: whether TMA copies them (a launch
-    captured in a CUDA graph, a contiguous cache, compute capability >= 9.0, and head_dim >= TMA_COPY_MIN_HEAD_DIM or
-    short_split_tiles, the tiles per split of a plan whose merge is not small, <= TMA_SHORT_SPLIT_TILES)."""
-    short_splits = short_split_tiles is not None and short_split_tiles <= TMA_SHORT_SPLIT_TILES
-    return (cuda_graph and (head_dim >= TMA_COPY_MIN_HEAD_DIM or short_splits) and int2_cache.is_contiguous()
+    captured in a CUDA graph, head_dim >= TMA_COPY_MIN_HEAD_DIM, a contiguous cache, compute capability >= 9.0)."""
+    return (cuda_graph and head_dim >= TMA_COPY_MIN_HEAD_DIM and int2_cache.is_contiguous()
             and torch.cuda.get_device_capability(device) >= PDL_MIN_CAPABILITY)
 
 
@@ -1134,8 +1130,11 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     # Small-merge plans whose tiles TMA would copy are staged, their splits walking >= STAGED_MIN_SPLIT_TILES tiles.
     tma_small_merge = (tma_would_copy and small_merge and copy_stages is None and config.gluon_copy_tma is not False
                        and not config.num_splits)
-    min_tiles = (max(config.min_tiles_per_split, STAGED_MIN_SPLIT_TILES) if tma_small_merge
-                 else config.min_tiles_per_split)
+    min_tiles = config.min_tiles_per_split
+    if tma_small_merge:
+        min_tiles = max(min_tiles, STAGED_MIN_SPLIT_TILES)
+    elif gluon_splits and not small_merge:
+        min_tiles = max(min_tiles, BATCHED_MIN_SPLIT_TILES)
     if copy_stages is None:
         small_merge_tiles = None  # tiles per split of a small-merge plan, its split count sized as below
         if gluon_splits and small_merge and not tma_small_merge:
@@ -1216,9 +1215,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, min_tiles,
                                windows if split_int2 else 0, split_tiles,
                                WINDOW_ROOM_SPLIT_TILES if gluon_splits and not small_merge else SHORT_SPLIT_TILES)
-    if gluon_splits and config.gluon_copy_tma is None and copy_stages and not gluon_tma and not small_merge:
-        gluon_tma = tma_copy_pays(config.cuda_graph, d, int2_cache, device, cdiv(split_tiles, nsplit))
-        split_consts["COPY_TMA"] = gluon_tma
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
