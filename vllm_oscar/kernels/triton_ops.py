@@ -135,11 +135,12 @@ SM_PARTITIONS: int = 4
 DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
 MIN_TILES_PER_SPLIT: int = 2
-#: gluon_decode's plans whose merge is not small (batch >= 8 at SmolLM2's 9 query heads) walk at least this many tiles
-#: per split: fewer, longer splits pay where 2-tile splits would launch more programs than the memory needs. H200,
-#: graph replays, SmolLM2 geometry, ms at 2 / 3 / 4 tiles (docs/notes/kernels.md "Session 34"): 4K B=8 0.0064-0.0065 /
-#: 0.0063-0.0064 / 0.0065-0.0067, 4K B=16 0.0083 / 0.0079-0.0080 / 0.0079-0.0081, 8K B=8 0.0082 / 0.0074-0.0076 /
-#: 0.0075-0.0077; plans of >= 3 tiles per split do not change.
+#: gluon_decode's plans whose merge is not small (batch >= 2 at Qwen3-8B's 32 query heads, >= 8 at SmolLM2's 9) walk
+#: at least this many tiles per split: fewer, longer splits pay where 2-tile splits would launch more programs than the
+#: memory needs. H200, graph replays (docs/notes/kernels.md "Session 34"), ms at 2 / 3 / 4 tiles, SmolLM2 geometry: 4K
+#: B=8 0.0064-0.0065 / 0.0063-0.0064 / 0.0065-0.0067, 4K B=16 0.0083 / 0.0079-0.0080 / 0.0079-0.0081, 8K B=8 0.0082 /
+#: 0.0074-0.0076 / 0.0075-0.0077; at 2 / 3, Qwen3-8B geometry: 8K B=2 0.0110 / 0.0101-0.0102, 16K B=2 0.0155-0.0156 /
+#: 0.0128. Plans of >= 3 tiles per split do not change.
 BATCHED_MIN_SPLIT_TILES: int = 3
 #: The most splits per (request, KV head): it binds only where the pairs are few (one-wave count above it: SmolLM2
 #: geometry, 3 KV heads, batch 1-2). H200, graph replays, Gluon splits (docs/notes/kernels.md S19): SmolLM2 batch 1
