@@ -159,7 +159,7 @@ def test_window_room_for_splits_of_under_eight_tiles_in_gluon_plans_only(monkeyp
 
 def test_batched_gluon_plans_walk_at_least_three_tiles_per_split(monkeypatch) -> None:
     """gluon_decode's plans whose merge is not small walk >= BATCHED_MIN_SPLIT_TILES tiles per split (H200, SmolLM2
-    geometry: 8K B=8 8% faster, 4K B=16 4.5%): SmolLM2 4K B=8 / B=16 and 8K B=8 drop from 2-tile splits to 3-tile
+    geometry: 8K B=8 and 4K B=16 5-7% faster): SmolLM2 4K B=8 / B=16 and 8K B=8 drop from 2-tile splits to 3-tile
     ones; batch-1 plans (a small merge) keep 2-tile splits, int2_split_kernel's plans (gluon off) their count."""
     smollm2 = (9, 3, 64)
     for length, batch, before, after in ((4096, 8, 30, 20), (4096, 16, 30, 20), (8192, 8, 62, 41)):
