@@ -1131,10 +1131,11 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     # Small-merge plans whose tiles TMA would copy are staged, their splits walking >= STAGED_MIN_SPLIT_TILES tiles.
     tma_small_merge = (tma_would_copy and small_merge and copy_stages is None and config.gluon_copy_tma is not False
                        and not config.num_splits)
+    batched_gluon = gluon_splits and not small_merge  # gluon_decode's plans with >= one merge program per SM
     min_tiles = config.min_tiles_per_split
     if tma_small_merge:
         min_tiles = max(min_tiles, STAGED_MIN_SPLIT_TILES)
-    elif gluon_splits and not small_merge:
+    elif batched_gluon:
         min_tiles = max(min_tiles, BATCHED_MIN_SPLIT_TILES)
     if copy_stages is None:
         small_merge_tiles = None  # tiles per split of a small-merge plan, its split count sized as below
@@ -1215,7 +1216,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                 per_sm *= 2  # two waves of half-length splits: a shorter tail
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, min_tiles,
                                windows if split_int2 else 0, split_tiles,
-                               WINDOW_ROOM_SPLIT_TILES if gluon_splits and not small_merge else SHORT_SPLIT_TILES)
+                               WINDOW_ROOM_SPLIT_TILES if batched_gluon else SHORT_SPLIT_TILES)
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
