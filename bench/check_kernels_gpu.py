@@ -185,8 +185,11 @@ DECODE_CASES = [
     # batch 1 at 16K: with cuda_graph=True (TMA copies) staged splits of >= 4 tiles; unstaged 2-tile splits otherwise
     ("qwen3-8b bs64 B=1 16K", [16400], 32, 8, 128, 128, 64, 1),
     # 8 requests at 4K, head_dim 64: a merge that is not small, whose splits walk at least
-    # triton_ops.BATCHED_MIN_SPLIT_TILES tiles (session 34)
+    # triton_ops.GLUON_MIN_SPLIT_TILES tiles (session 34)
     ("smollm2 bs64 B=8 4K", [4100, 4000, 3100, 2050, 700, 321, 70, 1], 9, 3, 64, 64, 64, 1),
+    # small merges at head_dim 64 (batch 1 and 2), splits of GLUON_MIN_SPLIT_TILES tiles (session 35)
+    ("smollm2 bs64 B=1 32K", [32800], 9, 3, 64, 64, 64, 1),
+    ("smollm2 bs64 B=2 16K", [16400, 9000], 9, 3, 64, 64, 64, 1),
 ]
 
 

@@ -134,9 +134,9 @@ def test_batch1_tma_plans_stage_splits_of_at_least_four_tiles(monkeypatch) -> No
         assert -(-tiles // plan.num_splits) >= triton_ops.STAGED_MIN_SPLIT_TILES, length
     cp_async = _h200_plan(monkeypatch, 16384, gluon_copy_tma=False)
     assert not cp_async.gluon_tma and cp_async.split_consts["COPY_STAGES"] == 0
-    assert cp_async.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT and cp_async.num_splits == 126
+    assert cp_async.split_consts["MIN_TILES"] == triton_ops.GLUON_MIN_SPLIT_TILES and cp_async.num_splits == 84
     staged = _h200_plan(monkeypatch, 16384, gluon_copy_stages=2)  # explicit stages: TMA's split sizing only
-    assert staged.gluon_tma and staged.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT
+    assert staged.gluon_tma and staged.split_consts["MIN_TILES"] == triton_ops.GLUON_MIN_SPLIT_TILES
 
 
 def test_window_room_for_splits_of_under_eight_tiles_in_gluon_plans_only(monkeypatch) -> None:
@@ -157,18 +157,22 @@ def test_window_room_for_splits_of_under_eight_tiles_in_gluon_plans_only(monkeyp
                                                          triton_ops.WINDOW_ROOM_SPLIT_TILES)
 
 
-def test_batched_gluon_plans_walk_at_least_three_tiles_per_split(monkeypatch) -> None:
-    """gluon_decode's plans whose merge is not small walk >= BATCHED_MIN_SPLIT_TILES tiles per split (H200, SmolLM2
-    geometry: 8K B=8 and 4K B=16 5-7% faster): SmolLM2 4K B=8 / B=16 and 8K B=8 drop from 2-tile splits to 3-tile
-    ones; batch-1 plans (a small merge) keep 2-tile splits, int2_split_kernel's plans (gluon off) their count."""
+def test_gluon_plans_walk_at_least_three_tiles_per_split(monkeypatch) -> None:
+    """gluon_decode's plans walk >= GLUON_MIN_SPLIT_TILES tiles per split (H200: where the merge is not small, SmolLM2
+    8K B=8 and 4K B=16 5-7% faster; small merges, SmolLM2 32K B=1 / B=2 7.5%, 8K-16K B=1-4 3-5%): the plans below drop
+    from 2-tile splits to 3-tile ones. Batch-1 plans whose tiles TMA copies keep STAGED_MIN_SPLIT_TILES, and
+    int2_split_kernel's plans (gluon off) MIN_TILES_PER_SPLIT."""
     smollm2 = (9, 3, 64)
-    for length, batch, before, after in ((4096, 8, 30, 20), (4096, 16, 30, 20), (8192, 8, 62, 41)):
-        plan = _h200_plan(monkeypatch, length, batch, smollm2)
+    cases = [(4096, 8, smollm2, {}, 30, 20), (4096, 16, smollm2, {}, 30, 20), (8192, 8, smollm2, {}, 62, 41),
+             (8192, 1, smollm2, {}, 62, 41), (32768, 1, smollm2, {}, 254, 169), (32768, 2, smollm2, {}, 254, 169),
+             (16384, 4, smollm2, {}, 126, 84), (16384, 1, (32, 8, 128), dict(gluon_copy_tma=False), 126, 84)]
+    for length, batch, heads, config, before, after in cases:
+        plan = _h200_plan(monkeypatch, length, batch, heads, **config)
         tiles = triton_ops.int2_split_tiles(length, 64, 256, 64, True)
-        assert plan.split_consts["MIN_TILES"] == triton_ops.BATCHED_MIN_SPLIT_TILES
-        assert plan.num_splits == after and -(-tiles // after) == triton_ops.BATCHED_MIN_SPLIT_TILES, (length, batch)
+        assert plan.gluon_splits and plan.split_consts["MIN_TILES"] == triton_ops.GLUON_MIN_SPLIT_TILES
+        assert plan.num_splits == after and -(-tiles // after) == triton_ops.GLUON_MIN_SPLIT_TILES, (length, batch)
         assert -(-tiles // before) == triton_ops.MIN_TILES_PER_SPLIT  # the count of the 2-tile floor
-    small_merge = _h200_plan(monkeypatch, 4096, 1, smollm2)
-    assert small_merge.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT and small_merge.num_splits == 30
+    tma_batch1 = _h200_plan(monkeypatch, 16384)
+    assert tma_batch1.gluon_tma and tma_batch1.split_consts["MIN_TILES"] == triton_ops.STAGED_MIN_SPLIT_TILES
     triton = _h200_plan(monkeypatch, 4096, 8, smollm2, gluon=False)
     assert triton.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT

@@ -135,13 +135,14 @@ SM_PARTITIONS: int = 4
 DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
 MIN_TILES_PER_SPLIT: int = 2
-#: gluon_decode's plans whose merge is not small (batch >= 2 at Qwen3-8B's 32 query heads, >= 8 at SmolLM2's 9) walk
-#: at least this many tiles per split: fewer, longer splits pay where 2-tile splits would launch more programs than the
-#: memory needs. H200, graph replays (docs/notes/kernels.md "Session 34"), ms at 2 / 3 / 4 tiles, SmolLM2 geometry: 4K
-#: B=8 0.0064-0.0065 / 0.0063-0.0064 / 0.0065-0.0067, 4K B=16 0.0083 / 0.0079-0.0080 / 0.0079-0.0081, 8K B=8 0.0082 /
-#: 0.0074-0.0076 / 0.0075-0.0077; at 2 / 3, Qwen3-8B geometry: 8K B=2 0.0110 / 0.0101-0.0102, 16K B=2 0.0155-0.0156 /
-#: 0.0128. Plans of >= 3 tiles per split do not change.
-BATCHED_MIN_SPLIT_TILES: int = 3
+#: gluon_decode's plans walk at least this many tiles per split: fewer, longer splits pay where 2-tile splits would
+#: launch more programs than the memory needs. H200, graph replays (docs/notes/kernels.md "Session 34" and "Session
+#: 35"), ms at 2 / 3 tiles. Merges that are not small (session 34), SmolLM2 geometry: 4K B=8 0.0064-0.0065 /
+#: 0.0063-0.0064, 4K B=16 0.0083 / 0.0079-0.0080, 8K B=8 0.0082 / 0.0074-0.0076; Qwen3-8B geometry: 8K B=2 0.0110 /
+#: 0.0101-0.0102, 16K B=2 0.0155-0.0156 / 0.0128. Small merges (session 35), SmolLM2 geometry: 8K B=1 0.0058-0.0059 /
+#: 0.0054-0.0055, 16K B=4 0.0080 / 0.0075-0.0076, 32K B=1 0.0068-0.0069 / 0.0063-0.0064, 32K B=2 0.0080-0.0081 /
+#: 0.0074-0.0075. Plans of >= 3 tiles per split do not change.
+GLUON_MIN_SPLIT_TILES: int = 3
 #: The most splits per (request, KV head): it binds only where the pairs are few (one-wave count above it: SmolLM2
 #: geometry, 3 KV heads, batch 1-2). H200, graph replays, Gluon splits (docs/notes/kernels.md S19): SmolLM2 batch 1
 #: 384 vs 256 splits 0.0126 / 0.0142 ms at 128K, 0.0092 / 0.0098 at 64K, equal at 32K (where two-tile splits cap
@@ -320,7 +321,7 @@ class AttentionConfig:
     the count is then cut to the fewest splits at the same tiles per split for max_seq_len (decode_splits);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts; at least
     STAGED_MIN_SPLIT_TILES in batch-1 plans whose staged tiles TMA copies, TMA_SMALL_MERGE_PROGRAMS_PER_SM, and
-    BATCHED_MIN_SPLIT_TILES in gluon_decode's plans whose merge is not small);
+    GLUON_MIN_SPLIT_TILES in gluon_decode's other plans);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
     head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8, V39: 1.1-1.2x on
@@ -1135,8 +1136,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     min_tiles = config.min_tiles_per_split
     if tma_small_merge:
         min_tiles = max(min_tiles, STAGED_MIN_SPLIT_TILES)
-    elif batched_gluon:
-        min_tiles = max(min_tiles, BATCHED_MIN_SPLIT_TILES)
+    elif gluon_splits:
+        min_tiles = max(min_tiles, GLUON_MIN_SPLIT_TILES)
     if copy_stages is None:
         small_merge_tiles = None  # tiles per split of a small-merge plan, its split count sized as below
         if gluon_splits and small_merge and not tma_small_merge:
