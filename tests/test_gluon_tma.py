@@ -176,19 +176,3 @@ def test_gluon_plans_walk_at_least_three_tiles_per_split(monkeypatch) -> None:
     assert tma_batch1.gluon_tma and tma_batch1.split_consts["MIN_TILES"] == triton_ops.STAGED_MIN_SPLIT_TILES
     triton = _h200_plan(monkeypatch, 4096, 8, smollm2, gluon=False)
     assert triton.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT
-
-
-def test_int2_split_plans_with_tma_tile_loads_walk_at_least_three_tiles(monkeypatch) -> None:
-    """int2_split_kernel's plans with TMA tile loads (Qwen3-8B geometry up to 4K in a captured launch) walk >=
-    TMA_TILES_MIN_SPLIT_TILES tiles per split (H200: 4K B=2 / B=4 4-5% faster, B=1 equal); without TMA
-    (tma_stages=0, as at blocks of 16-32, where 3 tiles were slower) the plan keeps MIN_TILES_PER_SPLIT."""
-    monkeypatch.setattr(triton_ops, "_interpreting", lambda: False)  # plan as on the GPU (the tests interpret)
-    tiles = triton_ops.int2_split_tiles(4096, 64, 256, 64, True)
-    for batch in (1, 2, 4):
-        tma = _h200_plan(monkeypatch, 4096, batch, gluon=False)
-        assert tma.split_consts["TMA_STAGES"] == triton_ops.GRAPH_TMA_STAGES
-        assert tma.split_consts["MIN_TILES"] == triton_ops.TMA_TILES_MIN_SPLIT_TILES
-        assert -(-tiles // tma.num_splits) == triton_ops.TMA_TILES_MIN_SPLIT_TILES, batch
-        plain = _h200_plan(monkeypatch, 4096, batch, gluon=False, tma_stages=0)
-        assert plain.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT
-        assert -(-tiles // plain.num_splits) == triton_ops.MIN_TILES_PER_SPLIT, batch

@@ -143,11 +143,6 @@ MIN_TILES_PER_SPLIT: int = 2
 #: 0.0054-0.0055, 16K B=4 0.0080 / 0.0075-0.0076, 32K B=1 0.0068-0.0069 / 0.0063-0.0064, 32K B=2 0.0080-0.0081 /
 #: 0.0074-0.0075. Plans of >= 3 tiles per split do not change.
 GLUON_MIN_SPLIT_TILES: int = 3
-#: int2_split_kernel's plans with TMA tile loads (graph_tma_stages: head_dim >= 128 up to 4K positions) walk at least
-#: this many tiles per split. H200, graph replays (docs/notes/kernels.md "Session 35"), Qwen3-8B geometry at 4K, ms at
-#: 2 / 3 tiles: B=1 0.0090-0.0091 / 0.0089-0.0091, B=2 0.0099-0.0102 / 0.0094-0.0096, B=4 0.0116-0.0119 /
-#: 0.0111-0.0114 (B=8: 5-tile splits either way). Without TMA, at blocks of 16 and 32, 3 tiles were 3-20% slower.
-TMA_TILES_MIN_SPLIT_TILES: int = 3
 #: The most splits per (request, KV head): it binds only where the pairs are few (one-wave count above it: SmolLM2
 #: geometry, 3 KV heads, batch 1-2). H200, graph replays, Gluon splits (docs/notes/kernels.md S19): SmolLM2 batch 1
 #: 384 vs 256 splits 0.0126 / 0.0142 ms at 128K, 0.0092 / 0.0098 at 64K, equal at 32K (where two-tile splits cap
@@ -326,8 +321,7 @@ class AttentionConfig:
     the count is then cut to the fewest splits at the same tiles per split for max_seq_len (decode_splits);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts; at least
     STAGED_MIN_SPLIT_TILES in batch-1 plans whose staged tiles TMA copies, TMA_SMALL_MERGE_PROGRAMS_PER_SM, and
-    GLUON_MIN_SPLIT_TILES in gluon_decode's other plans, TMA_TILES_MIN_SPLIT_TILES in int2_split_kernel's plans with
-    TMA tile loads);
+    GLUON_MIN_SPLIT_TILES in gluon_decode's other plans);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
     head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8, V39: 1.1-1.2x on
@@ -1144,8 +1138,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         min_tiles = max(min_tiles, STAGED_MIN_SPLIT_TILES)
     elif gluon_splits:
         min_tiles = max(min_tiles, GLUON_MIN_SPLIT_TILES)
-    elif tma_stages:
-        min_tiles = max(min_tiles, TMA_TILES_MIN_SPLIT_TILES)
     if copy_stages is None:
         small_merge_tiles = None  # tiles per split of a small-merge plan, its split count sized as below
         if gluon_splits and small_merge and not tma_small_merge:
