@@ -498,6 +498,27 @@ def _staged_tile(codes_k, codes_v, scales, ROWS: gl.constexpr, Q: gl.constexpr, 
 
 
 @gluon.jit
+def tma_ring(STAGES: gl.constexpr, Q: gl.constexpr):
+    """COPY_TMA's stage buffers, [STAGES, ...] each, and one initialised mbarrier per stage: (keys, values, planes,
+    bars) with keys the key codes [STAGES, 1, lines, 128] and values the V codes [STAGES, 1, 2, lines / 2, 128] at
+    Q = 32 (head_dim 128), keys both codes [STAGES, 1, 2 x lines, 128] and values the same buffer at 16, planes the
+    scale planes [STAGES, 1, 4, 128] (the layouts of tma_descriptors' boxes)."""
+    LINES: gl.constexpr = TILE * Q // 128
+    if Q == 32:
+        keys = gl.allocate_shared_memory(gl.uint8, [STAGES, 1, LINES, 128], TMA_SWIZZLED_3D)
+        values = gl.allocate_shared_memory(gl.uint8, [STAGES, 1, 2, LINES // 2, 128], TMA_SWIZZLED_4D)
+    else:  # the key and V codes in one box
+        keys = gl.allocate_shared_memory(gl.uint8, [STAGES, 1, 2 * LINES, 128], TMA_SWIZZLED_3D)
+        values = keys
+    planes = gl.allocate_shared_memory(gl.uint8, [STAGES, 1, 4, 128], TMA_PLAIN_3D)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    fence_async_shared()
+    return keys, values, planes, bars
+
+
+@gluon.jit
 def _start_stage(keys, values, planes, bar, k_desc, v_desc, s_desc, head_base, blk, heads, h, stride_cb, live,
                  Q: gl.constexpr, K_CODES: gl.constexpr, V_CODES: gl.constexpr, K_SCALE: gl.constexpr,
                  REGION: gl.constexpr, COPY_TMA: gl.constexpr):
@@ -755,17 +776,7 @@ def int2_split_gluon_kernel(
                              & (V_ZERO == K_SCALE + 6 * TILE), "the four fp16 scale planes, contiguous, in this order")
             LINES: gl.constexpr = TILE * Q // 128
             if COPY_TMA:  # the boxes of tma_descriptors, each stage completing on its mbarrier
-                if Q == 32:
-                    keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, LINES, 128], TMA_SWIZZLED_3D)
-                    values = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2, LINES // 2, 128], TMA_SWIZZLED_4D)
-                else:  # the key and V codes in one box
-                    keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 2 * LINES, 128], TMA_SWIZZLED_3D)
-                    values = keys
-                planes = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, 1, 4, 128], TMA_PLAIN_3D)
-                bars = gl.allocate_shared_memory(gl.int64, [COPY_STAGES, 1], mbarrier.MBarrierLayout())
-                for s in gl.static_range(COPY_STAGES):
-                    mbarrier.init(bars.index(s), count=1)
-                fence_async_shared()
+                keys, values, planes, bars = tma_ring(COPY_STAGES, Q)
             else:
                 keys = gl.allocate_shared_memory(gl.uint8, [COPY_STAGES, LINES, 128], STAGED_KEYS)
                 values = gl.allocate_shared_memory(gl.int16, [COPY_STAGES, LINES, 64],

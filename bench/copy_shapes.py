@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Copies alone, by program shape: how fast long-lived split programs can copy a decode cell's INT2 tiles into shared
+memory by TMA, for programs of 1 or 4 warps and rings of 2-8 stages, against a plain streaming read of the same
+bytes (bench/decode_floor.py's floor). docs/notes/kernels.md "Session 35": gluon_decode's copies alone (one-warp
+programs, two stages) take ~24 us at Qwen3-8B 128K batch 1 where the stream takes ~20; the copy-warp redesign
+(item 0 of "The next GPU call") pays only if some program shape copies the paged tiles near the stream's rate.
+
+    python bench/copy_shapes.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 \\
+        --shapes 1:2:plan 1:4:plan 4:4:quarter 4:6:quarter 4:8:eighth [--json OUT]
+
+A shape is warps:stages:splits, splits per (request, KV head): a number, ``plan`` (gluon_decode's split count of the
+cell), ``quarter`` / ``eighth`` (a quarter / an eighth of it: as many warps per SM as the plan with 4-warp CTAs, or
+half as many), or ``tiles`` (one tile per program, the streaming probes' shape: no ring at all). Each program walks
+its split's whole tiles of every block of the request (the window blocks too: the bytes are those of the cell's
+blocks), block ids from the block table one tile ahead as gluon_decode loads them, three TMA boxes per tile at head_dim
+128 (two at 64) on one mbarrier per stage, and between stages one bar.sync of its warps; after a stage lands its
+warps read the tile's 512 bytes of scale planes (the copies are what is timed). Timed as CUDA-graph replays over as
+many cache copies as `bench decode` uses (bench/gluon_case.py), ms per launch, with the achieved GB/s of the region
+bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from decode_floor import floor_ms  # noqa: E402
+from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
+from split_timeline import parse_cell  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
+
+from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
+from vllm_oscar.kernels.benchmark import GEOMETRIES, time_graph  # noqa: E402
+from vllm_oscar.kernels.gluon_decode import (STAGED, TILE, _start_stage, _sync_warps, _view_as,  # noqa: E402
+                                             tma_descriptors, tma_ring)
+
+#: Warp counts and ring depths a shape may take.
+SHAPE_WARPS = (1, 4)
+SHAPE_STAGES = (2, 3, 4, 6, 8)
+#: Split counts relative to the plan's (see the module docstring).
+RELATIVE_SPLITS = {"plan": 1, "quarter": 4, "eighth": 8}
+
+
+@gluon.jit
+def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc, s_desc, NSPLIT,
+                      D: gl.constexpr, STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr):
+    """Grid (B, Hkv, NSPLIT): program (b, h, p) copies tiles [lo, hi) of split p of the request's n_tiles blocks (KV
+    head h; the block ids in bt_ptr [B, >= n_tiles] int32, row stride stride_bt) through a ring of STAGES stages
+    (gluon_decode's tma_ring and _start_stage; a launch of num_warps=WARPS) and stores the sum of the scale-plane
+    bytes its lanes read, [B, Hkv, NSPLIT] int32 at out_ptr (contiguous), so that nothing is dead."""
+    Q: gl.constexpr = D // 4
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    pid = gl.program_id(2)
+    per_split = gl.cdiv(n_tiles, NSPLIT)
+    lo = gl.minimum(pid * per_split, n_tiles)
+    hi = gl.minimum(lo + per_split, n_tiles)
+    keys, values, planes, bars = tma_ring(STAGES, Q)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    for s in gl.static_range(STAGES - 1):
+        blk = gl.load(bt_row + lo + s, mask=lo + s < hi, other=0)
+        _start_stage(keys.index(s), values.index(s), planes.index(s), bars.index(s), k_desc, v_desc, s_desc, out_ptr,
+                     blk, heads, h, 0, lo + s < hi, Q, 0, 0, 0, REGION, True)
+    ahead = lo + STAGES - 1
+    blk_ahead = gl.load(bt_row + ahead, mask=ahead < hi, other=0)
+    PLANE_BYTES: gl.constexpr = 4 * 128
+    LANES: gl.constexpr = gl.BlockedLayout([PLANE_BYTES // 32 // WARPS], [32], [WARPS], [0])
+    seen = gl.zeros([PLANE_BYTES], gl.int32, layout=LANES)
+    for i in range(lo, hi):
+        stage = (i - lo) % STAGES
+        refill = (stage + STAGES - 1) % STAGES  # the stage every warp read one tile ago
+        ahead = i + STAGES - 1
+        _sync_warps()
+        _start_stage(keys.index(refill), values.index(refill), planes.index(refill), bars.index(refill), k_desc,
+                     v_desc, s_desc, out_ptr, blk_ahead, heads, h, 0, ahead < hi, Q, 0, 0, 0, REGION, True)
+        blk_ahead = gl.load(bt_row + ahead + 1, mask=ahead + 1 < hi, other=0)
+        mbarrier.wait(bars.index(stage), ((i - lo) // STAGES) % 2)
+        seen += _view_as(planes.index(stage), gl.uint8, [PLANE_BYTES], STAGED).load(LANES).to(gl.int32)
+    gl.store(out_ptr + (b * gl.num_programs(1) + h) * NSPLIT + pid, gl.sum(seen, axis=0))
+
+
+def compile_copy_kernel(head_dim: int, warps: int, stages: int):
+    """The CompiledKernel of copy_split_kernel for sm_90 (no GPU: the descriptors typed from a small CPU cache), as
+    time_shape launches it."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    layout = PageLayout(head_dim, head_dim, TILE.value)
+    offsets = triton_ops._plane_offsets(layout)
+    descriptors = tma_descriptors(torch.zeros(4, 2, layout.head_region_bytes, dtype=torch.uint8), head_dim,
+                                  offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
+    names = copy_split_kernel.arg_names
+    constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps)
+    typed = {name: mangle_type(desc) for name, desc in zip(("k_desc", "v_desc", "s_desc"), descriptors)
+             if desc is not None}
+    if descriptors[1] is None:  # head_dim 64: keys and values in one box
+        constants["v_desc"] = None
+    signature = {"bt_ptr": "*i32", "stride_bt": "i32", "n_tiles": "i32", "heads": "i32", "out_ptr": "*i32",
+                 **typed, "NSPLIT": "i32", **{name: "constexpr" for name in constants}}
+    source = GluonASTSource(fn=copy_split_kernel, signature={name: signature[name] for name in names},
+                            constexprs={(names.index(k),): v for k, v in constants.items()},
+                            attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("bt_ptr", "out_ptr")})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+def parse_shape(text: str) -> tuple[int, int, str]:
+    """warps:stages:splits (module docstring)."""
+    try:
+        warps, stages, splits = text.split(":")
+        shape = int(warps), int(stages), splits
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes takes warps:stages:splits (e.g. 4:6:quarter); got {text!r}")
+    if shape[0] not in SHAPE_WARPS or shape[1] not in SHAPE_STAGES:
+        raise argparse.ArgumentTypeError(f"{text!r}: warps in {SHAPE_WARPS}, stages in {SHAPE_STAGES}")
+    if not (splits.isdigit() or splits in RELATIVE_SPLITS or splits == "tiles"):
+        raise argparse.ArgumentTypeError(f"{text!r}: splits is a number, 'tiles' or one of {sorted(RELATIVE_SPLITS)}")
+    return shape
+
+
+def shape_splits(splits: str, plan_splits: int, n_tiles: int) -> int:
+    """The split count per (request, KV head) a shape's splits field names, at most one per tile."""
+    if splits == "tiles":
+        return n_tiles
+    count = int(splits) if splits.isdigit() else -(-plan_splits // RELATIVE_SPLITS[splits])
+    return max(1, min(count, n_tiles))
+
+
+def time_shape(cell, warps: int, stages: int, nsplit: int, reps: int) -> float:
+    """ms per launch of copy_split_kernel over the cell's blocks (every layer's cache copy in one CUDA graph)."""
+    case = cell.case
+    layout = case.layout
+    offsets = triton_ops._plane_offsets(layout)
+    batch, hkv = case.block_table.shape[0], case.caches[0].shape[1]
+    n_tiles = cell.length // TILE.value
+    out = torch.empty(batch, hkv, nsplit, dtype=torch.int32, device=case.query.device)
+    consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps, num_warps=warps)
+
+    def launch(cache: torch.Tensor):
+        keys, values, planes = tma_descriptors(cache, layout.head_dim, offsets["K_CODES"], offsets["V_CODES"],
+                                               offsets["K_SCALE"])
+        return lambda: copy_split_kernel[(batch, hkv, nsplit)](
+            case.block_table, case.block_table.stride(0), n_tiles, hkv, out, keys, values, planes, nsplit, **consts)
+
+    return time_graph([launch(cache) for cache in case.caches], reps)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=parse_cell, nargs="+", default=[parse_cell("qwen3-8b:131072:1"),
+                                                                   parse_cell("smollm2-135m:131072:8")])
+    parser.add_argument("--shapes", type=parse_shape, nargs="+",
+                        default=[parse_shape(s) for s in ("1:2:plan", "1:3:plan", "1:4:plan", "4:3:quarter",
+                                                          "4:4:quarter", "4:6:quarter", "4:8:eighth", "1:2:tiles")])
+    add_output_arguments(parser)
+    args = parser.parse_args()
+    device = cuda_device("bench/copy_shapes.py times TMA copies on a CUDA GPU; none is visible.")
+    rows = []
+    for geometry, length, batch in args.cells:
+        cell = gluon_case(geometry, length, batch, device)
+        if cell is None:
+            print(f"{geometry} {length} B={batch}: {NOT_GLUON}")
+            continue
+        region = cell.case.layout.head_region_bytes
+        nbytes = batch * GEOMETRIES[geometry][1] * (length // TILE.value) * region
+        stream_ms, stream_shape = floor_ms(nbytes, args.reps, device)
+        print(f"{geometry} {length} B={batch}: {nbytes / 1e6:.1f} MB of regions, plan {cell.plan.num_splits} splits; "
+              f"stream {stream_ms * 1000:.1f} us ({stream_shape})", flush=True)
+        for warps, stages, splits in args.shapes:
+            nsplit = shape_splits(splits, cell.plan.num_splits, length // TILE.value)
+            ms = time_shape(cell, warps, stages, nsplit, args.reps)
+            row = {"geometry": geometry, "context": length, "batch": batch, "warps": warps, "stages": stages,
+                   "splits": nsplit, "ms": ms, "GBps": nbytes / ms / 1e6, "stream_ms": stream_ms,
+                   "stream_over_copy": stream_ms / ms}
+            rows.append(row)
+            print(f"  {warps} warps x {stages} stages, {nsplit} splits: {ms * 1000:.1f} us, {nbytes / ms / 1e6:.0f} "
+                  f"GB/s, stream / copies {stream_ms / ms:.2f}", flush=True)
+        del cell
+        torch.cuda.empty_cache()
+    write_rows(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

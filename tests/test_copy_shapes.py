@@ -1,0 +1,70 @@
+"""bench/copy_shapes.py without a GPU: its copy kernel compiles for sm_90 in every shape it offers, issuing one TMA
+copy per box of a tile in its loop (three at head_dim 128, two at 64: gluon_decode's boxes) with no local memory and
+a ring of the asked depth in shared memory; its shapes parse and size the split counts as documented."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from copy_shapes import parse_shape, shape_splits  # noqa: E402
+
+from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
+
+SHAPES = ((128, 1, 2), (128, 4, 6), (64, 4, 4), (64, 1, 8))
+
+PROBE = r'''
+import json, sys
+sys.path[:0] = [ROOT, ROOT + "/bench"]
+from copy_shapes import compile_copy_kernel
+from sass_decode import backward_branches, instructions, read_compiled
+report = {}
+for dim, warps, stages in SHAPES:
+    kernel = compile_copy_kernel(dim, warps, stages)
+    sass, registers, stack = read_compiled(kernel, None)
+    loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+    body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
+    report[f"{dim}_{warps}_{stages}"] = dict(shared=kernel.metadata.shared, loops=len(loops),
+                                             tma=body.count("UTMALDG"), local=body.count("STL") + body.count("LDL"))
+print(json.dumps(report))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nSHAPES = {SHAPES!r}\n" + PROBE], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dim,warps,stages", SHAPES)
+def test_copy_kernel_issues_one_tma_copy_per_box_into_a_ring_of_the_asked_depth(compiled: dict, dim: int, warps: int,
+                                                                                 stages: int) -> None:
+    report = compiled[f"{dim}_{warps}_{stages}"]
+    assert report["loops"] == 1 and report["local"] == 0
+    assert report["tma"] == (3 if dim == 128 else 2)  # key codes, V codes, scale planes (codes in one box at 64)
+    region = PageLayout(dim, dim, 64).head_region_bytes
+    assert stages * region <= report["shared"] < (stages + 1) * region
+
+
+def test_shapes_parse_and_size_their_splits() -> None:
+    assert parse_shape("4:6:quarter") == (4, 6, "quarter")
+    assert parse_shape("1:2:plan") == (1, 2, "plan") and parse_shape("1:3:40") == (1, 3, "40")
+    for bad in ("3:2:plan", "1:5:plan", "1:2:half", "1:2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_shape(bad)
+    assert shape_splits("plan", 128, 2048) == 128
+    assert shape_splits("quarter", 128, 2048) == 32 and shape_splits("eighth", 130, 2048) == 17
+    assert shape_splits("tiles", 128, 2048) == 2048
+    assert shape_splits("5000", 128, 2048) == 2048 and shape_splits("quarter", 2, 64) == 1
