@@ -1,22 +1,24 @@
 #!/usr/bin/env python3
 """Copies alone, by program shape: how fast long-lived split programs can copy a decode cell's INT2 tiles into shared
-memory by TMA, for programs of 1 or 4 warps and rings of 2-8 stages, against a plain streaming read of the same
-bytes (bench/decode_floor.py's floor). docs/notes/kernels.md "Session 35": gluon_decode's copies alone (one-warp
-programs, two stages) take ~24 us at Qwen3-8B 128K batch 1 where the stream takes ~20; the copy-warp redesign
-(item 0 of "The next GPU call") pays only if some program shape copies the paged tiles near the stream's rate.
+memory by TMA, for programs of 1 or 4 warps (or 4 warps fed by a producer warp) and rings of 2-8 stages, against a
+plain streaming read of the same bytes (bench/decode_floor.py's floor). docs/notes/kernels.md "Session 35":
+gluon_decode's copies alone (one-warp programs, two stages) take ~24 us at Qwen3-8B 128K batch 1 where the stream
+takes ~20; the copy-warp redesign (item 0 of "The next GPU call") pays only if some program shape copies the paged
+tiles near the stream's rate.
 
     python bench/copy_shapes.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 \\
-        --shapes 1:2:plan 1:4:plan 4:4:quarter 4:6:quarter 4:8:eighth [--json OUT]
+        --shapes 1:2:plan 1:4:plan 4:6:quarter 4p:6:quarter 4p:8:eighth [--json OUT]
 
-A shape is warps:stages:splits, splits per (request, KV head): a number, ``plan`` (gluon_decode's split count of the
-cell), ``quarter`` / ``eighth`` (a quarter / an eighth of it: as many warps per SM as the plan with 4-warp CTAs, or
-half as many), or ``tiles`` (one tile per program, the streaming probes' shape: no ring at all). Each program walks
-its split's whole tiles of every block of the request (the window blocks too: the bytes are those of the cell's
-blocks), block ids from the block table one tile ahead as gluon_decode loads them, three TMA boxes per tile at head_dim
-128 (two at 64) on one mbarrier per stage, and between stages one bar.sync of its warps; after a stage lands its
-warps read the tile's 512 bytes of scale planes (the copies are what is timed). Timed as CUDA-graph replays over as
-many cache copies as `bench decode` uses (bench/gluon_case.py), ms per launch, with the achieved GB/s of the region
-bytes.
+A shape is warps:stages:splits. warps: 1 or 4 (the program's warps issue its copies, gluon_decode's way: block ids
+from the block table one tile ahead, three TMA boxes per tile at head_dim 128 (two at 64) on one mbarrier per
+stage, one bar.sync of the warps per tile), or 4p (copy_split_ws_kernel: a warp-specialized producer warp issues
+them, the 4 warps wait on full barriers and release stages on empty ones). splits, per (request, KV head): a number,
+``plan`` (gluon_decode's split count of the cell), ``quarter`` / ``eighth`` (a quarter / an eighth of it: as many
+warps per SM as the plan with 4-warp CTAs, or half as many), or ``tiles`` (one tile per program, the streaming
+probes' shape: no ring at all). Each program walks its split of all the request's blocks (the window blocks too:
+the bytes are those of the cell's blocks); after a stage lands its warps read the tile's 512 bytes of scale planes
+(the copies are what is timed). Timed as CUDA-graph replays over as many cache copies as `bench decode` uses
+(bench/gluon_case.py), ms per launch, with the achieved GB/s of the region bytes.
 """
 
 from __future__ import annotations
@@ -35,16 +37,21 @@ from split_timeline import parse_cell  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier  # noqa: E402
 
 from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
 from vllm_oscar.kernels.benchmark import GEOMETRIES, time_graph  # noqa: E402
 from vllm_oscar.kernels.gluon_decode import (STAGED, TILE, _start_stage, _sync_warps, _view_as,  # noqa: E402
                                              tma_descriptors, tma_ring)
 
-#: Warp counts and ring depths a shape may take.
-SHAPE_WARPS = (1, 4)
+#: Warp counts and ring depths a shape may take; "4p": four warps fed by a producer warp (copy_split_ws_kernel).
+SHAPE_WARPS = ("1", "4", "4p")
 SHAPE_STAGES = (2, 3, 4, 6, 8)
+#: The producer warp's registers (warp_specialize's worker_num_regs; bench/ws_probe.py's 40 fits it).
+PRODUCER_REGISTERS: gl.constexpr = gl.constexpr(40)
+#: Register cap of a producer-fed CTA (Gluon pads it to 8 warps, 4 of them the producer's group): 128 lets two CTAs
+#: share an SM (without a cap ptxas takes 255: one CTA per SM).
+WS_MAX_REGISTERS = 128
 #: Split counts relative to the plan's (see the module docstring).
 RELATIVE_SPLITS = {"plan": 1, "quarter": 4, "eighth": 8}
 
@@ -87,9 +94,68 @@ def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc
     gl.store(out_ptr + (b * gl.num_programs(1) + h) * NSPLIT + pid, gl.sum(seen, axis=0))
 
 
-def compile_copy_kernel(head_dim: int, warps: int, stages: int):
-    """The CompiledKernel of copy_split_kernel for sm_90 (no GPU: the descriptors typed from a small CPU cache), as
-    time_shape launches it."""
+@gluon.jit
+def _ws_consumer(planes, full, empty, out_ptr, lo, hi, NSPLIT, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """copy_split_ws_kernel's default partition: per tile, wait for its stage, read its scale planes, release it."""
+    PLANE_BYTES: gl.constexpr = 4 * 128
+    LANES: gl.constexpr = gl.BlockedLayout([PLANE_BYTES // 32 // WARPS], [32], [WARPS], [0])
+    seen = gl.zeros([PLANE_BYTES], gl.int32, layout=LANES)
+    for i in range(lo, hi):
+        stage = (i - lo) % STAGES
+        mbarrier.wait(full.index(stage), ((i - lo) // STAGES) % 2)
+        seen += _view_as(planes.index(stage), gl.uint8, [PLANE_BYTES], STAGED).load(LANES).to(gl.int32)
+        mbarrier.arrive(empty.index(stage), count=1)
+    program = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * NSPLIT + gl.program_id(2)
+    gl.store(out_ptr + program, gl.sum(seen, axis=0))
+
+
+@gluon.jit
+def _ws_producer(keys, values, planes, full, empty, k_desc, v_desc, s_desc, out_ptr, bt_row, heads, lo, hi,
+                 STAGES: gl.constexpr, REGION: gl.constexpr, Q: gl.constexpr):
+    """copy_split_ws_kernel's producer warp: per tile, wait until its stage is free, then start its copies (the next
+    tile's block id loaded meanwhile)."""
+    blk = gl.load(bt_row + lo, mask=lo < hi, other=0)
+    for i in range(lo, hi):
+        stage = (i - lo) % STAGES
+        blk_next = gl.load(bt_row + i + 1, mask=i + 1 < hi, other=0)
+        mbarrier.wait(empty.index(stage), (((i - lo) // STAGES) % 2) ^ 1)  # a fresh barrier passes phase 1
+        _start_stage(keys.index(stage), values.index(stage), planes.index(stage), full.index(stage), k_desc, v_desc,
+                     s_desc, out_ptr, blk, heads, gl.program_id(1), 0, True, Q, 0, 0, 0, REGION, True)
+        blk = blk_next
+
+
+@gluon.jit
+def copy_split_ws_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc, s_desc, NSPLIT,
+                         D: gl.constexpr, STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr):
+    """copy_split_kernel's job (same arguments and output) with a producer warp: a warp-specialized worker of one
+    warp issues every copy of the program's split into the ring, and the WARPS warps of the default partition wait
+    on each stage's full barrier, read it and arrive on its empty barrier (no TMA issue in their loop)."""
+    Q: gl.constexpr = D // 4
+    per_split = gl.cdiv(n_tiles, NSPLIT)
+    lo = gl.minimum(gl.program_id(2) * per_split, n_tiles)
+    hi = gl.minimum(lo + per_split, n_tiles)
+    keys, values, planes, full = tma_ring(STAGES, Q)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    bt_row = bt_ptr + gl.program_id(0).to(gl.int64) * stride_bt
+    gl.warp_specialize([(_ws_consumer, (planes, full, empty, out_ptr, lo, hi, NSPLIT, STAGES, WARPS)),
+                        (_ws_producer, (keys, values, planes, full, empty, k_desc, v_desc, s_desc, out_ptr, bt_row,
+                                        heads, lo, hi, STAGES, REGION, Q))], [1], [PRODUCER_REGISTERS])
+
+
+def shape_kernel(warps: str) -> tuple:
+    """(kernel, num_warps, launch options) of a shape's warps field: copy_split_ws_kernel for "4p" (4 warps and the
+    producer, registers capped at WS_MAX_REGISTERS)."""
+    if warps.endswith("p"):
+        return copy_split_ws_kernel, int(warps[:-1]), {"maxnreg": WS_MAX_REGISTERS}
+    return copy_split_kernel, int(warps), {}
+
+
+def compile_copy_kernel(head_dim: int, warps: str, stages: int):
+    """The CompiledKernel of a shape's copy kernel for sm_90 (no GPU: the descriptors typed from a small CPU cache),
+    as time_shape launches it."""
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
@@ -97,25 +163,26 @@ def compile_copy_kernel(head_dim: int, warps: int, stages: int):
     offsets = triton_ops._plane_offsets(layout)
     descriptors = tma_descriptors(torch.zeros(4, 2, layout.head_region_bytes, dtype=torch.uint8), head_dim,
                                   offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
-    names = copy_split_kernel.arg_names
-    constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps)
+    kernel, num_warps, options = shape_kernel(warps)
+    names = kernel.arg_names
+    constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps)
     typed = {name: mangle_type(desc) for name, desc in zip(("k_desc", "v_desc", "s_desc"), descriptors)
              if desc is not None}
     if descriptors[1] is None:  # head_dim 64: keys and values in one box
         constants["v_desc"] = None
     signature = {"bt_ptr": "*i32", "stride_bt": "i32", "n_tiles": "i32", "heads": "i32", "out_ptr": "*i32",
                  **typed, "NSPLIT": "i32", **{name: "constexpr" for name in constants}}
-    source = GluonASTSource(fn=copy_split_kernel, signature={name: signature[name] for name in names},
+    source = GluonASTSource(fn=kernel, signature={name: signature[name] for name in names},
                             constexprs={(names.index(k),): v for k, v in constants.items()},
                             attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("bt_ptr", "out_ptr")})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
 
 
-def parse_shape(text: str) -> tuple[int, int, str]:
+def parse_shape(text: str) -> tuple[str, int, str]:
     """warps:stages:splits (module docstring)."""
     try:
         warps, stages, splits = text.split(":")
-        shape = int(warps), int(stages), splits
+        shape = warps, int(stages), splits
     except ValueError:
         raise argparse.ArgumentTypeError(f"--shapes takes warps:stages:splits (e.g. 4:6:quarter); got {text!r}")
     if shape[0] not in SHAPE_WARPS or shape[1] not in SHAPE_STAGES:
@@ -133,20 +200,22 @@ def shape_splits(splits: str, plan_splits: int, n_tiles: int) -> int:
     return max(1, min(count, n_tiles))
 
 
-def time_shape(cell, warps: int, stages: int, nsplit: int, reps: int) -> float:
-    """ms per launch of copy_split_kernel over the cell's blocks (every layer's cache copy in one CUDA graph)."""
+def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int) -> float:
+    """ms per launch of a shape's copy kernel over the cell's blocks (every layer's cache copy in one CUDA graph)."""
     case = cell.case
     layout = case.layout
     offsets = triton_ops._plane_offsets(layout)
     batch, hkv = case.block_table.shape[0], case.caches[0].shape[1]
     n_tiles = cell.length // TILE.value
     out = torch.empty(batch, hkv, nsplit, dtype=torch.int32, device=case.query.device)
-    consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps, num_warps=warps)
+    kernel, num_warps, options = shape_kernel(warps)
+    consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
+                  num_warps=num_warps, **options)
 
     def launch(cache: torch.Tensor):
         keys, values, planes = tma_descriptors(cache, layout.head_dim, offsets["K_CODES"], offsets["V_CODES"],
                                                offsets["K_SCALE"])
-        return lambda: copy_split_kernel[(batch, hkv, nsplit)](
+        return lambda: kernel[(batch, hkv, nsplit)](
             case.block_table, case.block_table.stride(0), n_tiles, hkv, out, keys, values, planes, nsplit, **consts)
 
     return time_graph([launch(cache) for cache in case.caches], reps)
@@ -157,8 +226,9 @@ def main() -> int:
     parser.add_argument("--cells", type=parse_cell, nargs="+", default=[parse_cell("qwen3-8b:131072:1"),
                                                                    parse_cell("smollm2-135m:131072:8")])
     parser.add_argument("--shapes", type=parse_shape, nargs="+",
-                        default=[parse_shape(s) for s in ("1:2:plan", "1:3:plan", "1:4:plan", "4:3:quarter",
-                                                          "4:4:quarter", "4:6:quarter", "4:8:eighth", "1:2:tiles")])
+                        default=[parse_shape(s) for s in ("1:2:plan", "1:3:plan", "1:4:plan", "4:4:quarter",
+                                                          "4:6:quarter", "4p:4:quarter", "4p:6:quarter",
+                                                          "4p:8:eighth", "1:2:tiles")])
     add_output_arguments(parser)
     args = parser.parse_args()
     device = cuda_device("bench/copy_shapes.py times TMA copies on a CUDA GPU; none is visible.")

@@ -1,6 +1,7 @@
-"""bench/copy_shapes.py without a GPU: its copy kernel compiles for sm_90 in every shape it offers, issuing one TMA
-copy per box of a tile in its loop (three at head_dim 128, two at 64: gluon_decode's boxes) with no local memory and
-a ring of the asked depth in shared memory; its shapes parse and size the split counts as documented."""
+"""bench/copy_shapes.py without a GPU: its copy kernels compile for sm_90 in the shapes it offers, issuing one TMA
+copy per box of a tile per loop trip (three at head_dim 128, two at 64: gluon_decode's boxes) with no local memory and
+a ring of the asked depth in shared memory; with a producer warp ("4p") only the producer's loop issues copies and
+the CTA's registers are capped so that two share an SM; its shapes parse and size the split counts as documented."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import copy_shapes  # noqa: E402
 from copy_shapes import parse_shape, shape_splits  # noqa: E402
 
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 
-SHAPES = ((128, 1, 2), (128, 4, 6), (64, 4, 4), (64, 1, 8))
+SHAPES = ((128, "1", 2), (128, "4", 6), (64, "4", 4), (64, "1", 8), (128, "4p", 4), (64, "4p", 8))
 
 PROBE = r'''
 import json, sys
@@ -32,9 +34,11 @@ for dim, warps, stages in SHAPES:
     kernel = compile_copy_kernel(dim, warps, stages)
     sass, registers, stack = read_compiled(kernel, None)
     loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
-    body = [op for address, op in instructions(sass) if any(lo <= address <= hi for lo, hi in loops)]
-    report[f"{dim}_{warps}_{stages}"] = dict(shared=kernel.metadata.shared, loops=len(loops),
-                                             tma=body.count("UTMALDG"), local=body.count("STL") + body.count("LDL"))
+    ops = instructions(sass)
+    report[f"{dim}_{warps}_{stages}"] = dict(
+        shared=kernel.metadata.shared, warps=kernel.metadata.num_warps, registers=int(registers),
+        loop_tma=sorted({sum(op == "UTMALDG" for address, op in ops if lo <= address <= hi) for lo, hi in loops}),
+        kernel_tma=sum(op == "UTMALDG" for address, op in ops), local=sass.count("STL") + sass.count("LDL"))
 print(json.dumps(report))
 '''
 
@@ -49,19 +53,25 @@ def compiled() -> dict:
 
 
 @pytest.mark.parametrize("dim,warps,stages", SHAPES)
-def test_copy_kernel_issues_one_tma_copy_per_box_into_a_ring_of_the_asked_depth(compiled: dict, dim: int, warps: int,
+def test_copy_kernel_issues_one_tma_copy_per_box_into_a_ring_of_the_asked_depth(compiled: dict, dim: int, warps: str,
                                                                                  stages: int) -> None:
     report = compiled[f"{dim}_{warps}_{stages}"]
-    assert report["loops"] == 1 and report["local"] == 0
-    assert report["tma"] == (3 if dim == 128 else 2)  # key codes, V codes, scale planes (codes in one box at 64)
+    boxes = 3 if dim == 128 else 2  # key codes, V codes, scale planes (the codes in one box at 64)
+    assert report["local"] == 0 and max(report["loop_tma"]) == boxes
     region = PageLayout(dim, dim, 64).head_region_bytes
     assert stages * region <= report["shared"] < (stages + 1) * region
+    if warps.endswith("p"):  # the producer's loop alone copies; the prologue none
+        assert report["kernel_tma"] == boxes and 0 in report["loop_tma"]
+        assert report["registers"] == copy_shapes.WS_MAX_REGISTERS and report["warps"] == 8  # 4 + the producer's 4
+    else:  # the ring's first STAGES - 1 tiles in the prologue, then one tile per trip of the one loop
+        assert report["loop_tma"] == [boxes] and report["kernel_tma"] == stages * boxes
+        assert report["warps"] == int(warps)
 
 
 def test_shapes_parse_and_size_their_splits() -> None:
-    assert parse_shape("4:6:quarter") == (4, 6, "quarter")
-    assert parse_shape("1:2:plan") == (1, 2, "plan") and parse_shape("1:3:40") == (1, 3, "40")
-    for bad in ("3:2:plan", "1:5:plan", "1:2:half", "1:2"):
+    assert parse_shape("4:6:quarter") == ("4", 6, "quarter") and parse_shape("4p:8:eighth") == ("4p", 8, "eighth")
+    assert parse_shape("1:2:plan") == ("1", 2, "plan") and parse_shape("1:3:40") == ("1", 3, "40")
+    for bad in ("3:2:plan", "1p:2:plan", "1:5:plan", "1:2:half", "1:2"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_shape(bad)
     assert shape_splits("plan", 128, 2048) == 128
