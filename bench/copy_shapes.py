@@ -232,6 +232,7 @@ def main() -> int:
     add_output_arguments(parser)
     args = parser.parse_args()
     device = cuda_device("bench/copy_shapes.py times TMA copies on a CUDA GPU; none is visible.")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
     for geometry, length, batch in args.cells:
         cell = gluon_case(geometry, length, batch, device)
@@ -246,12 +247,13 @@ def main() -> int:
         for warps, stages, splits in args.shapes:
             nsplit = shape_splits(splits, cell.plan.num_splits, length // TILE.value)
             ms = time_shape(cell, warps, stages, nsplit, args.reps)
+            per_sm = batch * GEOMETRIES[geometry][1] * nsplit / sms  # a 4p CTA holds 8 warps: two per SM at most
             row = {"geometry": geometry, "context": length, "batch": batch, "warps": warps, "stages": stages,
-                   "splits": nsplit, "ms": ms, "GBps": nbytes / ms / 1e6, "stream_ms": stream_ms,
-                   "stream_over_copy": stream_ms / ms}
+                   "splits": nsplit, "programs_per_sm": per_sm, "ms": ms, "GBps": nbytes / ms / 1e6,
+                   "stream_ms": stream_ms, "stream_over_copy": stream_ms / ms}
             rows.append(row)
-            print(f"  {warps} warps x {stages} stages, {nsplit} splits: {ms * 1000:.1f} us, {nbytes / ms / 1e6:.0f} "
-                  f"GB/s, stream / copies {stream_ms / ms:.2f}", flush=True)
+            print(f"  {warps} warps x {stages} stages, {nsplit} splits ({per_sm:.1f} programs per SM): "
+                  f"{ms * 1000:.1f} us, {nbytes / ms / 1e6:.0f} GB/s, stream / copies {stream_ms / ms:.2f}", flush=True)
         del cell
         torch.cuda.empty_cache()
     write_rows(args.json, rows)
