@@ -192,9 +192,6 @@ DECODE_CASES = [
     ("smollm2 bs64 B=2 16K", [16400, 9000], 9, 3, 64, 64, 64, 1),
     # up to 4K at head_dim 128: with cuda_graph=True int2_split_kernel's TMA tile loads, ragged (session 35)
     ("qwen3-8b bs64 B=4 4K", [4096, 4000, 2050, 70], 32, 8, 128, 128, 64, 1),
-    # up to 4K at head_dim 128: with cuda_graph=True int2_split_kernel's TMA tile loads, splits of
-    # TMA_TILES_MIN_SPLIT_TILES tiles, ragged (session 35)
-    ("qwen3-8b bs64 B=4 4K", [4096, 4000, 2050, 70], 32, 8, 128, 128, 64, 1),
 ]
 
 
