@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Copies alone, by program shape: how fast long-lived split programs can copy a decode cell's INT2 tiles into shared
 memory by TMA, for programs of 1 or 4 warps (or 4 warps fed by a producer warp) and rings of 2-8 stages, against a
-plain streaming read of the same bytes (bench/decode_floor.py's floor). docs/notes/kernels.md "Session 35":
-gluon_decode's copies alone (one-warp programs, two stages) take ~24 us at Qwen3-8B 128K batch 1 where the stream
-takes ~20; the copy-warp redesign (item 0 of "The next GPU call") pays only if some program shape copies the paged
-tiles near the stream's rate.
+plain streaming read of the same bytes (bench/decode_floor.py's floor). Measured on the H200 (docs/notes/kernels.md
+"Session 36"): gluon_decode's own shape (one-warp programs at the plan's split count, two stages) copies at 0.97-0.99
+of the stream at the long cells and every other shape is slower, so the copies are not where the decode loses time;
+with `--cells` and `--shapes 1:2:plan` it gives the "copies alone" column of a cell's time by parts.
 
     python bench/copy_shapes.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 \\
         --shapes 1:2:plan 1:4:plan 4:6:quarter 4p:6:quarter 4p:8:eighth [--json OUT]
