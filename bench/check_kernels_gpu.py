@@ -14,6 +14,10 @@ Checks (each prints one line and goes into the JSON report):
             the same cache bytes and q_rot, flag 0 and 1; q_rot vs float64
   graph     decode captured once in a CUDA graph (capture fails on any host sync), replayed
             while seq_lens, tables and queries change; each replay equals an eager call
+  fold      layer steps (prefill chunks, decodes) with R_V folded into W_o, and into W_v too, against
+            the unfolded step (tests/test_fold.py's checks, here on the GPU's kernels): the W_o fold
+            gives the unfolded output @ R_V with every cache byte the same; the W_v fold stays within
+            one bf16 rounding of the values' effect
 
     python bench/check_kernels_gpu.py [--json OUT]
 """
@@ -467,11 +471,28 @@ def _check_graph(report: list, config, bs: int) -> None:
           f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
+def check_fold(report: list) -> None:
+    """tests/test_fold.py's fold checks on the GPU (the decode then writes the model's bf16 rows from float32
+    rotated queries, as a folded layer's step does)."""
+    import test_fold
+
+    gaps, caches_equal = test_fold.output_fold_gaps(DEVICE)
+    ok = max(gaps) < 2.0 ** -7 and caches_equal
+    report.append({"check": "fold_output", "rel_gaps": gaps, "caches_equal": caches_equal, "ok": ok})
+    print(f"fold output: max rel gap to the unfolded output @ R_V {max(gaps):.2e}, caches equal {caches_equal} "
+          f"{'ok' if ok else 'FAIL'}", flush=True)
+    gaps, yardstick = test_fold.value_fold_gaps(DEVICE)
+    ok = 0 < sum(yardstick) and sum(gaps) < 2 * sum(yardstick)
+    report.append({"check": "fold_value_and_output", "rel_gaps": gaps, "yardstick": yardstick, "ok": ok})
+    print(f"fold value_and_output: mean rel gap {sum(gaps) / len(gaps):.2e}, one bf16 rounding of the values "
+          f"{sum(yardstick) / len(yardstick):.2e} {'ok' if ok else 'FAIL'}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--only", nargs="*",
-                        default=["graph", "prefill", "write", "decode", "int8", "rotate", "rotate_write"])
+                        default=["graph", "prefill", "write", "decode", "int8", "rotate", "rotate_write", "fold"])
     parser.add_argument("--quick", action="store_true",
                         help="decode: only the default launch config (both unpack paths) on the G = D cases")
     parser.add_argument("--with-knob", metavar="FIELD",
@@ -487,7 +508,8 @@ def main() -> int:
                 check_decode(report, args.quick, args.with_knob, args.case)
             else:
                 {"write": check_write, "prefill": check_prefill, "graph": check_graph,
-                 "int8": check_decode_int8_keys, "rotate": check_rotate, "rotate_write": check_rotate_write}[name](report)
+                 "int8": check_decode_int8_keys, "rotate": check_rotate, "rotate_write": check_rotate_write,
+                 "fold": check_fold}[name](report)
         except Exception as error:  # keep going: one broken check must not hide the others
             failures += 1
             report.append({"check": name, "ok": False, "error": f"{type(error).__name__}: {error}"})

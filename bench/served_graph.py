@@ -15,10 +15,12 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
          window stores bit for bit
   time   wall time per decode step of all layers: eager (as vLLM runs attention outside graphs)
          against one graph replay, each with the host's step preparation (window plan, input copies),
-         and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128)
+         and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128); with --fold MODE...,
+         each fold mode's graph side by side (vllm_oscar.attention.fold: "none" un-rotates the output in
+         one launch per layer, "output" leaves it rotated for W_o, "value_and_output" also takes V rotated)
 
     python bench/served_graph.py [--json OUT] [--only check time] [--contexts 4096 --batches 1 8
-                                 --max-model-len 131072]
+                                 --max-model-len 131072] [--fold none output value_and_output]
     python bench/served_graph.py --profile CONTEXT BATCH   (cProfile of eager steps)
     python bench/served_graph.py --kernels CONTEXT BATCH   (GPU time per kernel of a graph replay)
 """
@@ -43,7 +45,7 @@ from vllm_oscar.attention.rotations import LayerRotations  # noqa: E402
 from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step, write_step  # noqa: E402
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
-from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
+from vllm_oscar.config import DEFAULT_FOLD_MODE, FOLD_MODES, GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
 from vllm_oscar.kernels import PageLayout  # noqa: E402
 
 NULL_BLOCK = 0  # vLLM reserves block 0; dummy (capture) requests point at it
@@ -56,6 +58,13 @@ def _orthogonal(hkv: int, dim: int, gen: torch.Generator) -> torch.Tensor:
     return q.float().contiguous()  # as LayerRotations holds them (QR returns column-major)
 
 
+def folded(rotations: LayerRotations, fold: str) -> LayerRotations:
+    """A layer's rotations as the backend holds them under fold mode ``fold`` (config.FOLD_MODES)."""
+    if fold not in FOLD_MODES:
+        raise ValueError(f"fold mode {fold!r} is not one of {FOLD_MODES}.")
+    return dataclasses.replace(rotations, output_rotated=fold != "none", value_prerotated=fold == "value_and_output")
+
+
 class ServedAttention:
     """The attention of ``layers`` layers of a served model, as one worker holds it. The block table spans
     max_model_len (the captured graphs are sized for it, as vLLM's); the cache holds cache_positions per request
@@ -63,7 +72,7 @@ class ServedAttention:
 
     def __init__(self, layers: int, hq: int, hkv: int, dim: int, max_model_len: int, max_requests: int,
                  device: torch.device, block_size: int = GPU_DECODE_BLOCK_SIZE, seed: int = 0,
-                 cache_positions: Optional[int] = None) -> None:
+                 cache_positions: Optional[int] = None, fold: str = DEFAULT_FOLD_MODE) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.hq, self.hkv, self.dim, self.bs, self.device = hq, hkv, dim, block_size, device
         self.config = OscarConfig()
@@ -76,8 +85,9 @@ class ServedAttention:
                                           self.config.recent_tokens)
         self.manager = WindowBlockManager(capacity, block_size, self.config.sink_tokens, self.config.recent_tokens)
         self.buffers = WindowPlanBuffers(max_requests, self.max_tokens, device)
-        self.rotations = [LayerRotations(_orthogonal(hkv, dim, gen).to(self.device), _orthogonal(hkv, dim, gen).to(self.device),
-                                         0.99, 1.0, "test", "") for _ in range(layers)]
+        self.rotations = [folded(LayerRotations(_orthogonal(hkv, dim, gen).to(self.device),
+                                                _orthogonal(hkv, dim, gen).to(self.device), 0.99, 1.0, "test", ""), fold)
+                          for _ in range(layers)]
         window = (capacity, block_size, hkv, dim)
         self.caches = [LayerCaches(torch.zeros(self.layout.cache_shape(num_blocks, hkv), dtype=torch.uint8,
                                                device=self.device),
@@ -209,12 +219,12 @@ def _same(a: list[LayerCaches], b: list[LayerCaches], exact: bool, rows: int) ->
 
 
 def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60, prompts=None,
-          max_model_len: int = 12288) -> None:
-    """Padded steps against eager steps on copies of the same state. On CUDA the padded steps are replays
-    of graphs captured for 4 and 8 requests; elsewhere (a CPU smoke test of the padding rules) they run
-    eagerly with the capture's max_seq_len."""
+          max_model_len: int = 12288, fold: str = DEFAULT_FOLD_MODE) -> None:
+    """Padded steps against eager steps on copies of the same state, under fold mode ``fold``. On CUDA the
+    padded steps are replays of graphs captured for 4 and 8 requests; elsewhere (a CPU smoke test of the
+    padding rules) they run eagerly with the capture's max_seq_len."""
     served = ServedAttention(layers=layers, hq=32, hkv=8, dim=128, max_model_len=max_model_len, max_requests=8,
-                             device=device, seed=1)
+                             device=device, seed=1, fold=fold)
     prompts = prompts or {0: 9000, 1: 700, 2: 300, 3: 65, 4: 1, 5: 4000}
     for request, length in prompts.items():
         served.prefill(request, length)
@@ -252,54 +262,63 @@ def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60,
         caches_equal &= _same(copies, served.caches, device.type == "cuda", n)
         steps += 1
     ok = worst_err < TOLERANCE and caches_equal
-    report.append({"check": "served_graph", "device": str(device), "replays": steps, "graph_batches": [4, 8],
-                   "max_rel_err_replay_vs_eager": worst_err, "caches_equal": caches_equal, "ok": ok})
-    print(f"served_graph: {steps} padded steps (graphs of 4 and 8 requests on CUDA, ragged), max rel err "
-          f"{worst_err:.1e}, caches equal {caches_equal} {'ok' if ok else 'FAIL'}", flush=True)
+    report.append({"check": "served_graph", "device": str(device), "fold": fold, "replays": steps,
+                   "graph_batches": [4, 8], "max_rel_err_replay_vs_eager": worst_err, "caches_equal": caches_equal,
+                   "ok": ok})
+    print(f"served_graph (fold {fold}): {steps} padded steps (graphs of 4 and 8 requests on CUDA, ragged), max rel "
+          f"err {worst_err:.1e}, caches equal {caches_equal} {'ok' if ok else 'FAIL'}", flush=True)
 
 
 def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
-               max_model_len: Optional[int] = None) -> None:
-    """Wall time per decode step, all 36 layers' attention: eager against one graph replay. The graph is
-    captured for max_model_len (default: just above the context), as vLLM captures for the model's."""
+               max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,)) -> None:
+    """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per fold mode (one
+    graph each over the same state, timed in turns). The graphs are captured for max_model_len (default: just
+    above the context), as vLLM captures for the model's."""
     for context in contexts:
         for batch in batches:
-            positions = context + 4 * calls + 64  # what the timed steps write, whatever the graph is sized for
+            positions = context + 4 * calls * len(folds) + 64  # what the timed steps write, whatever the graph spans
             served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
                                      max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
             for request in range(batch):
                 served.prefill(request, context - 7 * request)
-            graph = served.capture(batch)
+            rotations = {fold: [folded(r, fold) for r in served.rotations] for fold in folds}
+            graphs = {}
+            for fold in folds:
+                served.rotations = rotations[fold]
+                graphs[fold] = served.capture(batch)
             requests = list(range(batch))
-            timings = {}
-            for mode in ("eager", "graph", "eager", "graph"):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
-                    if mode == "graph":
-                        graph.replay()
-                    else:
-                        served.run_layers(metadata)
-                torch.cuda.synchronize()
-                timings.setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):  # the replay alone, on the last step's inputs: the GPU's share
-                graph.replay()
-            torch.cuda.synchronize()
-            replay_ms = (time.perf_counter() - start) / calls * 1e3
-            row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
-                   "eager_ms": timings["eager"],
-                   "graph_ms": timings["graph"], "replay_only_ms": replay_ms,
-                   "speedup": min(timings["eager"]) / min(timings["graph"])}
-            report.append({"time": "served_step", **row})
-            print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
-                  f"batch {batch}: eager "
-                  f"{' / '.join(f'{t:.2f}' for t in timings['eager'])} ms, graph "
-                  f"{' / '.join(f'{t:.2f}' for t in timings['graph'])} ms ({row['speedup']:.1f}x; replay alone "
-                  f"{replay_ms:.2f} ms)", flush=True)
-            del served, graph
+            for fold in folds:
+                served.rotations = rotations[fold]
+                timings = {}
+                for mode in ("eager", "graph", "eager", "graph"):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
+                        if mode == "graph":
+                            graphs[fold].replay()
+                        else:
+                            served.run_layers(metadata)
+                    torch.cuda.synchronize()
+                    timings.setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
+                replays = []
+                for _ in range(2):  # the replay alone, on the last step's inputs: the GPU's share
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        graphs[fold].replay()
+                    torch.cuda.synchronize()
+                    replays.append((time.perf_counter() - start) / calls * 1e3)
+                row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
+                       "fold": fold, "eager_ms": timings["eager"], "graph_ms": timings["graph"],
+                       "replay_only_ms": min(replays), "replay_only_runs_ms": replays,
+                       "speedup": min(timings["eager"]) / min(timings["graph"])}
+                report.append({"time": "served_step", **row})
+                print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
+                      f"batch {batch}, fold {fold}: eager {' / '.join(f'{t:.2f}' for t in timings['eager'])} ms, "
+                      f"graph {' / '.join(f'{t:.2f}' for t in timings['graph'])} ms ({row['speedup']:.1f}x; replay "
+                      f"alone {' / '.join(f'{t:.3f}' for t in replays)} ms)", flush=True)
+            del served, graphs
             torch.cuda.empty_cache()
 
 
@@ -325,13 +344,13 @@ def profile_eager(context: int, batch: int, calls: int, top: int) -> None:
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
 
 
-def profile_kernels(context: int, batch: int, calls: int, report: list) -> None:
+def profile_kernels(context: int, batch: int, calls: int, report: list, fold: str = DEFAULT_FOLD_MODE) -> None:
     """torch.profiler (CUPTI) over graph replays: GPU time and count per kernel name, per decode step,
     and the replay's wall time, so the gaps between the kernels show as the difference."""
     from torch.profiler import ProfilerActivity, profile
 
     served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=context + 2 * calls + 64,
-                             max_requests=batch, device=torch.device("cuda"), seed=4)
+                             max_requests=batch, device=torch.device("cuda"), seed=4, fold=fold)
     for request in range(batch):
         served.prefill(request, context - 7 * request)
     graph = served.capture(batch)
@@ -357,11 +376,11 @@ def profile_kernels(context: int, batch: int, calls: int, report: list) -> None:
     rows = sorted(({"kernel": name, "ms_per_step": t, "launches_per_step": c} for name, (t, c) in kernels.items()),
                   key=lambda r: -r["ms_per_step"])
     busy = sum(r["ms_per_step"] for r in rows)
-    print(f"graph replay, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}: wall {wall_ms:.3f} ms per "
+    print(f"graph replay, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}, fold {fold}: wall {wall_ms:.3f} ms per "
           f"step, kernels {busy:.3f} ms, {sum(r['launches_per_step'] for r in rows):.0f} launches", flush=True)
     for r in rows:
         print(f"  {r['ms_per_step']:8.4f} ms  {r['launches_per_step']:6.1f}x  {r['kernel']}", flush=True)
-    report.append({"kernels": "graph_replay", "context": context, "batch": batch, "wall_ms": wall_ms,
+    report.append({"kernels": "graph_replay", "context": context, "batch": batch, "fold": fold, "wall_ms": wall_ms,
                    "kernel_ms": busy, "rows": rows})
 
 
@@ -385,6 +404,8 @@ def main() -> int:
                         help="the rotation launches' dot precision (triton_ops.ROTATE_PRECISION), for comparisons")
     parser.add_argument("--kernels", nargs=2, type=int, action="append", metavar=("CONTEXT", "BATCH"),
                         help="also: GPU time per kernel of graph replays at this context and batch (repeatable)")
+    parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
+                        help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
     args = parser.parse_args()
     if args.rotate_precision or args.long_splits or args.no_gluon:
         from vllm_oscar.kernels import triton_ops
@@ -400,18 +421,21 @@ def main() -> int:
         return 0
     report: list = []
     failed = False
-    if "check" in args.only:
+    for fold in args.fold if "check" in args.only else []:
         try:
-            check(report, torch.device("cuda"), **({"max_model_len": args.max_model_len} if args.max_model_len else {}))
+            check(report, torch.device("cuda"), fold=fold,
+                  **({"max_model_len": args.max_model_len} if args.max_model_len else {}))
         except Exception as error:  # report it; the timing still runs
             failed = True
-            report.append({"check": "served_graph", "ok": False, "error": f"{type(error).__name__}: {error}"})
-            print(f"served_graph: ERROR {type(error).__name__}: {error}", flush=True)
+            report.append({"check": "served_graph", "fold": fold, "ok": False,
+                           "error": f"{type(error).__name__}: {error}"})
+            print(f"served_graph (fold {fold}): ERROR {type(error).__name__}: {error}", flush=True)
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
-        time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len)
+        time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold))
     for context, batch in args.kernels or []:
-        profile_kernels(context, batch, args.calls, report)
+        for fold in args.fold:
+            profile_kernels(context, batch, args.calls, report, fold)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"device": torch.cuda.get_device_name(), "rows": report}, handle, indent=1)

@@ -6,17 +6,21 @@ replays captured graphs (bench/kernels_gpu.sh)."""
 import os
 import sys
 
+import pytest
 import torch
+
+from vllm_oscar.config import FOLD_MODES
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
 import served_graph  # noqa: E402
 
 
-def test_padded_decode_steps_match_eager_steps_and_write_nothing_for_padding():
+@pytest.mark.parametrize("fold", FOLD_MODES)
+def test_padded_decode_steps_match_eager_steps_and_write_nothing_for_padding(fold):
     report: list = []
     served_graph.check(report, torch.device("cpu"), layers=1, rounds=8,
-                       prompts={0: 400, 1: 130, 2: 64, 3: 1, 4: 300}, max_model_len=1024)
+                       prompts={0: 400, 1: 130, 2: 64, 3: 1, 4: 300}, max_model_len=1024, fold=fold)
     (row,) = report
     assert row["ok"], row
     assert row["replays"] == 8 and row["max_rel_err_replay_vs_eager"] < served_graph.TOLERANCE

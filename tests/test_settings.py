@@ -14,13 +14,17 @@ from kernels_reference import random_paged_state
 def test_defaults_and_explicit_values() -> None:
     assert config_from_options({}).int8_keys is None
     assert config_from_options({}).refit_iterations == SERVED_REFIT_ITERATIONS
-    config = config_from_options({"int8_keys": False, "refit_iterations": [4, 1], "sink_tokens": 32})
-    assert (config.int8_keys, config.refit_iterations, config.sink_tokens) == (False, (4, 1), 32)
+    assert config_from_options({}).fold_rotations == "value_and_output"
+    config = config_from_options({"int8_keys": False, "refit_iterations": [4, 1], "sink_tokens": 32,
+                                  "fold_rotations": "none"})
+    assert (config.int8_keys, config.refit_iterations, config.sink_tokens, config.fold_rotations) == (
+        False, (4, 1), 32, "none")
 
 
 @pytest.mark.parametrize("options,message", [
     ({"int8_keys": "yes"}, "int8_keys='yes' must be true or false"),
     ({"hadamard_only": 1}, "hadamard_only=1 must be true or false"),
+    ({"fold_rotations": "values"}, "fold_rotations='values' must be one of"),
     ({"int8_key": True}, r"unknown OSCAR option\(s\) \['int8_key'\]"),
 ])
 def test_bad_options_are_errors(options, message) -> None:

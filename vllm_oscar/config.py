@@ -60,6 +60,10 @@ DEFAULT_CLIP_RATIO_V: float = 0.92
 DEFAULT_SINK_TOKENS: int = 64
 #: Most recent tokens of every sequence kept in BF16.
 DEFAULT_RECENT_TOKENS: int = 256
+#: What the vLLM backend folds into the model's weights at load (vllm_oscar.attention.fold): nothing, R_V into
+#: W_o (the attention output stays rotated: no un-rotation launch per layer step), or R_V into W_v and W_o.
+FOLD_MODES: tuple[str, ...] = ("none", "output", "value_and_output")
+DEFAULT_FOLD_MODE: str = "value_and_output"
 #: Bits per element of the BF16 windows.
 WINDOW_BITS: int = 16
 
@@ -217,6 +221,10 @@ class OscarConfig:
             to int8 per head row (None: where it applies, head_dim >= INT8_MMA_MIN_HEAD_DIM (64) on
             CUDA; its cost: 1.6% of the INT2 key error in amplitude, scripts/int8_query_error.py). False:
             the bf16 query everywhere. True where it cannot apply (CPU, head_dim < 64) is an error.
+        fold_rotations: one of FOLD_MODES: "output" folds R_V into the model's W_o at load where the
+            model allows it (vllm_oscar.attention.fold: no un-rotation launch per layer step),
+            "value_and_output" into W_v too, "none" keeps the rotations in the kernels (one launch more
+            per layer step) and lets weights be reloaded in place.
     """
 
     group_size: Optional[int] = None
@@ -229,9 +237,12 @@ class OscarConfig:
     hadamard_only: bool = False
     refit_iterations: RefitIterations = SERVED_REFIT_ITERATIONS
     int8_keys: Optional[bool] = None
+    fold_rotations: str = DEFAULT_FOLD_MODE
 
     def __post_init__(self) -> None:
         check_scale_dtype(self.scale_dtype)
+        if self.fold_rotations not in FOLD_MODES:
+            raise ValueError(f"fold_rotations={self.fold_rotations!r} must be one of {FOLD_MODES}.")
         if isinstance(self.refit_iterations, (tuple, list)):  # a JSON list becomes a (K, V) tuple
             object.__setattr__(self, "refit_iterations", refit_pair(self.refit_iterations))
         else:

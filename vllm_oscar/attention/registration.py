@@ -17,7 +17,10 @@ core, each worker, Ray actors); every step here is idempotent. It:
 3. accepts "oscar" among the ``--kv-cache-dtype`` choices of the command line;
 4. on the CPU platform, which ignores the requested backend, returns OSCAR when it is
    requested (after checking the layer is one OSCAR serves), and subtracts the BF16
-   window stores from the KV memory budget so vLLM sizes its pool with them counted.
+   window stores from the KV memory budget so vLLM sizes its pool with them counted;
+5. folds R_V into W_o (and W_v if asked) of the OSCAR layers that can take it when a model loader
+   post-processes the loaded weights, before vLLM's own processing
+   (vllm_oscar.attention.fold).
 """
 
 from __future__ import annotations
@@ -197,11 +200,37 @@ def _wrap_cpu_worker_memory() -> None:
     CPUWorker.determine_available_memory = determine_available_memory
 
 
+def _wrap_weight_processing() -> None:
+    from vllm.model_executor.model_loader import base_loader
+
+    original = base_loader.process_weights_after_loading
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def process_weights_after_loading(model, model_config, target_device) -> None:
+        """R_V folded into the OSCAR layers' projections first (on the checkpoint's weights), then vLLM's own."""
+        from vllm.config import get_current_vllm_config_or_none
+
+        vllm_config = get_current_vllm_config_or_none()
+        if vllm_config is not None:  # OSCAR impls exist only under a current vLLM config
+            from vllm_oscar.attention.fold import fold_value_rotations
+            from vllm_oscar.attention.settings import current_oscar_config
+
+            fold_value_rotations(model, model_config.dtype, current_oscar_config(vllm_config).fold_rotations,
+                                 lora=vllm_config.lora_config is not None)
+        original(model, model_config, target_device)
+
+    setattr(process_weights_after_loading, _WRAPPED, True)
+    base_loader.process_weights_after_loading = process_weights_after_loading
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins``: idempotent, run in every vLLM process."""
     check_vllm_version()
     oscar_backend_member()
     _wrap_engine_args()
+    _wrap_weight_processing()
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():

@@ -48,6 +48,10 @@ class LayerRotations:
         clip_k, clip_v: clip ratios in (0, 1].
         source: SOURCE_FILE, SOURCE_SHIPPED or SOURCE_HADAMARD.
         path: the rotation file ("" in Hadamard mode).
+        value_prerotated: the model's W_v carries R_V (vllm_oscar.attention.fold), so values arrive rotated
+            and the write does not rotate them.
+        output_rotated: the model's W_o carries R_V^T, so the attention output stays in the rotated basis
+            (no un-rotation launch). v_rotation still holds R_V either way.
     """
 
     k_rotation: torch.Tensor
@@ -56,6 +60,8 @@ class LayerRotations:
     clip_v: float
     source: str
     path: str
+    value_prerotated: bool = False
+    output_rotated: bool = False
 
 
 def missing_rotation_message(identity: ModelIdentity) -> str:

@@ -19,6 +19,10 @@ variables. Keys (all optional):
     int8_keys        GPU decode: the key dot as an int8 MMA with the query rounded to int8 per head
                      row (default: on where it applies, head_dim >= 64 on CUDA; false = bf16
                      query everywhere; true where it cannot apply is an error)
+    fold_rotations   "value_and_output" (default): fold R_V into W_v and W_o at load where the
+                     model allows it (vllm_oscar.attention.fold: no output rotation launch per
+                     layer step, no V rotation in the write); "output": into W_o only; "none":
+                     rotate in the kernels (and weights can be reloaded in place)
 
 Unknown keys are an error (a typo must not silently fall back to a default).
 """
@@ -45,6 +49,7 @@ _KEYS: dict[str, str] = {
     "scale_dtype": "scale_dtype",
     "refit_iterations": "refit_iterations",
     "int8_keys": "int8_keys",
+    "fold_rotations": "fold_rotations",
 }
 
 

@@ -4,7 +4,8 @@
                                            # (vLLM refuses to ship a function to workers otherwise)
 
 returns, per worker, the KV pool (blocks, block size), the attention impl class of every attention layer (the backend
-that actually runs), where the rotations came from, the window-store counters
+that actually runs), where the rotations came from, how many layers have R_V folded into their weights
+(vllm_oscar.attention.fold), the window-store counters
 (fallback_positions: BF16-window positions served from INT2; evictions) and bytes.
 """
 
@@ -28,6 +29,10 @@ def worker_status(worker: Any) -> dict[str, Any]:
         "impl_classes": sorted({type(impl).__name__ for impl in impls.values()}),
         "num_attention_layers": len(impls),
         "rotation_sources": sorted(s for s in rotations if s is not None),
+        "output_folded_layers": sum(bool(getattr(getattr(impl, "rotations", None), "output_rotated", False))
+                                    for impl in impls.values()),
+        "value_folded_layers": sum(bool(getattr(getattr(impl, "rotations", None), "value_prerotated", False))
+                                   for impl in impls.values()),
         "fallback_positions": None if manager is None else manager.fallback_positions,
         "evictions": None if manager is None else manager.evictions,
         "window_blocks": None if manager is None else manager.num_window_blocks,

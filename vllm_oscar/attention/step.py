@@ -124,7 +124,8 @@ def _write_args(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_m
     """oscar_write's positional arguments for the step's N new tokens."""
     n = m.num_actual_tokens
     return (key[:n], value[:n], rotations.k_rotation, rotations.v_rotation, rotations.clip_k, rotations.clip_v,
-            caches.int2, caches.layout, slot_mapping[:n], caches.window_k, caches.window_v, m.window_slot_mapping[:n])
+            caches.int2, caches.layout, slot_mapping[:n], caches.window_k, caches.window_v, m.window_slot_mapping[:n],
+            rotations.value_prerotated)
 
 
 def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations, caches: LayerCaches,
@@ -132,12 +133,14 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
                 query_rot: Optional[torch.Tensor] = None) -> None:
     """Attention of the step's queries [>= N, Hq, D] into output [>= N, Hq, D] (rows [0, N) written),
     each by the decode read rule; decodes through the split-K decode, the rest as chunked prefill.
-    query_rot: the queries already rotated (fp32 [N, Hq, D], q @ R_K), else rotated here."""
+    query_rot: the queries already rotated (fp32 [N, Hq, D], q @ R_K), else rotated here.
+    With rotations.output_rotated the attention writes its rotated output straight into ``output`` (W_o
+    takes it rotated); else into a float32 buffer that one launch un-rotates (@ R_V^T) into ``output``."""
     n, bd = m.num_actual_tokens, m.num_decodes
     sink, recent = config.sink_tokens, config.recent_tokens
     # float32 between the two rotations: no extra rounding of q or of the output.
     q_rot = oscar_rotate(query[:n], rotations.k_rotation) if query_rot is None else query_rot
-    out_rot = torch.empty_like(q_rot)
+    out_rot = output[:n] if rotations.output_rotated else torch.empty_like(q_rot)
     if bd:
         oscar_decode(q_rot[:bd], caches.int2, caches.window_k, caches.window_v, caches.layout, m.block_table[:bd],
                      m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, softmax_scale, out=out_rot[:bd],
@@ -147,4 +150,5 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
                       m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],
                       sink, recent, softmax_scale, out=out_rot[bd:], max_query_len=m.max_query_len,
                       chunk_from_cache=True, max_seq_len=m.max_seq_len)
-    oscar_rotate(out_rot, rotations.v_rotation, inverse=True, out=output[:n])
+    if not rotations.output_rotated:
+        oscar_rotate(out_rot, rotations.v_rotation, inverse=True, out=output[:n])

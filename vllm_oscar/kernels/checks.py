@@ -14,6 +14,9 @@ from vllm_oscar.kernels.layout import PageLayout
 
 #: dtypes accepted for K/V/query rows.
 ROW_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+#: dtypes of an attention output buffer ``out`` (any of them, whatever the query's: a layer whose W_o takes the
+#: rotated output has the attention write the model's bf16 / fp16 rows directly from float32 queries).
+OUTPUT_DTYPES: tuple[torch.dtype, ...] = ROW_DTYPES
 #: dtypes accepted for index tensors (block tables, lengths, slot mappings).
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
 
@@ -208,8 +211,9 @@ def check_attention_common(
     check_window_sizes(sink, recent)
     if not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0:
         raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive float.")
-    if out is not None and (_shape(out) != _shape(query_rot) or out.dtype != query_rot.dtype):
-        raise ValueError(f"out must be {query_rot.dtype} {_shape(query_rot)}; got {out.dtype} {_shape(out)}.")
+    if out is not None and (_shape(out) != _shape(query_rot) or out.dtype not in OUTPUT_DTYPES):
+        raise ValueError(f"out must be {_shape(query_rot)} in one of {OUTPUT_DTYPES} (the attention's output, "
+                         f"written in out's dtype); got {out.dtype} {_shape(out)}.")
     check_same_device(query_rot=query_rot, int2_cache=int2_cache, window_k=window_k,
                       block_table=block_table, window_block_table=window_block_table, seq_lens=seq_lens)
     return hkv, b

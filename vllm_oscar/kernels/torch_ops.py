@@ -243,9 +243,9 @@ def oscar_decode(
         seq_lens: [B] int >= 0, including the current token (already written); 0 for a padding row
             (a CUDA graph's batch beyond its requests), whose output is zeros.
         sink, recent: BF16 window sizes in tokens; softmax_scale: logit multiplier.
-        out: optional [B, Hq, D] result buffer (query dtype).
+        out: optional [B, Hq, D] result buffer (bf16, fp16 or fp32; default: the query's dtype).
     Returns:
-        out_rot [B, Hq, D] in query dtype: attention output in the rotated V basis.
+        out_rot [B, Hq, D] (out's dtype, else the query's): attention output in the rotated V basis.
     """
     _, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                       window_block_table, seq_lens, sink, recent, softmax_scale, out)
@@ -297,7 +297,7 @@ def oscar_prefill(
             result equals decoding the chunk token by token. Default: exact rows, BF16.
         Other arguments as oscar_decode.
     Returns:
-        out_rot [T, Hq, D] in query dtype.
+        out_rot [T, Hq, D] (out's dtype, else the query's).
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                         window_block_table, seq_lens, sink, recent, softmax_scale, out)
