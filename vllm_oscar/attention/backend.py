@@ -331,9 +331,9 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
     """One attention layer: writes INT2 + BF16 window copies, attends in the rotated basis.
 
     The query is rotated by R_K of its KV head (q.k = (qR).(kR)); the output, an average of
-    rotated values, is un-rotated once per head by R_V^T. (The alternative, folding R_V into
-    W_v and R_V^T into W_o, saves that [Hq, D, D] product per token but needs per-model weight
-    surgery and TP-aware sharding; kept for later, see docs/design.md.)
+    rotated values, is un-rotated once per head by R_V^T, unless the plugin folded R_V into the
+    model's W_o (and W_v) at load (vllm_oscar.attention.fold; ``rotations.output_rotated`` /
+    ``value_prerotated``), which saves that launch per layer step.
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,

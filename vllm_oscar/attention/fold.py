@@ -29,7 +29,6 @@ raw W_v / W_o to folded layers: ``guard_weight_reloads`` makes those calls fail 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any, Optional
 
@@ -47,8 +46,6 @@ FOLDABLE_ATTENTION_CLASSES: frozenset[str] = frozenset(
     {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"})
 #: Marks a model whose layers were folded (the set of folded layer names).
 FOLDED_LAYERS_ATTRIBUTE = "_oscar_folded_layers"
-#: Attribute marking a function already wrapped by this module.
-_WRAPPED = "_oscar_wrapped"
 
 
 def fold_value_rows(weight: torch.Tensor, bias: Optional[torch.Tensor], v_offset: int,
@@ -169,23 +166,23 @@ def reload_refusal(model: torch.nn.Module) -> str:
 def guard_weight_reloads(model: torch.nn.Module) -> None:
     """Make in-place weight reloads of ``model`` fail with reload_refusal: its ``load_weights`` (checkpoint-format
     reloads and weight transfers call it) and vLLM's GPUModelRunner.reload_weights (also kernel-format reloads)."""
-    load_weights = model.load_weights
-    if not getattr(load_weights, _WRAPPED, False):
-        @functools.wraps(load_weights)
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_oscar.attention.registration import wrap_once
+
+    def refusing(load_weights):
         def refuse_load_weights(*args, **kwargs):
             raise RuntimeError(reload_refusal(model))
 
-        setattr(refuse_load_weights, _WRAPPED, True)
-        model.load_weights = refuse_load_weights
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        return refuse_load_weights
 
-    reload_weights = GPUModelRunner.reload_weights
-    if not getattr(reload_weights, _WRAPPED, False):
-        @functools.wraps(reload_weights)
+    def unless_folded(reload_weights):
         def reload_unless_folded(self, *args, **kwargs):
             if folded_layers(self.get_model()):
                 raise RuntimeError(reload_refusal(self.get_model()))
             return reload_weights(self, *args, **kwargs)
 
-        setattr(reload_unless_folded, _WRAPPED, True)
-        GPUModelRunner.reload_weights = reload_unless_folded
+        return reload_unless_folded
+
+    wrap_once(model, "load_weights", refusing)
+    wrap_once(GPUModelRunner, "reload_weights", unless_folded)

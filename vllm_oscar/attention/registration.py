@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME, KV_CACHE_DTYPE_NAME
 
@@ -37,8 +37,21 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Class path of the backend (imported lazily by vLLM).
 BACKEND_CLASS_PATH = "vllm_oscar.attention.backend.OscarAttentionBackend"
-#: Attribute marking a vLLM function already wrapped by this module.
+#: Attribute marking a vLLM function already wrapped by this package.
 _WRAPPED = "_oscar_wrapped"
+
+
+def wrap_once(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable],
+              bind: Callable[[Callable], Any] = lambda f: f) -> None:
+    """Replace ``owner.name`` (a plain function or method) by ``bind(make_wrapper(original))``, marked and with the
+    original's name and docstring, unless it is wrapped already (so every registration step stays idempotent).
+    bind: e.g. staticmethod for a static method of a class."""
+    original = getattr(owner, name)
+    if getattr(original, _WRAPPED, False):
+        return
+    wrapper = functools.wraps(original)(make_wrapper(original))
+    setattr(wrapper, _WRAPPED, True)
+    setattr(owner, name, bind(wrapper))
 
 
 def check_vllm_version() -> None:
@@ -114,19 +127,14 @@ def select_oscar(engine_args: Any) -> None:
 def _wrap_engine_args() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    create = EngineArgs.create_engine_config
-    if not getattr(create, _WRAPPED, False):
-        @functools.wraps(create)
+    def with_oscar_selected(create):
         def create_engine_config(self, *args, **kwargs):
             select_oscar(self)
             return create(self, *args, **kwargs)
 
-        setattr(create_engine_config, _WRAPPED, True)
-        EngineArgs.create_engine_config = create_engine_config
+        return create_engine_config
 
-    add_cli_args = EngineArgs.add_cli_args
-    if not getattr(add_cli_args, _WRAPPED, False):
-        @functools.wraps(add_cli_args)
+    def with_oscar_choice(add_cli_args):
         def add_cli_args_with_oscar(parser, *args, **kwargs):
             parser = add_cli_args(parser, *args, **kwargs)
             for action in parser._actions:
@@ -135,8 +143,10 @@ def _wrap_engine_args() -> None:
                         action.choices = [*action.choices, KV_CACHE_DTYPE_NAME]
             return parser
 
-        setattr(add_cli_args_with_oscar, _WRAPPED, True)
-        EngineArgs.add_cli_args = staticmethod(add_cli_args_with_oscar)
+        return add_cli_args_with_oscar
+
+    wrap_once(EngineArgs, "create_engine_config", with_oscar_selected)
+    wrap_once(EngineArgs, "add_cli_args", with_oscar_choice, bind=staticmethod)
 
 
 def _wrap_cpu_platform() -> None:
@@ -166,63 +176,62 @@ def _wrap_cpu_platform() -> None:
 def _wrap_cpu_worker_memory() -> None:
     from vllm.v1.worker.cpu_worker import CPUWorker
 
-    original = CPUWorker.determine_available_memory
-    if getattr(original, _WRAPPED, False):
-        return
+    def with_window_stores_counted(original):
+        def determine_available_memory(self) -> int:
+            return _available_memory_less_window_stores(original, self)
 
-    @functools.wraps(original)
-    def determine_available_memory(self) -> int:
-        """vLLM's KV budget less the BF16 window stores that it does not already account for.
+        return determine_available_memory
 
-        The stores are sized from the geometry at the engine's final block size (set before this
-        runs) and allocated at each layer's first forward: with an explicit budget
-        (VLLM_CPU_KVCACHE_SPACE, kv_cache_memory_bytes) all of them come out of it; otherwise vLLM's
-        budget is the requested memory less this process's resident memory, which already holds the
-        stores a warm-up forward allocated, so only the rest comes out.
-        """
-        from vllm_oscar.attention.backend import window_store_bytes_of_worker
+    wrap_once(CPUWorker, "determine_available_memory", with_window_stores_counted)
 
-        budget = original(self)
-        planned, allocated = window_store_bytes_of_worker(self.vllm_config)
-        explicit = self.cache_config.kv_cache_memory_bytes is not None
-        uncounted = planned if explicit else planned - allocated
-        if uncounted:
-            if uncounted >= budget:
-                raise ValueError(
-                    f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB for max_num_seqs requests) do not "
-                    f"fit the KV cache budget ({budget / 2**30:.2f} GiB); raise VLLM_CPU_KVCACHE_SPACE or "
-                    "lower max_num_seqs.")
-            logger.info("OSCAR: %.1f MiB of the KV budget holds the BF16 window stores (blocks of %d).",
-                        uncounted / 2**20, self.cache_config.block_size)
-        return budget - uncounted
 
-    setattr(determine_available_memory, _WRAPPED, True)
-    CPUWorker.determine_available_memory = determine_available_memory
+def _available_memory_less_window_stores(original: Callable[[Any], int], self: Any) -> int:
+    """vLLM's KV budget less the BF16 window stores that it does not already account for.
+
+    The stores are sized from the geometry at the engine's final block size (set before this
+    runs) and allocated at each layer's first forward: with an explicit budget
+    (VLLM_CPU_KVCACHE_SPACE, kv_cache_memory_bytes) all of them come out of it; otherwise vLLM's
+    budget is the requested memory less this process's resident memory, which already holds the
+    stores a warm-up forward allocated, so only the rest comes out.
+    """
+    from vllm_oscar.attention.backend import window_store_bytes_of_worker
+
+    budget = original(self)
+    planned, allocated = window_store_bytes_of_worker(self.vllm_config)
+    explicit = self.cache_config.kv_cache_memory_bytes is not None
+    uncounted = planned if explicit else planned - allocated
+    if uncounted:
+        if uncounted >= budget:
+            raise ValueError(
+                f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB for max_num_seqs requests) do not "
+                f"fit the KV cache budget ({budget / 2**30:.2f} GiB); raise VLLM_CPU_KVCACHE_SPACE or "
+                "lower max_num_seqs.")
+        logger.info("OSCAR: %.1f MiB of the KV budget holds the BF16 window stores (blocks of %d).",
+                    uncounted / 2**20, self.cache_config.block_size)
+    return budget - uncounted
+
 
 
 def _wrap_weight_processing() -> None:
     from vllm.model_executor.model_loader import base_loader
 
-    original = base_loader.process_weights_after_loading
-    if getattr(original, _WRAPPED, False):
-        return
+    def folding_first(original):
+        def process_weights_after_loading(model, model_config, target_device) -> None:
+            """R_V folded into the OSCAR layers' projections first (the checkpoint's weights), then vLLM's own."""
+            from vllm.config import get_current_vllm_config_or_none
 
-    @functools.wraps(original)
-    def process_weights_after_loading(model, model_config, target_device) -> None:
-        """R_V folded into the OSCAR layers' projections first (on the checkpoint's weights), then vLLM's own."""
-        from vllm.config import get_current_vllm_config_or_none
+            vllm_config = get_current_vllm_config_or_none()
+            if vllm_config is not None:  # OSCAR impls exist only under a current vLLM config
+                from vllm_oscar.attention.fold import fold_value_rotations
+                from vllm_oscar.attention.settings import current_oscar_config
 
-        vllm_config = get_current_vllm_config_or_none()
-        if vllm_config is not None:  # OSCAR impls exist only under a current vLLM config
-            from vllm_oscar.attention.fold import fold_value_rotations
-            from vllm_oscar.attention.settings import current_oscar_config
+                fold_value_rotations(model, model_config.dtype, current_oscar_config(vllm_config).fold_rotations,
+                                     lora=vllm_config.lora_config is not None)
+            original(model, model_config, target_device)
 
-            fold_value_rotations(model, model_config.dtype, current_oscar_config(vllm_config).fold_rotations,
-                                 lora=vllm_config.lora_config is not None)
-        original(model, model_config, target_device)
+        return process_weights_after_loading
 
-    setattr(process_weights_after_loading, _WRAPPED, True)
-    base_loader.process_weights_after_loading = process_weights_after_loading
+    wrap_once(base_loader, "process_weights_after_loading", folding_first)
 
 
 def register() -> None:
