@@ -270,13 +270,14 @@ def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60,
 
 
 def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
-               max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,)) -> None:
+               max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,),
+               rounds: int = 2) -> None:
     """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per fold mode (one
-    graph each over the same state, timed in turns). The graphs are captured for max_model_len (default: just
-    above the context), as vLLM captures for the model's."""
+    graph each over the same state), ``rounds`` rounds with the modes in turns. The graphs are captured for
+    max_model_len (default: just above the context), as vLLM captures for the model's."""
     for context in contexts:
         for batch in batches:
-            positions = context + 4 * calls * len(folds) + 64  # what the timed steps write, whatever the graph spans
+            positions = context + 2 * calls * rounds * len(folds) + 64  # what the timed steps write
             served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
                                      max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
             for request in range(batch):
@@ -287,37 +288,33 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                 served.rotations = rotations[fold]
                 graphs[fold] = served.capture(batch)
             requests = list(range(batch))
+            timings: dict[str, dict[str, list[float]]] = {fold: {} for fold in folds}
+            for round_index in range(rounds):  # modes in turns, the order reversed every other round (drift)
+                for fold in folds if round_index % 2 == 0 else folds[::-1]:
+                    served.rotations = rotations[fold]
+                    for mode in ("eager", "graph", "replay"):
+                        torch.cuda.synchronize()
+                        start = time.perf_counter()
+                        for _ in range(calls):
+                            if mode != "replay":  # the replay alone reuses the last step's inputs: the GPU's share
+                                metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
+                            if mode == "eager":
+                                served.run_layers(metadata)
+                            else:
+                                graphs[fold].replay()
+                        torch.cuda.synchronize()
+                        timings[fold].setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
             for fold in folds:
-                served.rotations = rotations[fold]
-                timings = {}
-                for mode in ("eager", "graph", "eager", "graph"):
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
-                        if mode == "graph":
-                            graphs[fold].replay()
-                        else:
-                            served.run_layers(metadata)
-                    torch.cuda.synchronize()
-                    timings.setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
-                replays = []
-                for _ in range(2):  # the replay alone, on the last step's inputs: the GPU's share
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        graphs[fold].replay()
-                    torch.cuda.synchronize()
-                    replays.append((time.perf_counter() - start) / calls * 1e3)
+                runs = timings[fold]
                 row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
-                       "fold": fold, "eager_ms": timings["eager"], "graph_ms": timings["graph"],
-                       "replay_only_ms": min(replays), "replay_only_runs_ms": replays,
-                       "speedup": min(timings["eager"]) / min(timings["graph"])}
+                       "fold": fold, "eager_ms": runs["eager"], "graph_ms": runs["graph"],
+                       "replay_only_ms": min(runs["replay"]), "replay_only_runs_ms": runs["replay"],
+                       "speedup": min(runs["eager"]) / min(runs["graph"])}
                 report.append({"time": "served_step", **row})
                 print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
-                      f"batch {batch}, fold {fold}: eager {' / '.join(f'{t:.2f}' for t in timings['eager'])} ms, "
-                      f"graph {' / '.join(f'{t:.2f}' for t in timings['graph'])} ms ({row['speedup']:.1f}x; replay "
-                      f"alone {' / '.join(f'{t:.3f}' for t in replays)} ms)", flush=True)
+                      f"batch {batch}, fold {fold}: eager {' / '.join(f'{t:.2f}' for t in runs['eager'])} ms, "
+                      f"graph {' / '.join(f'{t:.2f}' for t in runs['graph'])} ms ({row['speedup']:.1f}x; replay "
+                      f"alone {' / '.join(f'{t:.3f}' for t in runs['replay'])} ms)", flush=True)
             del served, graphs
             torch.cuda.empty_cache()
 
@@ -404,6 +401,7 @@ def main() -> int:
                         help="the rotation launches' dot precision (triton_ops.ROTATE_PRECISION), for comparisons")
     parser.add_argument("--kernels", nargs=2, type=int, action="append", metavar=("CONTEXT", "BATCH"),
                         help="also: GPU time per kernel of graph replays at this context and batch (repeatable)")
+    parser.add_argument("--rounds", type=int, default=2, help="time: rounds of every fold mode, in turns")
     parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
                         help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
     args = parser.parse_args()
@@ -432,7 +430,7 @@ def main() -> int:
             print(f"served_graph (fold {fold}): ERROR {type(error).__name__}: {error}", flush=True)
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
-        time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold))
+        time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold), args.rounds)
     for context, batch in args.kernels or []:
         for fold in args.fold:
             profile_kernels(context, batch, args.calls, report, fold)
