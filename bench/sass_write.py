@@ -6,6 +6,7 @@ instruction count and barriers, and each loop's count (the clip search is a runt
 rounds are unrolled with --unroll 1). Use the device's Triton with PYTHONPATH (see bench/sass_decode.py).
 
     PYTHONPATH=/opt/tri36 python bench/sass_write.py --head-dim 128 --refit 8 2 --warps 4
+    ... --query-group 4 --int2 if_flag --rotate-v 0   (a folded layer's first launch of a captured decode step)
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ QUERY_SIGNATURE = {"q_ptr": "*bf16", "stride_qn": "i32", "stride_qh": "i32", "q_
 
 def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float],
                   clip_top: bool = False, rotation: str = "ieee", unroll: bool = True, query_group: int = 0,
-                  int2_mode: int = 0, store_window: bool = True):
+                  int2_mode: int = 0, store_window: bool = True, rotate_v: bool = True):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served); query_group > 0:
-    with the query rotation programs (QUERY_GROUP) of oscar_write with a query."""
+    with the query rotation programs (QUERY_GROUP) of oscar_write with a query; rotate_v False: values arrive
+    rotated (R_V folded into W_v)."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
-                     DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=True, BLOCK_N=WRITE_BLOCK_N,
+                     DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=rotate_v, BLOCK_N=WRITE_BLOCK_N,
                      BLOCK_K=min(head_dim, WRITE_BLOCK_K), WINDOW_BLOCK_K=min(head_dim, WRITE_WINDOW_BLOCK_K), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
                      FLOOR_V=False, ROT_PRECISION=rotation, UNROLL_REFIT=unroll,
                      CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
@@ -89,12 +91,14 @@ def main() -> int:
                         help="> 0: with the query rotation programs of this GQA group (oscar_write with a query)")
     parser.add_argument("--int2", choices=tuple(INT2_MODES), default="always")
     parser.add_argument("--store-window", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--rotate-v", type=int, choices=(0, 1), default=1,
+                        help="0: values arrive rotated (fold_rotations value_and_output)")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
     kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
                            args.clip_search == "top", args.rotation, bool(args.unroll), args.query_group,
-                           INT2_MODES[args.int2], bool(args.store_window))
+                           INT2_MODES[args.int2], bool(args.store_window), bool(args.rotate_v))
     sass, registers, stack = read_compiled(kernel, args.dump)
     ops = collections.Counter(op for _, op in instructions(sass))
     common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))

@@ -101,12 +101,12 @@ def _layer_index(name: str) -> int:
 
 def _check_worker(report: dict[str, Any]) -> None:
     """Worker-wide: no BF16-window position was served from INT2 (fallbacks are counted), and every layer of this
-    worker has R_V folded into its own shard of W_v and W_o (the default; TP2 outputs then equal single-process
-    ones only if each rank folded its own heads with its own rotations)."""
+    worker has R_V folded into its own shard of W_o (the default; TP2 outputs then equal single-process ones only
+    if each rank folded its own heads' columns with its own rotations)."""
     status = report["status"]
     assert status["fallback_positions"] == 0
     assert status["impl_classes"] == ["OscarAttentionImpl"]
-    assert status["value_folded_layers"] == status["output_folded_layers"] == status["num_attention_layers"] > 0
+    assert status["output_folded_layers"] == status["num_attention_layers"] > 0
 
 
 def _check_layer(report: dict[str, Any], expected: Any, kv: slice) -> None:

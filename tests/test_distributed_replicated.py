@@ -68,8 +68,8 @@ def test_tp2_replicated_kv_head(mqa: tuple[Path, Path]) -> None:
         kv = kv_head_slice(KV_HEADS, 2, report["tp_rank"])
         assert kv == slice(0, 1)
         assert report["status"]["fallback_positions"] == 0
-        # each rank folds the replicated KV head's R_V into its own W_v copy and its half of W_o's columns
-        assert report["status"]["value_folded_layers"] == report["status"]["num_attention_layers"] > 0
+        # each rank folds the replicated KV head's R_V into its half of W_o's columns
+        assert report["status"]["output_folded_layers"] == report["status"]["num_attention_layers"] > 0
         for name, layer in report["layers"].items():
             expected = rotations.layers[extract_layer_index(name)]
             assert layer["backend"] == "OSCAR" and layer["num_kv_heads"] == 1

@@ -14,7 +14,7 @@ from kernels_reference import random_paged_state
 def test_defaults_and_explicit_values() -> None:
     assert config_from_options({}).int8_keys is None
     assert config_from_options({}).refit_iterations == SERVED_REFIT_ITERATIONS
-    assert config_from_options({}).fold_rotations == "value_and_output"
+    assert config_from_options({}).fold_rotations == "output"
     config = config_from_options({"int8_keys": False, "refit_iterations": [4, 1], "sink_tokens": 32,
                                   "fold_rotations": "none"})
     assert (config.int8_keys, config.refit_iterations, config.sink_tokens, config.fold_rotations) == (

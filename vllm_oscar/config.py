@@ -63,7 +63,7 @@ DEFAULT_RECENT_TOKENS: int = 256
 #: What the vLLM backend folds into the model's weights at load (vllm_oscar.attention.fold): nothing, R_V into
 #: W_o (the attention output stays rotated: no un-rotation launch per layer step), or R_V into W_v and W_o.
 FOLD_MODES: tuple[str, ...] = ("none", "output", "value_and_output")
-DEFAULT_FOLD_MODE: str = "value_and_output"
+DEFAULT_FOLD_MODE: str = "output"
 #: Bits per element of the BF16 windows.
 WINDOW_BITS: int = 16
 
@@ -221,8 +221,8 @@ class OscarConfig:
             to int8 per head row (None: where it applies, head_dim >= INT8_MMA_MIN_HEAD_DIM (64) on
             CUDA; its cost: 1.6% of the INT2 key error in amplitude, scripts/int8_query_error.py). False:
             the bf16 query everywhere. True where it cannot apply (CPU, head_dim < 64) is an error.
-        fold_rotations: one of FOLD_MODES: "output" folds R_V into the model's W_o at load where the
-            model allows it (vllm_oscar.attention.fold: no un-rotation launch per layer step),
+        fold_rotations: one of FOLD_MODES: "output" (the default) folds R_V into the model's W_o at load
+            where the model allows it (vllm_oscar.attention.fold: no un-rotation launch per layer step),
             "value_and_output" into W_v too, "none" keeps the rotations in the kernels (one launch more
             per layer step) and lets weights be reloaded in place.
     """

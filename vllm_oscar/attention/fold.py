@@ -9,10 +9,12 @@ section 2, architecture.md "Kernel facts"):
     qkv_proj, the rows of W_v [D, hidden] of KV head h:   W_v[h] <- R_V[h]^T @ W_v[h]  (bias: b_v[h] @ R_V[h])
 
 so o_proj(o_rot) = o_proj(o), and v = W_v x arrives rotated (the write then skips its V rotation). Both are
-exact up to one more rounding of the weights in their dtype. config.FOLD_MODES: "value_and_output" (the
-default) folds both, "output" W_o only (it removes the launch too; the write then rotates V), "none" neither.
-Measured (docs/PERFORMANCE.md "Folded rotations", docs/QUALITY.md): 2.6-8.3% off a served graph step of
-Qwen3-8B's attention on an H200, and SmolLM2's log-probabilities as close to BF16 as unfolded.
+exact up to one more rounding of the weights in their dtype. config.FOLD_MODES: "output" (the default) folds
+W_o only (it removes the launch; the write still rotates V, so the cache bytes are those of the unfolded path),
+"value_and_output" both, "none" neither. Measured (docs/PERFORMANCE.md "Session 37", docs/QUALITY.md "Folded
+rotations"): "output" takes 0-7% off every served graph step measured of Qwen3-8B's attention on an H200, never
+slower; "value_and_output" 2-9% at most cells but 7% slower at 128K batch 8; SmolLM2's log-probabilities stay as
+close to BF16 as unfolded under both.
 
 A layer is folded only where that algebra is known to hold: its attention module is one of
 FOLDABLE_ATTENTION_CLASSES (vLLM models whose forward feeds v from qkv_proj straight into the attention and

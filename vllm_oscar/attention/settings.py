@@ -19,10 +19,11 @@ variables. Keys (all optional):
     int8_keys        GPU decode: the key dot as an int8 MMA with the query rounded to int8 per head
                      row (default: on where it applies, head_dim >= 64 on CUDA; false = bf16
                      query everywhere; true where it cannot apply is an error)
-    fold_rotations   "value_and_output" (default): fold R_V into W_v and W_o at load where the
-                     model allows it (vllm_oscar.attention.fold: no output rotation launch per
-                     layer step, no V rotation in the write); "output": into W_o only; "none":
-                     rotate in the kernels (and weights can be reloaded in place)
+    fold_rotations   "output" (default): fold R_V into W_o at load where the model allows it
+                     (vllm_oscar.attention.fold: no output rotation launch per layer step);
+                     "value_and_output": into W_v too (the write skips its V rotation: faster
+                     at most served steps measured, slower at 128K batch 8); "none": rotate in
+                     the kernels (and weights can be reloaded in place)
 
 Unknown keys are an error (a typo must not silently fall back to a default).
 """
