@@ -36,8 +36,6 @@ from typing import Any, Optional
 
 import torch
 
-from vllm_oscar.config import FOLD_MODES
-
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
 logger = logging.getLogger(f"vllm.{__name__}")
 
@@ -106,7 +104,8 @@ def fold_blocker(parent: torch.nn.Module, impl: Any, lora: bool) -> Optional[str
 
 def fold_value_rotations(model: torch.nn.Module, act_dtype: torch.dtype, mode: str, lora: bool) -> dict[str, str]:
     """Fold R_V into W_o (mode "output") or W_v and W_o ("value_and_output") of every OSCAR layer of ``model``
-    that can take it (module docstring); mode "none" folds nothing.
+    that can take it (module docstring); mode "none" folds nothing. ``mode`` is one of config.FOLD_MODES, as
+    OscarConfig.fold_rotations checks.
 
     Loads each layer's rotations first (the impl's process_weights_after_loading; idempotent) and marks the
     folded ones (LayerRotations.output_rotated, value_prerotated). Returns {attention layer name: why it was not
@@ -114,8 +113,6 @@ def fold_value_rotations(model: torch.nn.Module, act_dtype: torch.dtype, mode: s
     """
     from vllm_oscar.attention.backend import OscarAttentionImpl
 
-    if mode not in FOLD_MODES:
-        raise ValueError(f"fold_rotations={mode!r} is not one of {FOLD_MODES}.")
     kept: dict[str, str] = {}
     folded: set[str] = set()
     for parent_name, parent in model.named_modules():
@@ -159,8 +156,9 @@ def folded_layers(model: torch.nn.Module) -> frozenset[str]:
 
 def reload_refusal(model: torch.nn.Module) -> str:
     """The error for reloading weights into a model with folded layers."""
-    return (f"OSCAR folded R_V into W_v and W_o of {len(folded_layers(model))} attention layers when the model was "
-            "loaded; weights reloaded in place would reach those layers unrotated and give wrong outputs. Start the "
+    return (f"OSCAR folded R_V into the weights (W_o, and W_v under fold_rotations \"value_and_output\") of "
+            f"{len(folded_layers(model))} attention layers when the model was loaded; weights reloaded in place "
+            "would reach those layers unrotated and give wrong outputs. Start the "
             "engine with additional_config={\"oscar\": {\"fold_rotations\": \"none\"}} to reload or update weights "
             "in place.")
 

@@ -211,7 +211,6 @@ def _available_memory_less_window_stores(original: Callable[[Any], int], self: A
     return budget - uncounted
 
 
-
 def _wrap_weight_processing() -> None:
     from vllm.model_executor.model_loader import base_loader
 
