@@ -78,7 +78,14 @@ def _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows
             acc = tl.dot(x, r, acc, input_precision=PRECISION)
         return acc
     else:
-        return tl.load(x_base + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        x = tl.load(x_base + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+            # Through an identity MMA: the rows leave it in an MMA layout, in which the clip / refit / pack code
+            # after it fits the registers (217 at head_dim 128; the plain load's layout took 255 and spilled:
+            # docs/notes/kernels.md, session 37). Exact: 16-bit values are exactly representable in TF32.
+            eye = tl.where(cols[:, None] == cols[None, :], 1.0, 0.0)
+            return tl.dot(x, eye, input_precision="tf32")
+        return x
 
 
 @triton.jit
