@@ -6,8 +6,10 @@ What vLLM does for a pure decode batch when the backend supports full CUDA graph
 code for each part: the window plan (WindowBlockManager) written into fixed-address buffers
 (WindowPlanBuffers), then for every layer layer_step (vllm_oscar.attention.step: the write, then the
 attention, with a decode step's INT2 write on a side stream beside it; what the backend's forward
-runs). vLLM's side is mimicked: block 0 is the null block, the graph is captured once per batch size on dummy requests (seq_len 1, null block) with
-max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slot -1).
+runs), as one module's forward hooked to join the deferred side-stream writes (attention.deferred_writes).
+vLLM's side is mimicked: block 0 is the null block, the graph is captured once per batch size on dummy
+requests (seq_len 1, null block) with max_seq_len = max_model_len, and a smaller batch is padded to it
+(seq_len 0, slot -1).
 
   check  every replay (ragged, padded batches, new blocks, windows sliding, 2 graph sizes; every third
          with the serial-write flag forced on) equals an eager step (write, then attend) on a copy of
@@ -17,10 +19,13 @@ max_seq_len = max_model_len, and a smaller batch is padded to it (seq_len 0, slo
          against one graph replay, each with the host's step preparation (window plan, input copies),
          and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128); with --fold MODE...,
          each fold mode's graph side by side (vllm_oscar.attention.fold: "none" un-rotates the output in
-         one launch per layer, "output" leaves it rotated for W_o, "value_and_output" also takes V rotated)
+         one launch per layer, "output" leaves it rotated for W_o, "value_and_output" also takes V rotated);
+         with --side-join layer step, each layer's side-stream write joined in its layer against all of them
+         after the last layer (the backend's way)
 
     python bench/served_graph.py [--json OUT] [--only check time] [--contexts 4096 --batches 1 8
                                  --max-model-len 131072] [--fold none output value_and_output]
+                                 [--side-join layer step]
     python bench/served_graph.py --profile CONTEXT BATCH   (cProfile of eager steps)
     python bench/served_graph.py --kernels CONTEXT BATCH   (GPU time per kernel of a graph replay)
 """
@@ -34,6 +39,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from typing import Optional
 
@@ -41,7 +47,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
+from vllm_oscar.attention import step  # noqa: E402
 from vllm_oscar.attention.rotations import LayerRotations  # noqa: E402
+from vllm_oscar.attention.deferred_writes import join_after_forward  # noqa: E402
 from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step, write_step  # noqa: E402
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
@@ -106,6 +114,9 @@ class ServedAttention:
         self.value = torch.zeros_like(self.key)
         self.output = torch.zeros_like(self.query)
         self.scale = 1 / math.sqrt(dim)
+        self.side_join = "step"  # SIDE_JOINS
+        self.layers = _AttentionLayers(self)
+        self.layers.register_forward_hook(join_after_forward)
 
     # -- host side of a step: the scheduler's blocks, vLLM's inputs, OSCAR's builder -------------
     def prefill(self, request: int, length: int) -> None:
@@ -183,10 +194,9 @@ class ServedAttention:
     def run_layers(self, metadata: OscarMetadata, caches: list[LayerCaches] | None = None,
                    output: torch.Tensor | None = None) -> None:
         """layer_step (the write, then the attention; on CUDA the INT2 write of a decode step beside it) of every
-        layer on the static inputs (one layer's output feeds none: attention only)."""
-        for layer, layer_caches in enumerate(caches or self.caches):
-            layer_step(metadata, self.query, self.key, self.value, self.slot_mapping, self.rotations[layer],
-                       layer_caches, self.config, self.scale, self.output if output is None else output)
+        layer on the static inputs (one layer's output feeds none: attention only), as the forward of a module
+        hooked as the backend hooks a served model (attention.deferred_writes) when side_join is "step"."""
+        self.layers(metadata, caches or self.caches, self.output if output is None else output)
 
     def capture(self, graph_batch: int) -> torch.cuda.CUDAGraph:
         metadata = self.capture_inputs(graph_batch)
@@ -199,6 +209,26 @@ class ServedAttention:
         with torch.cuda.graph(graph):  # raises on any host synchronisation inside
             self.run_layers(metadata)
         return graph
+
+
+#: Where a captured step joins its side-stream INT2 writes (ServedAttention.side_join): "layer" each layer's
+#: before the next layer, "step" all of them after the last (layer_step's defer_side_write; the product's way).
+SIDE_JOINS = ("layer", "step")
+
+
+class _AttentionLayers(torch.nn.Module):
+    """Every layer's layer_step as one module's forward (what a served model's forward runs of OSCAR)."""
+
+    def __init__(self, served: ServedAttention) -> None:
+        super().__init__()
+        self.served = [served]  # a list: not a submodule
+
+    def forward(self, metadata: OscarMetadata, caches: list[LayerCaches], output: torch.Tensor) -> None:
+        served = self.served[0]
+        for layer, layer_caches in enumerate(caches):
+            layer_step(metadata, served.query, served.key, served.value, served.slot_mapping,
+                       served.rotations[layer], layer_caches, served.config, served.scale, output,
+                       defer_side_write=served.side_join == "step")
 
 
 def _clone(caches: list[LayerCaches]) -> list[LayerCaches]:
@@ -219,12 +249,14 @@ def _same(a: list[LayerCaches], b: list[LayerCaches], exact: bool, rows: int) ->
 
 
 def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60, prompts=None,
-          max_model_len: int = 12288, fold: str = DEFAULT_FOLD_MODE) -> None:
-    """Padded steps against eager steps on copies of the same state, under fold mode ``fold``. On CUDA the
+          max_model_len: int = 12288, fold: str = DEFAULT_FOLD_MODE, side_join: str = "step") -> None:
+    """Padded steps against eager steps on copies of the same state, under fold mode ``fold`` and side-stream
+    join ``side_join`` (SIDE_JOINS). On CUDA the
     padded steps are replays of graphs captured for 4 and 8 requests; elsewhere (a CPU smoke test of the
     padding rules) they run eagerly with the capture's max_seq_len."""
     served = ServedAttention(layers=layers, hq=32, hkv=8, dim=128, max_model_len=max_model_len, max_requests=8,
                              device=device, seed=1, fold=fold)
+    served.side_join = side_join
     prompts = prompts or {0: 9000, 1: 700, 2: 300, 3: 65, 4: 1, 5: 4000}
     for request, length in prompts.items():
         served.prefill(request, length)
@@ -262,36 +294,40 @@ def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60,
         caches_equal &= _same(copies, served.caches, device.type == "cuda", n)
         steps += 1
     ok = worst_err < TOLERANCE and caches_equal
-    report.append({"check": "served_graph", "device": str(device), "fold": fold, "replays": steps,
+    report.append({"check": "served_graph", "device": str(device), "fold": fold, "side_join": side_join,
+                   "replays": steps,
                    "graph_batches": [4, 8], "max_rel_err_replay_vs_eager": worst_err, "caches_equal": caches_equal,
                    "ok": ok})
-    print(f"served_graph (fold {fold}): {steps} padded steps (graphs of 4 and 8 requests on CUDA, ragged), max rel "
-          f"err {worst_err:.1e}, caches equal {caches_equal} {'ok' if ok else 'FAIL'}", flush=True)
+    print(f"served_graph (fold {fold}, join per {side_join}): {steps} padded steps (graphs of 4 and 8 requests on "
+          f"CUDA, ragged), max rel err {worst_err:.1e}, caches equal {caches_equal} {'ok' if ok else 'FAIL'}",
+          flush=True)
 
 
 def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
                max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,),
-               rounds: int = 2) -> None:
-    """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per fold mode (one
-    graph each over the same state), ``rounds`` rounds with the modes in turns. The graphs are captured for
-    max_model_len (default: just above the context), as vLLM captures for the model's."""
+               rounds: int = 2, joins: tuple[str, ...] = ("step",)) -> None:
+    """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per variant (fold
+    mode x side-stream join; one graph each over the same state), ``rounds`` rounds with the variants in turns.
+    The graphs are captured for max_model_len (default: just above the context), as vLLM captures for the
+    model's."""
     for context in contexts:
         for batch in batches:
-            positions = context + 2 * calls * rounds * len(folds) + 64  # what the timed steps write
+            variants = [(fold, join) for fold in folds for join in joins]
+            positions = context + 2 * calls * rounds * len(variants) + 64  # what the timed steps write
             served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
                                      max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
             for request in range(batch):
                 served.prefill(request, context - 7 * request)
             rotations = {fold: [folded(r, fold) for r in served.rotations] for fold in folds}
             graphs = {}
-            for fold in folds:
-                served.rotations = rotations[fold]
-                graphs[fold] = served.capture(batch)
+            for fold, join in variants:
+                served.rotations, served.side_join = rotations[fold], join
+                graphs[fold, join] = served.capture(batch)
             requests = list(range(batch))
-            timings: dict[str, dict[str, list[float]]] = {fold: {} for fold in folds}
-            for round_index in range(rounds):  # modes in turns, the order reversed every other round (drift)
-                for fold in folds if round_index % 2 == 0 else folds[::-1]:
-                    served.rotations = rotations[fold]
+            timings: dict[tuple[str, str], dict[str, list[float]]] = {variant: {} for variant in variants}
+            for round_index in range(rounds):  # variants in turns, the order reversed every other round (drift)
+                for fold, join in variants if round_index % 2 == 0 else variants[::-1]:
+                    served.rotations, served.side_join = rotations[fold], join
                     for mode in ("eager", "graph", "replay"):
                         torch.cuda.synchronize()
                         start = time.perf_counter()
@@ -301,18 +337,19 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                             if mode == "eager":
                                 served.run_layers(metadata)
                             else:
-                                graphs[fold].replay()
+                                graphs[fold, join].replay()
                         torch.cuda.synchronize()
-                        timings[fold].setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
-            for fold in folds:
-                runs = timings[fold]
+                        timings[fold, join].setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
+            for fold, join in variants:
+                runs = timings[fold, join]
                 row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
-                       "fold": fold, "eager_ms": runs["eager"], "graph_ms": runs["graph"],
+                       "fold": fold, "side_join": join, "eager_ms": runs["eager"], "graph_ms": runs["graph"],
                        "replay_only_ms": min(runs["replay"]), "replay_only_runs_ms": runs["replay"],
                        "speedup": min(runs["eager"]) / min(runs["graph"])}
                 report.append({"time": "served_step", **row})
                 print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
-                      f"batch {batch}, fold {fold}: eager {' / '.join(f'{t:.2f}' for t in runs['eager'])} ms, "
+                      f"batch {batch}, fold {fold}, join per {join}: "
+                      f"eager {' / '.join(f'{t:.2f}' for t in runs['eager'])} ms, "
                       f"graph {' / '.join(f'{t:.2f}' for t in runs['graph'])} ms ({row['speedup']:.1f}x; replay "
                       f"alone {' / '.join(f'{t:.3f}' for t in runs['replay'])} ms)", flush=True)
             del served, graphs
@@ -341,13 +378,16 @@ def profile_eager(context: int, batch: int, calls: int, top: int) -> None:
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
 
 
-def profile_kernels(context: int, batch: int, calls: int, report: list, fold: str = DEFAULT_FOLD_MODE) -> None:
-    """torch.profiler (CUPTI) over graph replays: GPU time and count per kernel name, per decode step,
-    and the replay's wall time, so the gaps between the kernels show as the difference."""
+def profile_kernels(context: int, batch: int, calls: int, report: list, fold: str = DEFAULT_FOLD_MODE,
+                    side_join: str = "step") -> None:
+    """torch.profiler (CUPTI) over graph replays: GPU time and count per kernel name and stream, per decode
+    step, and the replay's wall time, so the gaps between the kernels show as the difference; the streams
+    are numbered by their first kernel (0: the one the step's first launch runs on)."""
     from torch.profiler import ProfilerActivity, profile
 
     served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=context + 2 * calls + 64,
                              max_requests=batch, device=torch.device("cuda"), seed=4, fold=fold)
+    served.side_join = side_join
     for request in range(batch):
         served.prefill(request, context - 7 * request)
     graph = served.capture(batch)
@@ -364,21 +404,31 @@ def profile_kernels(context: int, batch: int, calls: int, report: list, fold: st
         graph.replay()
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - start) / calls * 1e3
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = kernels.setdefault(event.name[:90], [0.0, 0])
-            entry[0] += event.device_time / 1e3 / calls  # ms per step
-            entry[1] += 1 / calls
-    rows = sorted(({"kernel": name, "ms_per_step": t, "launches_per_step": c} for name, (t, c) in kernels.items()),
+    with tempfile.TemporaryDirectory() as folder:
+        trace_path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(trace_path)
+        with open(trace_path) as handle:
+            events = [e for e in json.load(handle)["traceEvents"] if e.get("cat") == "kernel"]
+    events.sort(key=lambda e: e["ts"])
+    stream_index: dict = {}
+    kernels: dict[tuple[str, int], list[float]] = {}
+    for event in events:
+        stream = stream_index.setdefault(event["args"].get("stream"), len(stream_index))
+        entry = kernels.setdefault((event["name"][:90], stream), [0.0, 0])
+        entry[0] += event["dur"] / 1e3 / calls  # ms per step
+        entry[1] += 1 / calls
+    rows = sorted(({"kernel": name, "stream": stream, "ms_per_step": t, "launches_per_step": c,
+                    "us_per_launch": 1e3 * t / c} for (name, stream), (t, c) in kernels.items()),
                   key=lambda r: -r["ms_per_step"])
     busy = sum(r["ms_per_step"] for r in rows)
-    print(f"graph replay, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}, fold {fold}: wall {wall_ms:.3f} ms per "
-          f"step, kernels {busy:.3f} ms, {sum(r['launches_per_step'] for r in rows):.0f} launches", flush=True)
+    print(f"graph replay, Qwen3-8B attention x36 layers, {context} ctx, batch {batch}, fold {fold}, join per "
+          f"{side_join}: wall {wall_ms:.3f} ms per step, kernels {busy:.3f} ms, "
+          f"{sum(r['launches_per_step'] for r in rows):.0f} launches", flush=True)
     for r in rows:
-        print(f"  {r['ms_per_step']:8.4f} ms  {r['launches_per_step']:6.1f}x  {r['kernel']}", flush=True)
-    report.append({"kernels": "graph_replay", "context": context, "batch": batch, "fold": fold, "wall_ms": wall_ms,
-                   "kernel_ms": busy, "rows": rows})
+        print(f"  {r['ms_per_step']:8.4f} ms  {r['launches_per_step']:6.1f}x  {r['us_per_launch']:7.2f} us  "
+              f"stream {r['stream']}  {r['kernel']}", flush=True)
+    report.append({"kernels": "graph_replay", "context": context, "batch": batch, "fold": fold,
+                   "side_join": side_join, "wall_ms": wall_ms, "kernel_ms": busy, "rows": rows})
 
 
 def main() -> int:
@@ -404,6 +454,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="time: rounds of every fold mode, in turns")
     parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
                         help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
+    parser.add_argument("--side-streams", type=int,
+                        help="side streams that deferred INT2 writes take in turn (step.SIDE_WRITE_STREAMS)")
+    parser.add_argument("--side-join", nargs="+", choices=SIDE_JOINS, default=["step"],
+                        help="where a captured step joins its side-stream INT2 writes: after each layer, or once "
+                             "after the last; each checked, timed side by side, and profiled")
     args = parser.parse_args()
     if args.rotate_precision or args.long_splits or args.no_gluon:
         from vllm_oscar.kernels import triton_ops
@@ -414,26 +469,29 @@ def main() -> int:
             triton_ops.DEFAULT_DECODE = dataclasses.replace(triton_ops.DEFAULT_DECODE, long_splits=True)
         if args.no_gluon:
             triton_ops.DEFAULT_DECODE = dataclasses.replace(triton_ops.DEFAULT_DECODE, gluon_splits=False)
+    if args.side_streams:
+        step.SIDE_WRITE_STREAMS = args.side_streams
     if args.profile:
         profile_eager(*args.profile, calls=args.calls, top=45)
         return 0
     report: list = []
     failed = False
-    for fold in args.fold if "check" in args.only else []:
+    for fold, join in itertools.product(args.fold, args.side_join) if "check" in args.only else []:
         try:
-            check(report, torch.device("cuda"), fold=fold,
+            check(report, torch.device("cuda"), fold=fold, side_join=join,
                   **({"max_model_len": args.max_model_len} if args.max_model_len else {}))
         except Exception as error:  # report it; the timing still runs
             failed = True
-            report.append({"check": "served_graph", "fold": fold, "ok": False,
+            report.append({"check": "served_graph", "fold": fold, "side_join": join, "ok": False,
                            "error": f"{type(error).__name__}: {error}"})
-            print(f"served_graph (fold {fold}): ERROR {type(error).__name__}: {error}", flush=True)
+            print(f"served_graph (fold {fold}, join per {join}): ERROR {type(error).__name__}: {error}", flush=True)
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
-        time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold), args.rounds)
+        time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold), args.rounds,
+                   tuple(args.side_join))
     for context, batch in args.kernels or []:
-        for fold in args.fold:
-            profile_kernels(context, batch, args.calls, report, fold)
+        for fold, join in itertools.product(args.fold, args.side_join):
+            profile_kernels(context, batch, args.calls, report, fold, join)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"device": torch.cuda.get_device_name(), "rows": report}, handle, indent=1)

@@ -107,6 +107,7 @@ def _check_worker(report: dict[str, Any]) -> None:
     assert status["fallback_positions"] == 0
     assert status["impl_classes"] == ["OscarAttentionImpl"]
     assert status["output_folded_layers"] == status["num_attention_layers"] > 0
+    assert status["side_write_deferred_layers"] == status["num_attention_layers"]
 
 
 def _check_layer(report: dict[str, Any], expected: Any, kv: slice) -> None:

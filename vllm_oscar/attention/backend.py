@@ -376,6 +376,9 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         self.window_k: Optional[torch.Tensor] = None
         self.window_v: Optional[torch.Tensor] = None
         self.layer_name = ""
+        #: Leave a captured decode step's side-stream INT2 write for the model's forward to join
+        #: (attention/deferred_writes: set where the model carries the joining hook).
+        self.defer_side_writes = False
 
     # -- set-up (model load: before vLLM applies the preferred block size and sizes the KV pool) ---
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
@@ -472,5 +475,5 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
         layer_step(attn_metadata, query.view(-1, self.num_heads, self.head_size),
                    key.view(-1, self.num_kv_heads, self.head_size), value.view(-1, self.num_kv_heads, self.head_size),
                    slot_mapping, self.rotations, self._caches(kv_cache), self.config, self.scale,
-                   output.view(-1, self.num_heads, self.head_size))
+                   output.view(-1, self.num_heads, self.head_size), defer_side_write=self.defer_side_writes)
         return output

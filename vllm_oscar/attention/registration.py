@@ -216,16 +216,19 @@ def _wrap_weight_processing() -> None:
 
     def folding_first(original):
         def process_weights_after_loading(model, model_config, target_device) -> None:
-            """R_V folded into the OSCAR layers' projections first (the checkpoint's weights), then vLLM's own."""
+            """R_V folded into the OSCAR layers' projections first (the checkpoint's weights), then vLLM's own;
+            the model's forward hooked to join its layers' deferred side-stream writes (deferred_writes)."""
             from vllm.config import get_current_vllm_config_or_none
 
             vllm_config = get_current_vllm_config_or_none()
             if vllm_config is not None:  # OSCAR impls exist only under a current vLLM config
+                from vllm_oscar.attention.deferred_writes import defer_side_writes
                 from vllm_oscar.attention.fold import fold_value_rotations
                 from vllm_oscar.attention.settings import current_oscar_config
 
                 fold_value_rotations(model, model_config.dtype, current_oscar_config(vllm_config).fold_rotations,
                                      lora=vllm_config.lora_config is not None)
+                defer_side_writes(model)
             original(model, model_config, target_device)
 
         return process_weights_after_loading

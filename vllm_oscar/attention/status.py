@@ -5,7 +5,8 @@
 
 returns, per worker, the KV pool (blocks, block size), the attention impl class of every attention layer (the backend
 that actually runs), where the rotations came from, how many layers have R_V folded into their weights
-(vllm_oscar.attention.fold), the window-store counters
+(vllm_oscar.attention.fold), how many defer the side-stream INT2 writes of captured decode steps to the end of the
+forward (vllm_oscar.attention.deferred_writes), the window-store counters
 (fallback_positions: BF16-window positions served from INT2; evictions) and bytes.
 """
 
@@ -33,6 +34,7 @@ def worker_status(worker: Any) -> dict[str, Any]:
                                     for impl in impls.values()),
         "value_folded_layers": sum(bool(getattr(getattr(impl, "rotations", None), "value_prerotated", False))
                                    for impl in impls.values()),
+        "side_write_deferred_layers": sum(bool(getattr(impl, "defer_side_writes", False)) for impl in impls.values()),
         "fallback_positions": None if manager is None else manager.fallback_positions,
         "evictions": None if manager is None else manager.evictions,
         "window_blocks": None if manager is None else manager.num_window_blocks,

@@ -67,7 +67,7 @@ class LayerCaches:
 
 def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                slot_mapping: torch.Tensor, rotations: LayerRotations, caches: LayerCaches, config: OscarConfig,
-               softmax_scale: float, output: torch.Tensor) -> None:
+               softmax_scale: float, output: torch.Tensor, defer_side_write: bool = False) -> None:
     """One layer of one step: write the new K/V, then attend (write_step + attend_step; the write and the
     query rotation in one launch: oscar_write(query=...)).
 
@@ -75,7 +75,9 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     small-batch decode step's GPU time) runs on a side stream beside the attention, which reads the
     step's new tokens from their BF16 copies, written first on the current stream by the launch that
     also rotates the queries (oscar_write with query); the current stream waits for the side stream
-    before returning. The graph holds both orders, each launch predicated on
+    before returning (and for the writes earlier layers deferred), or, with defer_side_write, not until a
+    later layer_step without it or join_side_writes (so that the write may run on beside the following
+    layers; key and value stay allocated for it until then). The graph holds both orders, each launch predicated on
     m.serial_write, so every replay takes the one its plan allows (1: the INT2 part on the current
     stream, before the attention). Eager steps (host-bound: a second launch costs more host time than it
     saves) write, then attend; their write launch rotates the queries too (one launch fewer per layer).
@@ -91,7 +93,7 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     from vllm_oscar.kernels import triton_ops
 
     main = torch.cuda.current_stream()
-    side = _side_stream(caches.int2.device)
+    side = _side_stream(caches.int2.device, deferred=defer_side_write)
     side.wait_stream(main)
     q_rot = triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag",
                                    flag=m.serial_write, query=query[:m.num_actual_tokens])
@@ -99,17 +101,50 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
         triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, store_window=False,
                                int2="unless_flag", flag=m.serial_write)
     attend_step(m, query, rotations, caches, config, softmax_scale, output, query_rot=q_rot)
-    main.wait_stream(side)
+    if defer_side_write:  # until the join, the caching allocator keeps key and value for the side stream
+        key.record_stream(side)
+        value.record_stream(side)
+        _UNJOINED_SIDE_STREAMS.setdefault(side.device, []).append(side)
+    else:
+        main.wait_stream(side)
+        join_side_writes(side.device)
 
 
-_SIDE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+#: Side streams for the INT2 writes of captured decode steps, per device. A write that layer_step does not join
+#: takes the next of SIDE_WRITE_STREAMS in turn, so that writes of consecutive layers may overlap each other.
+SIDE_WRITE_STREAMS = 4
+_SIDE_STREAMS: dict[torch.device, list["torch.cuda.Stream"]] = {}
+_DEFERRED_WRITES: dict[torch.device, int] = {}  # deferred writes so far, per device: picks the next stream
+_UNJOINED_SIDE_STREAMS: dict[torch.device, list["torch.cuda.Stream"]] = {}
 
 
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The process's side stream for INT2 writes on ``device`` (created once)."""
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
-    return _SIDE_STREAMS[device]
+def join_side_writes(device: Optional[torch.device] = None) -> None:
+    """Make the current stream wait for the INT2 writes layer_step left unjoined on ``device``'s side streams
+    (every device's when None)."""
+    devices = list(_UNJOINED_SIDE_STREAMS) if device is None else [_indexed(device)]
+    for side in [side for key in devices for side in _UNJOINED_SIDE_STREAMS.pop(key, [])]:
+        torch.cuda.current_stream(side.device).wait_stream(side)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index (a bare "cuda" is the current CUDA device)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _side_stream(device: torch.device, deferred: bool) -> "torch.cuda.Stream":
+    """A side stream for an INT2 write on ``device``: the first of its pool for a write joined in its layer,
+    the pool's streams in turn for deferred ones (streams created once per process)."""
+    device = _indexed(device)
+    index = 0
+    if deferred:
+        index = _DEFERRED_WRITES.get(device, 0) % SIDE_WRITE_STREAMS
+        _DEFERRED_WRITES[device] = index + 1
+    pool = _SIDE_STREAMS.setdefault(device, [])
+    while len(pool) <= index:
+        pool.append(torch.cuda.Stream(device=device))
+    return pool[index]
 
 
 def write_step(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
