@@ -93,7 +93,7 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     from vllm_oscar.kernels import triton_ops
 
     main = torch.cuda.current_stream()
-    side = _side_stream(caches.int2.device, deferred=defer_side_write)
+    side = _side_stream(main, deferred=defer_side_write)
     side.wait_stream(main)
     q_rot = triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag",
                                    flag=m.serial_write, query=query[:m.num_actual_tokens])
@@ -104,46 +104,40 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     if defer_side_write:  # until the join, the caching allocator keeps key and value for the side stream
         key.record_stream(side)
         value.record_stream(side)
-        _UNJOINED_SIDE_STREAMS.setdefault(side.device, []).append(side)
+        _UNJOINED_SIDE_STREAMS.setdefault(main, {})[side] = None
     else:
         main.wait_stream(side)
-        join_side_writes(side.device)
+        join_side_writes()
 
 
-#: Side streams for the INT2 writes of captured decode steps, per device. A write that layer_step does not join
-#: takes the next of SIDE_WRITE_STREAMS in turn, so that writes of consecutive layers may overlap each other.
+#: Side streams for the INT2 writes of captured decode steps, a pool per stream that forks them (the capturing
+#: stream: captures on different streams never share a side stream). A write that layer_step does not join takes
+#: the next of SIDE_WRITE_STREAMS in turn, so that writes of consecutive layers may overlap each other.
 SIDE_WRITE_STREAMS = 4
-_SIDE_STREAMS: dict[torch.device, list["torch.cuda.Stream"]] = {}
-_DEFERRED_WRITES: dict[torch.device, int] = {}  # deferred writes so far, per device: picks the next stream
-_UNJOINED_SIDE_STREAMS: dict[torch.device, list["torch.cuda.Stream"]] = {}
+_SIDE_STREAMS: dict["torch.cuda.Stream", list["torch.cuda.Stream"]] = {}
+_DEFERRED_WRITES: dict["torch.cuda.Stream", int] = {}  # deferred writes so far per forking stream: the next side
+_UNJOINED_SIDE_STREAMS: dict["torch.cuda.Stream", dict["torch.cuda.Stream", None]] = {}  # ordered sets
 
 
-def join_side_writes(device: Optional[torch.device] = None) -> None:
-    """Make the current stream wait for the INT2 writes layer_step left unjoined on ``device``'s side streams
-    (every device's when None)."""
-    devices = list(_UNJOINED_SIDE_STREAMS) if device is None else [_indexed(device)]
-    for side in [side for key in devices for side in _UNJOINED_SIDE_STREAMS.pop(key, [])]:
-        torch.cuda.current_stream(side.device).wait_stream(side)
+def join_side_writes() -> None:
+    """Make the current stream wait for the INT2 writes that layer_step, called on it, left unjoined."""
+    if not torch.cuda.is_available():
+        return
+    main = torch.cuda.current_stream()
+    for side in _UNJOINED_SIDE_STREAMS.pop(main, {}):
+        main.wait_stream(side)
 
 
-def _indexed(device: torch.device) -> torch.device:
-    """``device`` with its index (a bare "cuda" is the current CUDA device)."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _side_stream(device: torch.device, deferred: bool) -> "torch.cuda.Stream":
-    """A side stream for an INT2 write on ``device``: the first of its pool for a write joined in its layer,
-    the pool's streams in turn for deferred ones (streams created once per process)."""
-    device = _indexed(device)
+def _side_stream(main: "torch.cuda.Stream", deferred: bool) -> "torch.cuda.Stream":
+    """A side stream forked from ``main`` for an INT2 write: the first of main's pool for a write joined in its
+    layer, the pool's streams in turn for deferred ones (streams created once per process)."""
     index = 0
     if deferred:
-        index = _DEFERRED_WRITES.get(device, 0) % SIDE_WRITE_STREAMS
-        _DEFERRED_WRITES[device] = index + 1
-    pool = _SIDE_STREAMS.setdefault(device, [])
+        index = _DEFERRED_WRITES.get(main, 0) % SIDE_WRITE_STREAMS
+        _DEFERRED_WRITES[main] = index + 1
+    pool = _SIDE_STREAMS.setdefault(main, [])
     while len(pool) <= index:
-        pool.append(torch.cuda.Stream(device=device))
+        pool.append(torch.cuda.Stream(device=main.device))
     return pool[index]
 
 
