@@ -9,30 +9,58 @@ CUDAGraphWrapper captures ``model(...)``). H200, Qwen3-8B attention x36 layers, 
 32K batch 2 19% faster per step; within +-2.4% from batch 8 on (docs/PERFORMANCE.md "Session 38").
 
 Only layers of a model that carries the hook defer, so a forward that ends without it cannot leave a capture
-with work unjoined (torch raises cudaErrorStreamCaptureUnjoined at the capture's end).
+with work unjoined (torch raises cudaErrorStreamCaptureUnjoined at the capture's end). And only where vLLM runs
+the attention op outside every Inductor graph (deferral_blocker): a deferred write still reads the layer's key and
+value rows after the op returns, which the caching allocator honours (record_stream) but Inductor's own buffer
+reuse inside one compiled graph would not (the next layer's qkv output may take the same buffer).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any, Optional
 
 import torch
 
 from vllm_oscar.attention.step import join_side_writes
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Attribute of a model that holds the handle of its joining forward hook.
 JOIN_HOOK_ATTRIBUTE = "_oscar_side_write_join"
+#: The custom op through which vLLM 0.32 calls a backend that accepts an output buffer (OSCAR does).
+ATTENTION_OP = "vllm::unified_attention_with_output"
 
 
-def defer_side_writes(model: torch.nn.Module) -> int:
+def deferral_blocker(compilation_config: Any) -> Optional[str]:
+    """Why an engine with this vLLM CompilationConfig must join each layer's write in the layer, or None: the
+    attention op must run outside Inductor graphs (no compilation, or vLLM's Dynamo-level split at ATTENTION_OP)."""
+    from vllm.config import CompilationMode
+
+    mode = compilation_config.mode
+    if mode == CompilationMode.NONE:
+        return None
+    if mode != CompilationMode.VLLM_COMPILE:
+        return f"compilation mode {mode.name} compiles the attention op into an Inductor graph"
+    if compilation_config.use_inductor_graph_partition:
+        return "use_inductor_graph_partition compiles the attention op into an Inductor graph"
+    if ATTENTION_OP not in (compilation_config.splitting_ops or []):
+        return f"{ATTENTION_OP} is not in splitting_ops, so it is compiled into an Inductor graph"
+    return None
+
+
+def defer_side_writes(model: torch.nn.Module, compilation_config: Any) -> int:
     """Hook ``model``'s forward to join the deferred side-stream writes (once per model object) and let each OSCAR
-    layer of ``model`` defer its write to it (OscarAttentionImpl.defer_side_writes). Returns the layers marked."""
+    layer of ``model`` defer its write to it (OscarAttentionImpl.defer_side_writes), unless deferral_blocker says
+    no (then logged). Returns the layers marked."""
     from vllm_oscar.attention.backend import OscarAttentionImpl
 
     impls = [module.impl for module in model.modules() if isinstance(getattr(module, "impl", None), OscarAttentionImpl)]
     if not impls:
+        return 0
+    blocker = deferral_blocker(compilation_config)
+    if blocker is not None:
+        logger.info("OSCAR: captured decode steps join each layer's INT2 write in the layer: %s.", blocker)
         return 0
     if getattr(model, JOIN_HOOK_ATTRIBUTE, None) is None:
         setattr(model, JOIN_HOOK_ATTRIBUTE, model.register_forward_hook(join_after_forward))

@@ -228,7 +228,7 @@ def _wrap_weight_processing() -> None:
 
                 fold_value_rotations(model, model_config.dtype, current_oscar_config(vllm_config).fold_rotations,
                                      lora=vllm_config.lora_config is not None)
-                defer_side_writes(model)
+                defer_side_writes(model, vllm_config.compilation_config)
             original(model, model_config, target_device)
 
         return process_weights_after_loading
