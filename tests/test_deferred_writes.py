@@ -4,7 +4,7 @@
 A deferred write reads the layer's key and value after the attention op returns. The caching allocator keeps
 them (record_stream); an Inductor graph that contains the attention op may hand their buffer to a later op of
 the same graph. So deferral needs the attention op outside Inductor graphs: no compilation, or vLLM's
-Dynamo-level split at the attention op (its default)."""
+Dynamo-level split at the attention op (its default), or Dynamo with its "eager" backend."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def _config(**fields) -> CompilationConfig:
     return config
 
 
-def test_vllms_piecewise_split_and_no_compilation_allow_deferral():
+def test_vllms_piecewise_split_and_no_inductor_allow_deferral():
     assert deferral_blocker(_config(mode=CompilationMode.NONE, splitting_ops=[])) is None
+    assert deferral_blocker(_config(mode=CompilationMode.DYNAMO_TRACE_ONCE, backend="eager", splitting_ops=[])) is None
     split = [ATTENTION_OP, "vllm::unified_mla_attention_with_output"]
     assert deferral_blocker(_config(mode=CompilationMode.VLLM_COMPILE, splitting_ops=split,
                                     use_inductor_graph_partition=False)) is None
@@ -37,7 +38,8 @@ def test_vllms_piecewise_split_and_no_compilation_allow_deferral():
     (dict(mode=CompilationMode.VLLM_COMPILE, splitting_ops=[], use_inductor_graph_partition=False), "splitting_ops"),
     (dict(mode=CompilationMode.VLLM_COMPILE, splitting_ops=None, use_inductor_graph_partition=False),
      "splitting_ops"),
-    (dict(mode=CompilationMode.STOCK_TORCH_COMPILE, splitting_ops=[ATTENTION_OP]), "STOCK_TORCH_COMPILE"),
+    (dict(mode=CompilationMode.STOCK_TORCH_COMPILE, backend="inductor", splitting_ops=[ATTENTION_OP]),
+     "STOCK_TORCH_COMPILE"),
 ])
 def test_attention_inside_an_inductor_graph_blocks_deferral_and_says_why(fields, named):
     reason = deferral_blocker(_config(**fields))

@@ -35,11 +35,12 @@ ATTENTION_OP = "vllm::unified_attention_with_output"
 
 def deferral_blocker(compilation_config: Any) -> Optional[str]:
     """Why an engine with this vLLM CompilationConfig must join each layer's write in the layer, or None: the
-    attention op must run outside Inductor graphs (no compilation, or vLLM's Dynamo-level split at ATTENTION_OP)."""
+    attention op must run outside Inductor graphs (no compilation, Dynamo with its "eager" backend, or vLLM's
+    Dynamo-level split at ATTENTION_OP)."""
     from vllm.config import CompilationMode
 
     mode = compilation_config.mode
-    if mode == CompilationMode.NONE:
+    if mode == CompilationMode.NONE or compilation_config.backend == "eager":
         return None
     if mode != CompilationMode.VLLM_COMPILE:
         return f"compilation mode {mode.name} compiles the attention op into an Inductor graph"
