@@ -221,10 +221,10 @@ class _AttentionLayers(torch.nn.Module):
 
     def __init__(self, served: ServedAttention) -> None:
         super().__init__()
-        self.served = [served]  # a list: not a submodule
+        self.served = served
 
     def forward(self, metadata: OscarMetadata, caches: list[LayerCaches], output: torch.Tensor) -> None:
-        served = self.served[0]
+        served = self.served
         for layer, layer_caches in enumerate(caches):
             layer_step(metadata, served.query, served.key, served.value, served.slot_mapping,
                        served.rotations[layer], layer_caches, served.config, served.scale, output,

@@ -2,15 +2,15 @@
 
 scripts/fold_quality.py scores the same held-out prose (3 sequences here) with vLLM's own CPU attention (BF16
 reference), OSCAR unfolded (fold_rotations "none") and OSCAR with the default fold (R_V in W_o). The fold adds one
-bf16 rounding to W_o (and W_v in "value_and_output"); the quantization itself moves log-probabilities by ~0.12
-on this text (mean |gap| to BF16). Requirement, stated against that effect: the fold changes the mean |gap| to
-BF16 by less than a tenth of the quantization effect, and the mean log-probability (log perplexity) by less than
-a tenth of it too (measured 2026-12-02 on 8 sequences, docs/QUALITY.md "Folded rotations": +0.001 and -0.0005 for
-"output", +0.001 and -0.001 for "value_and_output"; on these 3 sequences session 38's host, an AMD EPYC, read
--0.0009 and +0.0078, where session 37's passed a 0.5% perplexity bound: the bf16 rounding of W_o moves single
-sequences' log-probabilities by ~0.01 either way, and which way depends on the CPU's bf16 kernels; a fold with a
-wrong rotation or head order scrambles the values and fails both by far). Exactness without the bf16 rounding: tests/test_eval_vllm_agreement.py
-(float32, the default fold against the harness) and tests/test_fold.py.
+bf16 rounding to W_o (and W_v in "value_and_output"); the quantization itself moves log-probabilities by ~0.12 on
+this text (mean |gap| to BF16). Requirement, stated against that effect: the fold changes the mean |gap| to BF16 by
+less than a tenth of the quantization effect, and the mean log-probability (log perplexity) by less than a tenth of
+it too (measured 2026-12-02 on 8 sequences, docs/QUALITY.md "Folded rotations": +0.001 and -0.0005 for "output",
++0.001 and -0.001 for "value_and_output"; on these 3 sequences session 38's host, an AMD EPYC, read -0.0009 and
++0.0078, where session 37's passed a 0.5% perplexity bound: the bf16 rounding of W_o moves single sequences'
+log-probabilities by ~0.01 either way, and which way depends on the CPU's bf16 kernels; a fold with a wrong rotation
+or head order scrambles the values and fails both by far). Exactness without the bf16 rounding:
+tests/test_eval_vllm_agreement.py (float32, the default fold against the harness) and tests/test_fold.py.
 """
 
 from __future__ import annotations
