@@ -34,7 +34,7 @@ from vllm_oscar.kernels import PageLayout, torch_ops
 _previous = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
 try:
-    from vllm_oscar.kernels import triton_ops
+    from vllm_oscar.kernels import measured_plans, triton_ops
     from vllm_oscar.kernels.triton_common import UNPACK_PTX
 finally:
     if _previous is None:
@@ -328,6 +328,42 @@ def test_triton_decode_splits_sized_for_a_longer_context_walk_at_least_min_tiles
         int2_end = max(sink, length - recent)
         whole_tiles = max(0, int2_end // block_t - math.ceil(sink / block_t))  # the splits' whole tiles
         assert int(used[row].max()) == math.ceil(whole_tiles / config.min_tiles_per_split), f"request {row}"
+
+
+def test_triton_decode_takes_the_split_count_of_a_measured_plan_in_its_context_bucket(monkeypatch) -> None:
+    """A table of measured plans (measured_plans.using_table) sets the split count of launches of its cell's
+    geometry, windows and batch sized for max_seq_len in (context / 2, context], cut to splits of >= min_tiles tiles
+    that get tiles; other launches keep the rules' count; every output matches float64."""
+    gen = torch.Generator().manual_seed(29)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    lens, sink, recent = [300, 97, 40], 8, 24
+    state = random_paged_state(lens, 2, layout, sink, recent, gen)
+    query = torch.randn(len(lens), 8, 64, generator=gen).to(torch.bfloat16)
+    expected = ref_decode(state, query.double(), sink, recent, 0.125)
+    config = triton_ops.AttentionConfig(block_t=16, window_block_t=16)
+
+    def table(splits: int, batch: int = 3) -> measured_plans.PlanTable:
+        cell = measured_plans.PlanCell(8, 2, 64, 16, sink, recent, batch, 512)
+        return measured_plans.PlanTable("test", 132, (measured_plans.MeasuredPlan(cell, splits),), "test")
+
+    def splits_with(plans, max_seq_len: int, launch_config=config) -> int:
+        with measured_plans.using_table(plans):
+            got, nsplit, _ = decode_split_usage(monkeypatch, state, query, sink, recent, 0.125, max_seq_len,
+                                                launch_config)
+        for row in range(len(lens)):
+            assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row}"
+        return nsplit
+
+    rules_400 = splits_with(None, 400)
+    assert rules_400 != 5
+    assert splits_with(table(5), 400) == 5
+    # 40 splits at max_seq_len 400 (25 tiles of 16): 12 of >= 2 tiles, of which 11 get the 22 whole INT2 tiles.
+    assert splits_with(table(40), 400) == 11
+    assert splits_with(table(5), 512) == 5
+    assert splits_with(table(5), 256) == splits_with(None, 256)  # below the bucket (256, 512]
+    assert splits_with(table(5), 513) == splits_with(None, 513)
+    assert splits_with(table(5, batch=4), 400) == rules_400  # another batch
+    assert splits_with(table(5), 400, dataclasses.replace(config, num_splits=3)) == 3  # explicit knobs win
 
 
 @pytest.mark.parametrize("query_scale", [0.5, 8.0, 40.0])
@@ -651,7 +687,7 @@ def test_decode_plans_and_descriptors_are_built_once_per_shape_and_cache(monkeyp
     plan again; each cache gets its own TMA descriptors, built once."""
     plans, descriptors = [], []
     plan, tile_descriptors = triton_ops._plan_decode, triton_ops._tile_descriptors
-    monkeypatch.setattr(triton_ops, "_plan_decode", lambda *a: plans.append(a[-2:]) or plan(*a))
+    monkeypatch.setattr(triton_ops, "_plan_decode", lambda *a: plans.append(a[-3]) or plan(*a))  # its max_seq_len
     monkeypatch.setattr(triton_ops, "_tile_descriptors", lambda *a: descriptors.append(a[0]) or tile_descriptors(*a))
     monkeypatch.setattr(triton_ops, "_PLANS", {})
     monkeypatch.setattr(triton_ops, "_DESCRIPTORS", {})
@@ -667,7 +703,7 @@ def test_decode_plans_and_descriptors_are_built_once_per_shape_and_cache(monkeyp
         expected = ref_decode(state, query.double(), 5, 24, 0.125)
         for row in range(2):
             assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"seed {seed} request {row}"
-    assert [p[0] for p in plans] == [250, 512]  # the second call reused the first plan
+    assert plans == [250, 512]  # the second call reused the first plan
     assert len(descriptors) == 3  # one set per cache (each seed builds a new cache)
     assert all(a is not b for a, b in zip(descriptors, descriptors[1:]))
     reused = triton_ops._cached_descriptors(descriptors[-1], layout, 32)

@@ -1,10 +1,11 @@
-"""`vllm-oscar bench decode|tune|prefill`: the OSCAR kernel benchmarks on a CUDA GPU.
+"""`vllm-oscar bench decode|tune|prefill|plans`: the OSCAR kernel benchmarks on a CUDA GPU.
 
 decode: OSCAR decode vs BF16 SDPA (cuDNN/flash/efficient, enable_gqa) and a paged BF16
 Triton decode, over geometries x contexts x batches; prints a table, writes JSON (and a
 PNG plot with --png). tune: OSCAR decode only, over launch-config variants. prefill: OSCAR's
 chunked prefill over a cached INT2 prefix vs BF16 SDPA (bottom-right causal) over geometries x
-prefixes x chunks x batches. Logic: vllm_oscar.kernels.benchmark and .prefill_benchmark.
+prefixes x chunks x batches. plans: the device's table of measured decode plans (kernels.plan_tuning).
+Logic: vllm_oscar.kernels.benchmark, .prefill_benchmark and .plan_tuning.
 """
 
 from __future__ import annotations
@@ -25,8 +26,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT, PREFILL_ROWS,
                                                ROTATION_PRECISIONS)
 
-    parser.add_argument("mode", choices=("decode", "tune", "prefill"),
-                        help="decode: full comparison; tune: config sweep; prefill: chunked prefill comparison")
+    from vllm_oscar.kernels.plan_tuning import DEFAULT_MARGIN, DEFAULT_ROUNDS
+
+    parser.add_argument("mode", choices=("decode", "tune", "prefill", "plans"),
+                        help="decode: full comparison; tune: config sweep; prefill: chunked prefill comparison; "
+                             "plans: measure split counts around the rules' and write this GPU's table of measured "
+                             "decode plans (--out)")
+    parser.add_argument("--out", metavar="TABLE",
+                        help="plans: the table file to write; an existing one for this GPU is extended (cells tuned "
+                             "now replace their old plans). Serve with VLLM_OSCAR_DECODE_PLANS=TABLE, or ship it "
+                             "as vllm_oscar/kernels/plans/<GPU name>.json")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help="plans: interleaved timing rounds per cell")
+    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                        help="plans: the median gain over the rules a measured plan must show (a fraction), besides "
+                             "being faster in every round")
     parser.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
     parser.add_argument("--png", metavar="OUT", help="write the time-vs-context plot here (decode)")
     parser.add_argument("--geometry", nargs="+", choices=sorted(GEOMETRIES), default=sorted(GEOMETRIES))
@@ -251,6 +265,40 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
     return rows
 
 
+def run_plans(args: argparse.Namespace, device: torch.device, cases: list[tuple[str, int, int]]) -> list[dict]:
+    """`bench plans`: tune every case (plan_tuning.tune_cell) with a progress bar, print a line per case, and write
+    the merged table to --out."""
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from vllm_oscar.kernels import measured_plans, plan_tuning
+
+    if not args.out:
+        raise SystemExit("bench plans writes a table of measured decode plans: give its file with --out TABLE.")
+    if args.rounds < 1 or not 0.0 <= args.margin < 1.0:
+        raise SystemExit(f"--rounds {args.rounds} / --margin {args.margin}: give >= 1 round and a margin in [0, 1).")
+    old = measured_plans.load_table(args.out) if Path(args.out).exists() else None
+    name = torch.cuda.get_device_name(device)
+    if old is not None and old.device != name:
+        raise SystemExit(f"{args.out} holds plans measured on {old.device}, this GPU is {name}: write this GPU's "
+                         f"table to another file.")
+    rows = []
+    total = sum(plan_tuning.tuning_graphs(g, c, b, args.block_size, args.rounds) for g, c, b in cases)
+    with tqdm(total=total, desc="decode plans", unit="graph") as bar:
+        for geometry, context, batch in cases:
+            rows.append(plan_tuning.tune_cell(geometry, context, batch, args.block_size, args.reps, args.rounds,
+                                              args.margin, device, bar.update))
+            bar.write(plan_tuning.format_row(rows[-1]))
+            table = plan_tuning.merged_table(old, rows, device, args.out)  # written as it grows: nothing lost
+            Path(args.out).write_text(json.dumps(measured_plans.table_json(table), indent=1) + "\n",
+                                      encoding="utf-8")
+    kept = sum(r["plan"] is not None for r in rows)
+    print(f"{args.out}: {len(table.plans)} measured plans ({kept} of {len(rows)} cells tuned now beat the rules by "
+          f">= {100 * args.margin:.1f}%).")
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     from vllm_oscar.kernels import benchmark
 
@@ -268,7 +316,9 @@ def run(args: argparse.Namespace) -> int:
           f"{benchmark.ALLOCATOR_ENV}={allocator!r}", flush=True)
     report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv, "allocator": allocator}
     cases = list(itertools.product(args.geometry, args.contexts, args.batches))
-    if args.mode == "prefill":
+    if args.mode == "plans":
+        report["plans"] = run_plans(args, device, cases)
+    elif args.mode == "prefill":
         report["prefill"] = run_prefill(args, device)
     elif args.mode == "tune":
         rows = []

@@ -275,7 +275,8 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     o_bytes = oscar_bytes(case, batch, length, hkv, hq, dim)
     result["oscar"] = {"ms": ms, "layers": oscar_layers, "bytes": o_bytes, "GBps": o_bytes / ms / 1e6,
                        "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
-                       "splits": _splits(config, case, length)}
+                       "splits": _splits(config, case, length),
+                       "measured_plan": _uses_measured_plan(config, case, length, device)}
     if breakdown:
         try:
             kernels = kernel_breakdown([oscar_fn(i) for i in range(oscar_layers)], reps)
@@ -344,6 +345,20 @@ def _splits(config, case: OscarCase, length: int, layer: int = 0) -> int:
         case.query, case.caches[layer], case.window_k[layer], case.window_v[layer], case.layout, case.block_table,
         case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS,
         1.0 / math.sqrt(case.layout.head_dim), length, config)
+
+
+def _uses_measured_plan(config, case: OscarCase, length: int, device: torch.device) -> bool:
+    """Whether the device's table of measured plans (measured_plans) has a plan for this case that config lets
+    apply (no explicit split sizing)."""
+    from vllm_oscar.kernels.measured_plans import PlanCell, active_table
+
+    table = active_table(device)
+    if table is None or config.num_splits or config.programs_per_sm is not None:
+        return False
+    batch, hq, dim = case.query.shape
+    cell = PlanCell(hq, case.caches[0].shape[1], dim, case.layout.block_size, DEFAULT_SINK_TOKENS,
+                    DEFAULT_RECENT_TOKENS, batch, length)
+    return table.lookup(cell) is not None
 
 
 def forced_empty_splits(config, length: int) -> int:
@@ -453,8 +468,8 @@ def device_info(device: torch.device) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Fixed-width table of the decode results."""
-    head = (f"{'geometry':<13}{'ctx':>7}{'B':>4} {'oscar ms':>9}{'%rd bw':>7} {'cudnn':>8}{'flash':>8}"
+    """Fixed-width table of the decode results (* after OSCAR's time: a measured plan of the device's table)."""
+    head = (f"{'geometry':<13}{'ctx':>7}{'B':>4} {'oscar ms':>10}{'%rd bw':>7} {'cudnn':>8}{'flash':>8}"
             f"{'effic':>8}{'bf16trt':>8} {'x best':>7}{'x trt':>7}{'ideal':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -465,7 +480,8 @@ def format_table(rows: list[dict]) -> str:
             return f"{d['ms']:8.4f}" if d and "ms" in d else f"{'err':>8}"
         sd = r.get("sdpa", {})
         lines.append(
-            f"{r['geometry']:<13}{r['context']:>7}{r['batch']:>4} {r['oscar']['ms']:9.4f}{r['oscar']['pct_read_bw']:6.0f}% "
+            f"{r['geometry']:<13}{r['context']:>7}{r['batch']:>4} {r['oscar']['ms']:9.4f}"
+            f"{'*' if r['oscar'].get('measured_plan') else ' '}{r['oscar']['pct_read_bw']:6.0f}% "
             f"{ms(sd.get('cudnn'))}{ms(sd.get('flash'))}{ms(sd.get('efficient'))}{ms(r.get('bf16_triton'))} "
             f"{r.get('speedup_vs_best_sdpa', float('nan')):7.2f}{r.get('speedup_vs_bf16_triton', float('nan')):7.2f}"
             f"{r.get('ideal_speedup', float('nan')):7.2f}")

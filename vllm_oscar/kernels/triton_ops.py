@@ -26,6 +26,7 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
+from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
 from vllm_oscar.kernels.triton_decode_int2 import int2_split_kernel
@@ -706,6 +707,17 @@ def splits_with_tiles(num_splits: int, split_tiles: int, min_tiles_per_split: in
     return cdiv(split_tiles, max(cdiv(split_tiles, num_splits), min_tiles_per_split))
 
 
+def measured_split_count(splits: int, max_seq_len: int, block_t: int, min_tiles_per_split: int,
+                         split_tiles: Optional[int]) -> int:
+    """A measured plan's split count (measured_plans) for a launch sized for max_seq_len: cut, like decode_splits'
+    counts, to splits of >= min_tiles_per_split tiles and to those that get tiles (splits_with_tiles), since the
+    plan serves every max_seq_len of its context bucket."""
+    splits = max(1, min(splits, cdiv(max_seq_len, block_t) // min_tiles_per_split))
+    if split_tiles is not None:
+        splits = max(1, min(splits, splits_with_tiles(splits, split_tiles, min_tiles_per_split)))
+    return splits
+
+
 @dataclasses.dataclass(frozen=True)
 class SmLimits:
     """What one SM offers the programs resident on it."""
@@ -896,11 +908,15 @@ def _cached_plan(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     config (what the plan depends on: max_seq_len only sizes the split count, by its tiles), else a new one:
     a served step, whose max_seq_len grows by one, skips the planning's host work within a tile."""
     tiles = cdiv(max_seq_len, resolved_block_t(config))
+    table = active_table(query_rot.device)
+    batch, hq, d = query_rot.shape
+    measured = None if table is None else table.lookup(
+        PlanCell(hq, int2_cache.shape[1], d, layout.block_size, sink, recent, batch, max_seq_len))
     key = (tuple(query_rot.shape), query_rot.dtype, query_rot.device, tuple(int2_cache.shape[1:]), int2_cache.dtype,
-           int2_cache.is_contiguous(), window_k.dtype, layout, sink, recent, tiles, config, _interpreting())
+           int2_cache.is_contiguous(), window_k.dtype, layout, sink, recent, tiles, config, _interpreting(), measured)
     return _bounded_entry(_PLANS, PLAN_CACHE_ENTRIES, key, lambda: _plan_decode(
         query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens, sink, recent,
-        softmax_scale, max_seq_len, config))
+        softmax_scale, max_seq_len, config, measured))
 
 
 def _merge_partials(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: AttentionConfig,
@@ -951,11 +967,14 @@ def _windows_first(config: AttentionConfig, window_programs: int, device: torch.
     return window_programs <= sms
 
 
-def window_prefetch_pays(config: AttentionConfig, window_programs: int, sms: int) -> bool:
-    """config.gluon_window_prefetch, or (None) whether gluon_decode's window programs number at most
-    WINDOW_PREFETCH_PROGRAMS_PER_SM per SM."""
+def window_prefetch_pays(config: AttentionConfig, window_programs: int, sms: int,
+                         measured: Optional[MeasuredPlan] = None) -> bool:
+    """config.gluon_window_prefetch, or (None) the measured plan's hint where it has one, else whether
+    gluon_decode's window programs number at most WINDOW_PREFETCH_PROGRAMS_PER_SM per SM."""
     if config.gluon_window_prefetch is not None:
         return config.gluon_window_prefetch
+    if measured is not None and measured.window_prefetch is not None:
+        return measured.window_prefetch
     return window_programs <= WINDOW_PREFETCH_PROGRAMS_PER_SM * sms
 
 
@@ -1055,8 +1074,10 @@ def staging_pays(head_dim: int, pairs: int, max_seq_len: int, sms: int,
 
 def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, block_table, window_block_table,
                  seq_lens, sink: int, recent: int, softmax_scale: float, max_seq_len: int,
-                 config: AttentionConfig) -> _DecodePlan:
-    """The launch plan of oscar_decode (arguments as there, already checked)."""
+                 config: AttentionConfig, measured: Optional[MeasuredPlan] = None) -> _DecodePlan:
+    """The launch plan of oscar_decode (arguments as there, already checked). measured: the device table's plan for
+    this cell (measured_plans), taken where the INT2 split kernels run and config sets neither num_splits nor
+    programs_per_sm (its window prefetch hint: where config.gluon_window_prefetch is None)."""
     if config.gluon_copy_stages and config.gluon_copy_stages not in GLUON_COPY_STAGES:
         raise ValueError(f"gluon_copy_stages={config.gluon_copy_stages}: choose 0 (off) or one of "
                          f"{GLUON_COPY_STAGES}.")
@@ -1065,6 +1086,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     block_t = resolved_block_t(config)
     split_int2 = config.tokens_on_m and layout.group_size == layout.head_dim
     device = query_rot.device
+    if not split_int2 or config.num_splits or config.programs_per_sm is not None:
+        measured = None
     full_tiles = split_int2 if config.full_tiles is None else config.full_tiles
     group = hq // hkv
     meta = _common_meta(layout, group, window_k, config)
@@ -1189,12 +1212,15 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values, COPY_TMA=gluon_tma,
-                            WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device)),
+                            WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device),
+                                                                 measured),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
                             **_plane_offsets(layout))
         tma_block_t = None
     if config.num_splits:
         nsplit = config.num_splits
+    elif measured is not None:
+        nsplit = measured_split_count(measured.splits, max_seq_len, block_t, min_tiles, split_tiles)
     else:
         per_sm = config.programs_per_sm
         if per_sm is None:
@@ -1219,7 +1245,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                windows if split_int2 else 0, split_tiles,
                                WINDOW_ROOM_SPLIT_TILES if batched_gluon else SHORT_SPLIT_TILES)
     short = nsplit
-    if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge:
+    if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge and not measured:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
                                config.min_tiles_per_split, windows, split_tiles)
         if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
@@ -1233,8 +1259,9 @@ def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window
                        window_v: torch.Tensor, layout: PageLayout, block_table: torch.Tensor,
                        window_block_table: torch.Tensor, seq_lens: torch.Tensor, sink: int, recent: int,
                        softmax_scale: float, max_seq_len: int, config: AttentionConfig = DEFAULT_DECODE) -> int:
-    """The split-K count oscar_decode uses for these arguments (for reports; compiles on first use)."""
-    return _plan_decode(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
+    """The split-K count oscar_decode uses for these arguments, the device's measured plans included (for reports;
+    compiles on first use)."""
+    return _cached_plan(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
                         sink, recent, softmax_scale, max_seq_len, config).num_splits
 
 

@@ -1,0 +1,187 @@
+"""`vllm-oscar bench plans`: measure decode plans around the rules' and write the device's table (CUDA only).
+
+For each cell (geometry, context, batch) the tuner builds one random case (benchmark.make_oscar_case), times the
+rules' plan and candidate plans (split counts at SPLIT_FACTORS of the rules' count, each with the rules' window
+prefetch hint and, where gluon_decode's kernel runs, with it flipped) in ``rounds`` interleaved rounds of CUDA-graph
+replays, and keeps the fastest candidate only where it beats the rules in every round and by ``margin`` in the median.
+Each candidate runs through the product's own path: a one-plan table (measured_plans.using_table), so that what is
+timed is what the table will do. The result is a measured_plans table file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS
+from vllm_oscar.kernels import benchmark, measured_plans, triton_ops
+from vllm_oscar.kernels.layout import PageLayout
+from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, PlanTable
+
+#: Candidate split counts, as fractions of the rules' count (deduplicated after the tile cut).
+SPLIT_FACTORS: tuple[float, ...] = (0.6, 0.75, 0.85, 0.9, 0.95, 1.05, 1.1, 1.25)
+#: Interleaved timing rounds per cell, and the median gain over the rules a plan must show (fraction).
+DEFAULT_ROUNDS: int = 3
+DEFAULT_MARGIN: float = 0.02
+#: The most a candidate plan's decode output may differ from the rules' (relative L2 over the batch): another split
+#: count only reorders fp32 sums ahead of the output's bf16 rounding (2^-9 relative per element).
+PLAN_AGREEMENT: float = 1e-2
+
+
+def _planned(case: benchmark.OscarCase, length: int, config: triton_ops.AttentionConfig,
+             table: Optional[PlanTable]) -> tuple[int, bool, bool]:
+    """(split count, window prefetch hint, whether gluon_decode's kernel runs) of the plan oscar_decode makes for
+    the case with ``table`` (None: the rules')."""
+    with measured_plans.using_table(table):
+        plan = triton_ops._cached_plan(
+            case.query, case.caches[0], case.window_k[0], case.window_v[0], case.layout, case.block_table,
+            case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS,
+            1.0 / math.sqrt(case.layout.head_dim), length, config)
+    return plan.num_splits, bool(plan.split_consts.get("WINDOW_PREFETCH", False)), plan.gluon_splits
+
+
+def candidate_plans(cell: PlanCell, rule_splits: int, rule_prefetch: bool, gluon: bool) -> list[MeasuredPlan]:
+    """The plans to time against the rules on ``cell``: split counts at SPLIT_FACTORS of rule_splits with the rules'
+    window prefetch hint, and where gluon_decode runs (the only kernel with the hint) every count, the rules' own
+    too, with the hint flipped. Some may plan alike once the launch cuts their counts (tune_cell drops those)."""
+    counts = sorted({max(1, round(rule_splits * f)) for f in SPLIT_FACTORS} - {rule_splits})
+    plans = [MeasuredPlan(cell, n, rule_prefetch) for n in counts]
+    if gluon:
+        plans += [MeasuredPlan(cell, n, not rule_prefetch) for n in [rule_splits, *counts]]
+    return plans
+
+
+def tune_cell(geometry: str, length: int, batch: int, block_size: int, reps: int, rounds: int, margin: float,
+              device: torch.device, progress: Optional[Callable[[int], None]] = None) -> dict:
+    """Time the rules' plan and candidate_plans (those that plan differently) on one shared random case in
+    ``rounds`` interleaved rounds; a JSON-able row: "rule" and "candidates" with their split counts, hints and
+    per-round ms, and "plan" ({"splits", "window_prefetch"} to keep, or None where the rules win). progress: called
+    with the number of graphs timed after each."""
+    hq, hkv, dim = benchmark.GEOMETRIES[geometry]
+    config = triton_ops.AttentionConfig(cuda_graph=True)  # timed as replays, as served
+    layers = benchmark.layers_for(batch * hkv * length * PageLayout(dim, dim, block_size, torch.float16).token_bytes)
+    gen = torch.Generator(device=device).manual_seed(length * 131 + batch)
+    case = benchmark.make_oscar_case(batch, length, hq, hkv, dim, block_size, layers, device, gen)
+    scale = 1.0 / math.sqrt(dim)
+    outs = [torch.empty_like(case.query) for _ in range(layers)]
+    fns = [lambda i=i: triton_ops.oscar_decode(
+        case.query, case.caches[i], case.window_k[i], case.window_v[i], case.layout, case.block_table,
+        case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, scale, out=outs[i],
+        max_seq_len=length, config=config) for i in range(layers)]
+    cell = PlanCell(hq, hkv, dim, block_size, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, batch, length)
+    rule_splits, rule_prefetch, gluon = _planned(case, length, config, None)
+    device_name = torch.cuda.get_device_name(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tables: list[Optional[PlanTable]] = [None]
+    planned = [(rule_splits, rule_prefetch)]
+    for plan in candidate_plans(cell, rule_splits, rule_prefetch, gluon):
+        table = PlanTable(device_name, sms, (plan,), "tuning candidate")
+        splits, prefetch, _ = _planned(case, length, config, table)
+        if (splits, prefetch) not in planned:
+            tables.append(table)
+            planned.append((splits, prefetch))
+    times: list[list[float]] = [[] for _ in tables]
+    for _ in range(rounds):
+        for table, series in zip(tables, times):
+            with measured_plans.using_table(table):
+                series.append(benchmark.time_graph(fns, reps))
+            if progress is not None:
+                progress(1)
+    best = min(range(1, len(tables)), key=lambda k: statistics.median(times[k])) if len(tables) > 1 else 0
+    agreement = _relative_difference(fns[0], outs[0], tables[best]) if best else 0.0
+    del case, outs
+    torch.cuda.empty_cache()
+    row: dict = {"geometry": geometry, "context": length, "batch": batch, "block_size": block_size,
+                 "rule": {"splits": rule_splits, "window_prefetch": rule_prefetch, "ms": times[0]},
+                 "candidates": [{"splits": s, "window_prefetch": p, "ms": t}
+                                for (s, p), t in zip(planned[1:], times[1:])], "plan": None}
+    if best:
+        row["best_gain"] = 1.0 - statistics.median(times[best]) / statistics.median(times[0])
+        row["best_relative_difference"] = agreement
+        if agreement > PLAN_AGREEMENT:
+            raise RuntimeError(f"{geometry} ctx={length} B={batch}: the plan of {planned[best][0]} splits (window "
+                               f"prefetch {planned[best][1]}) differs from the rules' output by {agreement:.2e} "
+                               f"(relative), more than a changed summation order can: a kernel bug, not a plan.")
+        if row["best_gain"] >= margin and all(b < r for b, r in zip(times[best], times[0])):
+            row["plan"] = {"splits": planned[best][0], "window_prefetch": planned[best][1]}
+    return row
+
+
+def _relative_difference(fn: Callable[[], object], out: torch.Tensor, table: Optional[PlanTable]) -> float:
+    """||fn's output with ``table`` - the rules' output|| / ||the rules' output|| (fn writes ``out``)."""
+    with measured_plans.using_table(None):
+        fn()
+        rules = out.float().clone()
+    with measured_plans.using_table(table):
+        fn()
+    return float((out.float() - rules).norm() / rules.norm().clamp_min(1e-30))
+
+
+def tuning_graphs(geometry: str, length: int, batch: int, block_size: int, rounds: int) -> int:
+    """An upper bound on the graphs tune_cell times for a cell (for a progress bar): the rules' and every
+    candidate's, each round."""
+    hq, hkv, dim = benchmark.GEOMETRIES[geometry]
+    cell = PlanCell(hq, hkv, dim, block_size, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, batch, length)
+    return rounds * (1 + len(candidate_plans(cell, 100, False, True)))
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+def _cell(row: dict) -> PlanCell:
+    hq, hkv, dim = benchmark.GEOMETRIES[row["geometry"]]
+    return PlanCell(hq, hkv, dim, row["block_size"], DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, row["batch"],
+                    row["context"])
+
+
+def _timing(row: dict) -> dict:
+    """A kept plan's entry extras: its median ms and the rules' plan and median ms."""
+    best = next(c for c in row["candidates"] if (c["splits"], c["window_prefetch"]) == (
+        row["plan"]["splits"], row["plan"]["window_prefetch"]))
+    rule = row["rule"]
+    return {"ms": round(statistics.median(best["ms"]), 5),
+            "rule": {"splits": rule["splits"], "window_prefetch": rule["window_prefetch"],
+                     "ms": round(statistics.median(rule["ms"]), 5)}}
+
+
+def merged_table(old: Optional[PlanTable], rows: list[dict], device: torch.device, source: str) -> PlanTable:
+    """The table after tuning ``rows``: old's plans for cells not tuned now, then each tuned cell's kept plan (a cell
+    whose rules won loses its old plan)."""
+    cells_now = {_cell(r) for r in rows}
+    kept = [p for p in (old.plans if old else ()) if p.cell not in cells_now]
+    plans = tuple(kept + [MeasuredPlan(_cell(r), r["plan"]["splits"], r["plan"]["window_prefetch"], _timing(r))
+                          for r in rows if r["plan"] is not None])
+    measured = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "command": " ".join(sys.argv), "commit": _git_commit(), "torch": torch.__version__,
+                "triton": benchmark.device_info(device)["triton"], "cells_tuned": len(cells_now)}
+    return PlanTable(torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).multi_processor_count,
+                     plans, source, measured)
+
+
+def format_row(row: dict) -> str:
+    """One printed line per tuned cell."""
+    rule = row["rule"]
+    line = (f"{row['geometry']} ctx={row['context']} B={row['batch']}: rules {rule['splits']} splits "
+            f"(window prefetch {rule['window_prefetch']}) {statistics.median(rule['ms']):.4f} ms")
+    if row["plan"] is None:
+        return line + f"; kept the rules (best candidate {100 * row.get('best_gain', 0.0):+.1f}%)"
+    plan = row["plan"]
+    return line + (f"; measured plan {plan['splits']} splits (window prefetch {plan['window_prefetch']}) "
+                   f"{100 * row['best_gain']:.1f}% faster")
+
+
+__all__ = ["DEFAULT_MARGIN", "DEFAULT_ROUNDS", "SPLIT_FACTORS", "candidate_plans", "format_row", "merged_table",
+           "tune_cell", "tuning_graphs"]
