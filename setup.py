@@ -18,7 +18,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_oscar", "vllm_oscar.*"]),
-    package_data={"vllm_oscar": ["py.typed"]},
+    package_data={"vllm_oscar": ["py.typed", "kernels/plans/*.json"]},
     data_files=[("share/vllm_oscar/rotations", [str(p.relative_to(ROOT)) for p in (ROOT / "rotations").glob("*.safetensors")])],
     install_requires=[
         # torch is not pinned: vLLM pins the torch it was built against, we follow it.

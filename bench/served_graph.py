@@ -33,6 +33,7 @@ requests (seq_len 1, null block) with max_seq_len = max_model_len, and a smaller
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -54,7 +55,7 @@ from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step, wr
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
 from vllm_oscar.config import DEFAULT_FOLD_MODE, FOLD_MODES, GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
-from vllm_oscar.kernels import PageLayout  # noqa: E402
+from vllm_oscar.kernels import PageLayout, measured_plans  # noqa: E402
 
 NULL_BLOCK = 0  # vLLM reserves block 0; dummy (capture) requests point at it
 TOLERANCE = 1e-2  # graph vs eager outputs: the split counts differ (max_model_len vs the step's)
@@ -214,6 +215,8 @@ class ServedAttention:
 #: Where a captured step joins its side-stream INT2 writes (ServedAttention.side_join): "layer" each layer's
 #: before the next layer, "step" all of them after the last (layer_step's defer_side_write; the product's way).
 SIDE_JOINS = ("layer", "step")
+#: --plans: decode plans with the device's table of measured plans ("device"), or by the rules alone ("rules").
+PLAN_CHOICES = ("device", "rules")
 
 
 class _AttentionLayers(torch.nn.Module):
@@ -303,16 +306,22 @@ def check(report: list, device: torch.device, layers: int = 2, rounds: int = 60,
           flush=True)
 
 
+def plan_table(choice: str) -> contextlib.AbstractContextManager:
+    """PLAN_CHOICES: "device" plans with the device's table of measured plans (measured_plans), "rules" without."""
+    return measured_plans.using_table(None) if choice == "rules" else contextlib.nullcontext()
+
+
 def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
                max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,),
-               rounds: int = 2, joins: tuple[str, ...] = ("step",)) -> None:
+               rounds: int = 2, joins: tuple[str, ...] = ("step",), plans: tuple[str, ...] = ("device",)) -> None:
     """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per variant (fold
-    mode x side-stream join; one graph each over the same state), ``rounds`` rounds with the variants in turns.
+    mode x side-stream join x decode plans: the device's measured plans or the rules' alone; one graph each over the
+    same state), ``rounds`` rounds with the variants in turns.
     The graphs are captured for max_model_len (default: just above the context), as vLLM captures for the
     model's."""
     for context in contexts:
         for batch in batches:
-            variants = [(fold, join) for fold in folds for join in joins]
+            variants = [(fold, join, plan) for fold in folds for join in joins for plan in plans]
             positions = context + 2 * calls * rounds * len(variants) + 64  # what the timed steps write
             served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
                                      max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
@@ -320,13 +329,14 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                 served.prefill(request, context - 7 * request)
             rotations = {fold: [folded(r, fold) for r in served.rotations] for fold in folds}
             graphs = {}
-            for fold, join in variants:
+            for fold, join, plan in variants:
                 served.rotations, served.side_join = rotations[fold], join
-                graphs[fold, join] = served.capture(batch)
+                with plan_table(plan):
+                    graphs[fold, join, plan] = served.capture(batch)
             requests = list(range(batch))
-            timings: dict[tuple[str, str], dict[str, list[float]]] = {variant: {} for variant in variants}
+            timings: dict[tuple[str, str, str], dict[str, list[float]]] = {variant: {} for variant in variants}
             for round_index in range(rounds):  # variants in turns, the order reversed every other round (drift)
-                for fold, join in variants if round_index % 2 == 0 else variants[::-1]:
+                for fold, join, plan in variants if round_index % 2 == 0 else variants[::-1]:
                     served.rotations, served.side_join = rotations[fold], join
                     for mode in ("eager", "graph", "replay"):
                         torch.cuda.synchronize()
@@ -335,20 +345,23 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                             if mode != "replay":  # the replay alone reuses the last step's inputs: the GPU's share
                                 metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
                             if mode == "eager":
-                                served.run_layers(metadata)
+                                with plan_table(plan):
+                                    served.run_layers(metadata)
                             else:
-                                graphs[fold, join].replay()
+                                graphs[fold, join, plan].replay()
                         torch.cuda.synchronize()
-                        timings[fold, join].setdefault(mode, []).append((time.perf_counter() - start) / calls * 1e3)
-            for fold, join in variants:
-                runs = timings[fold, join]
+                        timings[fold, join, plan].setdefault(mode, []).append(
+                            (time.perf_counter() - start) / calls * 1e3)
+            for fold, join, plan in variants:
+                runs = timings[fold, join, plan]
                 row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
-                       "fold": fold, "side_join": join, "eager_ms": runs["eager"], "graph_ms": runs["graph"],
+                       "fold": fold, "side_join": join, "plans": plan, "eager_ms": runs["eager"],
+                       "graph_ms": runs["graph"],
                        "replay_only_ms": min(runs["replay"]), "replay_only_runs_ms": runs["replay"],
                        "speedup": min(runs["eager"]) / min(runs["graph"])}
                 report.append({"time": "served_step", **row})
                 print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
-                      f"batch {batch}, fold {fold}, join per {join}: "
+                      f"batch {batch}, fold {fold}, join per {join}, plans {plan}: "
                       f"eager {' / '.join(f'{t:.2f}' for t in runs['eager'])} ms, "
                       f"graph {' / '.join(f'{t:.2f}' for t in runs['graph'])} ms ({row['speedup']:.1f}x; replay "
                       f"alone {' / '.join(f'{t:.3f}' for t in runs['replay'])} ms)", flush=True)
@@ -452,6 +465,8 @@ def main() -> int:
     parser.add_argument("--kernels", nargs=2, type=int, action="append", metavar=("CONTEXT", "BATCH"),
                         help="also: GPU time per kernel of graph replays at this context and batch (repeatable)")
     parser.add_argument("--rounds", type=int, default=2, help="time: rounds of every fold mode, in turns")
+    parser.add_argument("--plans", nargs="+", choices=PLAN_CHOICES, default=["device"],
+                        help="time: decode plans with the device's measured plans, or by the rules alone")
     parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
                         help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
     parser.add_argument("--side-streams", type=int,
@@ -488,7 +503,7 @@ def main() -> int:
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
         time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold), args.rounds,
-                   tuple(args.side_join))
+                   tuple(args.side_join), tuple(args.plans))
     for context, batch in args.kernels or []:
         for fold, join in itertools.product(args.fold, args.side_join):
             profile_kernels(context, batch, args.calls, report, fold, join)

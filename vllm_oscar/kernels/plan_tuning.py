@@ -26,9 +26,9 @@ from vllm_oscar.kernels.layout import PageLayout
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, PlanTable
 
 #: Candidate split counts, as fractions of the rules' count (deduplicated after the tile cut).
-SPLIT_FACTORS: tuple[float, ...] = (0.6, 0.75, 0.85, 0.9, 0.95, 1.05, 1.1, 1.25)
+SPLIT_FACTORS: tuple[float, ...] = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.94, 0.97, 1.03, 1.06, 1.1, 1.2, 1.35, 1.5)
 #: Interleaved timing rounds per cell, and the median gain over the rules a plan must show (fraction).
-DEFAULT_ROUNDS: int = 3
+DEFAULT_ROUNDS: int = 5
 DEFAULT_MARGIN: float = 0.02
 #: The most a candidate plan's decode output may differ from the rules' (relative L2 over the batch): another split
 #: count only reorders fp32 sums ahead of the output's bf16 rounding (2^-9 relative per element).
@@ -133,12 +133,14 @@ def tuning_graphs(geometry: str, length: int, batch: int, block_size: int, round
 
 
 def _git_commit() -> Optional[str]:
+    """The checkout's commit, "+modified" where tracked files differ from it; None outside a git checkout."""
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=10, check=True)
+        head, status = (subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
+                                       timeout=10, check=True).stdout.strip()
+                        for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"]))
     except (OSError, subprocess.SubprocessError):
         return None
-    return result.stdout.strip() or None
+    return f"{head}+modified" if status else head or None
 
 
 def _cell(row: dict) -> PlanCell:
