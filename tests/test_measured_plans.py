@@ -115,6 +115,11 @@ def test_using_table_nests_and_cpu_tensors_have_no_table_otherwise(monkeypatch) 
     assert measured_plans.active_table(cpu) is None
 
 
+def test_candidates_are_also_timed_at_the_shorter_contexts_a_graph_serves() -> None:
+    assert plan_tuning.served_contexts(32768) == [32768, 16384, 4096]
+    assert plan_tuning.served_contexts(4) == [4, 2]
+
+
 def test_candidates_cover_counts_around_the_rules_and_the_flipped_hint() -> None:
     cell = _cell()
     plans = plan_tuning.candidate_plans(cell, 32, False, gluon=True)
@@ -129,8 +134,9 @@ def test_candidates_cover_counts_around_the_rules_and_the_flipped_hint() -> None
 
 def _row(context: int, plan, rule_ms=(1.0, 1.0), best_ms=(0.9, 0.9)) -> dict:
     return {"geometry": "qwen3-8b", "context": context, "batch": 8, "block_size": 64,
-            "rule": {"splits": 32, "window_prefetch": False, "ms": list(rule_ms)},
-            "candidates": [{"splits": 30, "window_prefetch": True, "ms": list(best_ms)}], "plan": plan}
+            "rule": {"splits": 32, "window_prefetch": False, "ms": {context: list(rule_ms), context // 2: [0.5]}},
+            "candidates": [{"splits": 30, "window_prefetch": True, "ms": {context: list(best_ms), context // 2: [0.4]}}],
+            "plan": plan}
 
 
 def test_a_new_tuning_replaces_the_plans_of_the_cells_it_tuned(monkeypatch) -> None:
