@@ -316,3 +316,22 @@ def test_tune_flags_forced_split_counts_that_leave_splits_without_tiles(length, 
     assert without == empty
     assert forced_empty_splits(AttentionConfig(num_splits=num_splits), length) == empty
     assert forced_empty_splits(AttentionConfig(num_splits=num_splits, block_t=64), length) == empty
+
+
+def test_geometries_by_name_or_by_their_numbers() -> None:
+    from vllm_oscar.kernels.benchmark import GEOMETRIES, geometry_heads
+
+    assert geometry_heads("qwen3-8b") == GEOMETRIES["qwen3-8b"] == (32, 8, 128)
+    assert geometry_heads("40x8x128") == (40, 8, 128)
+    with pytest.raises(ValueError, match="e.g. 32x8x128"):
+        geometry_heads("llama")
+    with pytest.raises(ValueError, match="multiple of the KV heads"):
+        geometry_heads("32x6x128")
+
+
+def test_bench_plans_refuses_a_bad_geometry(capsys) -> None:
+    """`bench plans` refuses a bad geometry before anything runs (argparse exits 2 and names the fix)."""
+    with pytest.raises(SystemExit) as error:
+        main(["bench", "plans", "--geometry", "32x0x128", "--out", "t.json"])
+    assert error.value.code == 2
+    assert "positive multiple of the KV heads" in capsys.readouterr().err

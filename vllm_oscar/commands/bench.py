@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "being faster in every round")
     parser.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
     parser.add_argument("--png", metavar="OUT", help="write the time-vs-context plot here (decode)")
-    parser.add_argument("--geometry", nargs="+", choices=sorted(GEOMETRIES), default=sorted(GEOMETRIES))
+    parser.add_argument("--geometry", nargs="+", type=geometry_name, default=sorted(GEOMETRIES), metavar="GEOMETRY",
+                        help=f"{', '.join(sorted(GEOMETRIES))}, or query heads x KV heads x head_dim, e.g. 32x8x128")
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--prefixes", type=int, nargs="+", default=list(PREFILL_PREFIXES),
@@ -163,6 +164,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-gluon", action="store_true",
                         help="decode: time AttentionConfig(gluon_splits=False), int2_split_kernel where the default "
                              "would run gluon_decode's kernel (for comparisons)")
+
+
+def geometry_name(text: str) -> str:
+    """--geometry value: a known geometry's name or HQxHKVxD (benchmark.geometry_heads checks it)."""
+    from vllm_oscar.kernels.benchmark import geometry_heads
+
+    try:
+        geometry_heads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return text
 
 
 def refit_rounds(text: str) -> int | tuple[int, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import time
 from typing import Callable, Optional
 
@@ -32,6 +33,8 @@ GEOMETRIES: dict[str, tuple[int, int, int]] = {
     "qwen3-8b": (32, 8, 128),
     "smollm2-135m": (9, 3, 64),
 }
+#: A geometry given by its numbers instead of a name: query heads x KV heads x head_dim, e.g. "32x8x128".
+GEOMETRY_PATTERN: str = r"(\d+)x(\d+)x(\d+)"
 CONTEXTS: tuple[int, ...] = (4096, 16384, 32768, 65536, 131072)
 BATCHES: tuple[int, ...] = (1, 8, 32, 64)
 #: Each timed graph reads at least this many bytes (several times the 50-60 MB L2).
@@ -61,6 +64,22 @@ class OscarCase:
     seq_lens: torch.Tensor
     query: torch.Tensor
     window_tokens: int
+
+
+def geometry_heads(geometry: str) -> tuple[int, int, int]:
+    """(query heads, KV heads, head_dim) of a GEOMETRIES name or of "HQxHKVxD" (GEOMETRY_PATTERN); ValueError
+    naming both forms otherwise, or where the query heads are not a multiple of the KV heads."""
+    if geometry in GEOMETRIES:
+        return GEOMETRIES[geometry]
+    match = re.fullmatch(GEOMETRY_PATTERN, geometry)
+    if match is None:
+        raise ValueError(f"geometry {geometry!r}: give one of {', '.join(sorted(GEOMETRIES))} or query heads x KV "
+                         f"heads x head_dim of your model, e.g. 32x8x128.")
+    hq, hkv, dim = (int(part) for part in match.groups())
+    if not hkv or hq % hkv:
+        raise ValueError(f"geometry {geometry!r}: the query heads ({hq}) must be a positive multiple of the KV heads "
+                         f"({hkv}), as in grouped-query attention.")
+    return hq, hkv, dim
 
 
 def fill_random_cache(cache: torch.Tensor, layout: PageLayout, generator: torch.Generator) -> None:
@@ -246,7 +265,7 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     from vllm_oscar.kernels import triton_ops
     from vllm_oscar.kernels.bf16_paged import bf16_paged_decode
 
-    hq, hkv, dim = GEOMETRIES[geometry]
+    hq, hkv, dim = geometry_heads(geometry)
     result: dict = {"geometry": geometry, "context": length, "batch": batch, "block_size": block_size,
                     "hq": hq, "hkv": hkv, "head_dim": dim}
     need_bf16 = batch * hkv * length * 4 * dim
@@ -380,7 +399,7 @@ def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int
     """
     from vllm_oscar.kernels import triton_ops
 
-    hq, hkv, dim = GEOMETRIES[geometry]
+    hq, hkv, dim = geometry_heads(geometry)
     layout = PageLayout(dim, dim, block_size, torch.float16)
     layers = layers_for(batch * hkv * length * layout.token_bytes)
     gen = torch.Generator(device=device).manual_seed(length * 131 + batch)
@@ -420,7 +439,7 @@ def write_throughput(geometry: str, tokens: int, block_size: int, device: torch.
     from vllm_oscar.kernels import triton_ops
 
     config = config or triton_ops.DEFAULT_WRITE
-    hq, hkv, dim = GEOMETRIES[geometry]
+    hq, hkv, dim = geometry_heads(geometry)
     gen = torch.Generator(device=device).manual_seed(tokens)
     layout = PageLayout(dim, dim, block_size, torch.float16)
     blocks = -(-tokens // block_size) + 1

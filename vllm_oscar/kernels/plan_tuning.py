@@ -91,7 +91,7 @@ def tune_cell(geometry: str, length: int, batch: int, block_size: int, reps: int
     ({"splits", "window_prefetch"} to keep, or None where the rules win): the candidate fastest at ``length`` among
     those within SERVED_TOLERANCE of the rules' median at every shorter context, kept where it beats the rules there
     in every round and by ``margin`` in the median. progress: called with 1 after each timed graph."""
-    hq, hkv, dim = benchmark.GEOMETRIES[geometry]
+    hq, hkv, dim = benchmark.geometry_heads(geometry)
     config = triton_ops.AttentionConfig(cuda_graph=True)  # timed as replays, as served
     token_bytes = PageLayout(dim, dim, block_size, torch.float16).token_bytes
     contexts = served_contexts(length)
@@ -160,7 +160,7 @@ def _relative_difference(fn: Callable[[], object], out: torch.Tensor, table: Opt
 def tuning_graphs(geometry: str, length: int, batch: int, block_size: int, rounds: int) -> int:
     """An upper bound on the graphs tune_cell times for a cell (for a progress bar): the rules' and every
     candidate's at each served context, each round."""
-    hq, hkv, dim = benchmark.GEOMETRIES[geometry]
+    hq, hkv, dim = benchmark.geometry_heads(geometry)
     cell = PlanCell(hq, hkv, dim, block_size, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, batch, length)
     return rounds * len(served_contexts(length)) * (1 + len(candidate_plans(cell, 100, False, True)))
 
@@ -177,7 +177,7 @@ def _git_commit() -> Optional[str]:
 
 
 def _cell(row: dict) -> PlanCell:
-    hq, hkv, dim = benchmark.GEOMETRIES[row["geometry"]]
+    hq, hkv, dim = benchmark.geometry_heads(row["geometry"])
     return PlanCell(hq, hkv, dim, row["block_size"], DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, row["batch"],
                     row["context"])
 

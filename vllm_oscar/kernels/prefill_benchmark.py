@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS
-from vllm_oscar.kernels.benchmark import GEOMETRIES, OscarCase, error_summary, make_oscar_case, time_graph
+from vllm_oscar.kernels.benchmark import OscarCase, error_summary, geometry_heads, make_oscar_case, time_graph
 
 PREFILL_PREFIXES: tuple[int, ...] = (0, 4096, 32768)
 PREFILL_CHUNKS: tuple[int, ...] = (512, 2048)
@@ -86,7 +86,7 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
 
     from vllm_oscar.kernels import triton_ops
 
-    hq, hkv, dim = GEOMETRIES[geometry]
+    hq, hkv, dim = geometry_heads(geometry)
     total = prefix + chunk
     flops = attention_flops(batch, hq, dim, prefix, chunk)
     result: dict = {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
