@@ -7,12 +7,13 @@ returns, per worker, the KV pool (blocks, block size), the attention impl class 
 that actually runs), where the rotations came from, how many layers have R_V folded into their weights
 (vllm_oscar.attention.fold), how many defer the side-stream INT2 writes of captured decode steps to the end of the
 forward (vllm_oscar.attention.deferred_writes), the window-store counters
-(fallback_positions: BF16-window positions served from INT2; evictions) and bytes.
+(fallback_positions: BF16-window positions served from INT2; evictions) and bytes, and the table of measured decode
+plans the worker's GPU plans with (vllm_oscar.kernels.measured_plans; None: the rules alone, or no GPU).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 def worker_status(worker: Any) -> dict[str, Any]:
@@ -39,4 +40,17 @@ def worker_status(worker: Any) -> dict[str, Any]:
         "evictions": None if manager is None else manager.evictions,
         "window_blocks": None if manager is None else manager.num_window_blocks,
         "window_store_bytes": window_store.allocated_bytes(),
+        "decode_plan_table": _decode_plan_table(),
     }
+
+
+def _decode_plan_table() -> Optional[str]:
+    """Where the worker's table of measured decode plans came from (None without a table or a CUDA device)."""
+    import torch
+
+    from vllm_oscar.kernels.measured_plans import active_table
+
+    if not torch.cuda.is_available():
+        return None
+    table = active_table(torch.device("cuda", torch.cuda.current_device()))
+    return None if table is None else table.source
