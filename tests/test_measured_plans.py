@@ -157,3 +157,27 @@ def test_a_new_tuning_replaces_the_plans_of_the_cells_it_tuned(monkeypatch) -> N
     assert new.window_prefetch is True
     assert new.timing == {"ms": 0.9, "rule": {"splits": 32, "window_prefetch": False, "ms": 1.0}}
     assert table.measured["cells_tuned"] == 2
+
+
+def _times(rule: dict, *candidates: dict) -> list[dict[int, list[float]]]:
+    return [rule, *candidates]
+
+
+def test_the_tuner_keeps_the_fastest_candidate_that_is_no_slower_at_the_served_contexts() -> None:
+    rule = {32768: [1.00, 1.01, 0.99], 16384: [0.60] * 3, 4096: [0.20] * 3}
+    fast_but_slow_short = {32768: [0.90] * 3, 16384: [0.61] * 3, 4096: [0.25] * 3}  # 25% slower at 4K
+    good = {32768: [0.95, 0.96, 0.94], 16384: [0.605] * 3, 4096: [0.19] * 3}  # within 1% at 16K
+    best, kept = plan_tuning.chosen_candidate(_times(rule, fast_but_slow_short, good), 32768, 0.02)
+    assert (best, kept) == (2, True)
+
+
+def test_the_tuner_keeps_the_rules_without_a_gain_in_every_round_and_by_the_margin() -> None:
+    rule = {32768: [1.00, 1.00, 0.90], 4096: [0.2] * 3}
+    noisy = {32768: [0.95, 0.95, 0.95], 4096: [0.2] * 3}  # 5% faster in the median, slower in round 3
+    assert plan_tuning.chosen_candidate(_times(rule, noisy), 32768, 0.02) == (1, False)
+    rule = {32768: [1.0] * 3, 4096: [0.2] * 3}
+    small = {32768: [0.99] * 3, 4096: [0.2] * 3}  # faster every round, by 1% only
+    assert plan_tuning.chosen_candidate(_times(rule, small), 32768, 0.02) == (1, False)
+    slow_short = {32768: [0.5] * 3, 4096: [0.21] * 3}
+    assert plan_tuning.chosen_candidate(_times(rule, slow_short), 32768, 0.02) == (0, False)
+    assert plan_tuning.chosen_candidate(_times(rule), 32768, 0.02) == (0, False)  # no candidate at all

@@ -88,9 +88,8 @@ def tune_cell(geometry: str, length: int, batch: int, block_size: int, reps: int
     """Time the rules' plan and candidate_plans (those that plan differently) for launches sized for ``length``
     positions, at every served_contexts context (one random case each), in ``rounds`` interleaved rounds. A
     JSON-able row: "rule" and "candidates" with their split counts, hints and per-round ms by context, and "plan"
-    ({"splits", "window_prefetch"} to keep, or None where the rules win): the candidate fastest at ``length`` among
-    those within SERVED_TOLERANCE of the rules' median at every shorter context, kept where it beats the rules there
-    in every round and by ``margin`` in the median. progress: called with 1 after each timed graph."""
+    ({"splits", "window_prefetch"} of the candidate chosen_candidate keeps, or None where the rules win). progress:
+    called with 1 after each timed graph."""
     hq, hkv, dim = benchmark.geometry_heads(geometry)
     config = triton_ops.AttentionConfig(cuda_graph=True)  # timed as replays, as served
     token_bytes = PageLayout(dim, dim, block_size, torch.float16).token_bytes
@@ -122,10 +121,7 @@ def tune_cell(geometry: str, length: int, batch: int, block_size: int, reps: int
                     series[context].append(benchmark.time_graph(launches[context][1], reps))
                 if progress is not None:
                     progress(1)
-    median = [{context: statistics.median(t) for context, t in series.items()} for series in times]
-    served_ok = [k for k in range(1, len(tables))
-                 if all(median[k][c] <= (1.0 + SERVED_TOLERANCE) * median[0][c] for c in contexts[1:])]
-    best = min(served_ok, key=lambda k: median[k][length]) if served_ok else 0
+    best, kept = chosen_candidate(times, length, margin)
     agreement = _relative_difference(launches[length][1][0], launches[length][2][0], tables[best]) if best else 0.0
     del launches, full_case
     torch.cuda.empty_cache()
@@ -134,17 +130,42 @@ def tune_cell(geometry: str, length: int, batch: int, block_size: int, reps: int
                  "rule": {"splits": rule_splits, "window_prefetch": rule_prefetch, "ms": times[0]},
                  "candidates": [{"splits": s, "window_prefetch": p, "ms": t}
                                 for (s, p), t in zip(planned[1:], times[1:])], "plan": None,
-                 "fastest_gain": 1.0 - min(m[length] for m in median) / median[0][length]}
+                 "fastest_gain": _gain(times, min(range(len(times)), key=lambda k: _median(times, k, length)),
+                                       length)}
     if best:
-        row["best_gain"] = 1.0 - median[best][length] / median[0][length]
+        row["best_gain"] = _gain(times, best, length)
         row["best_relative_difference"] = agreement
         if agreement > PLAN_AGREEMENT:
             raise RuntimeError(f"{geometry} ctx={length} B={batch}: the plan of {planned[best][0]} splits (window "
                                f"prefetch {planned[best][1]}) differs from the rules' output by {agreement:.2e} "
                                f"(relative), more than a changed summation order can: a kernel bug, not a plan.")
-        if row["best_gain"] >= margin and all(b < r for b, r in zip(times[best][length], times[0][length])):
+        if kept:
             row["plan"] = {"splits": planned[best][0], "window_prefetch": planned[best][1]}
     return row
+
+
+def _median(times: list[dict[int, list[float]]], k: int, context: int) -> float:
+    return statistics.median(times[k][context])
+
+
+def _gain(times: list[dict[int, list[float]]], k: int, context: int) -> float:
+    return 1.0 - _median(times, k, context) / _median(times, 0, context)
+
+
+def chosen_candidate(times: list[dict[int, list[float]]], length: int, margin: float) -> tuple[int, bool]:
+    """(index of the candidate to weigh, whether to keep it) from per-round ms by context: times[0] the rules',
+    times[k] candidate k's, each {context: [ms per round]} with the cell's context ``length`` and the shorter served
+    contexts. The candidate weighed is the fastest at ``length`` (median) among those whose median at every shorter
+    context is at most SERVED_TOLERANCE above the rules' (0: none); it is kept where it beats the rules at
+    ``length`` in every round and by ``margin`` in the median."""
+    shorter = [context for context in times[0] if context != length]
+    served_ok = [k for k in range(1, len(times))
+                 if all(_median(times, k, c) <= (1.0 + SERVED_TOLERANCE) * _median(times, 0, c) for c in shorter)]
+    if not served_ok:
+        return 0, False
+    best = min(served_ok, key=lambda k: _median(times, k, length))
+    kept = _gain(times, best, length) >= margin and all(b < r for b, r in zip(times[best][length], times[0][length]))
+    return best, kept
 
 
 def _relative_difference(fn: Callable[[], object], out: torch.Tensor, table: Optional[PlanTable]) -> float:
@@ -219,5 +240,6 @@ def format_row(row: dict) -> str:
                    f"{100 * row['best_gain']:.1f}% faster")
 
 
-__all__ = ["DEFAULT_MARGIN", "DEFAULT_ROUNDS", "SPLIT_FACTORS", "candidate_plans", "format_row", "merged_table",
-           "tune_cell", "tuning_graphs"]
+__all__ = ["DEFAULT_MARGIN", "DEFAULT_ROUNDS", "SERVED_DIVISORS", "SERVED_TOLERANCE", "SPLIT_FACTORS",
+           "candidate_plans", "chosen_candidate", "format_row", "merged_table", "served_contexts", "tune_cell",
+           "tuning_graphs"]
