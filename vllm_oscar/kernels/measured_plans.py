@@ -26,6 +26,7 @@ gluon_window_prefetch) decides instead.
 
 Which table: the environment variable VLLM_OSCAR_DECODE_PLANS, a path to a table file (for this GPU model) or
 ``off`` (the rules only); unset, the table shipped in ``vllm_oscar/kernels/plans/`` for this GPU model, if any.
+vLLM copies ``VLLM_*`` variables to its Ray workers, so the path must be readable on every node.
 """
 
 from __future__ import annotations
