@@ -277,9 +277,10 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
     return rows
 
 
-def run_plans(args: argparse.Namespace, device: torch.device, cases: list[tuple[str, int, int]]) -> list[dict]:
+def run_plans(args: argparse.Namespace, device: torch.device, cases: list[tuple[str, int, int]],
+              report: dict) -> list[dict]:
     """`bench plans`: tune every case (plan_tuning.tune_cell) with a progress bar, print a line per case, and write
-    the merged table to --out."""
+    the merged table to --out and the report (its "plans": the tuned rows) to --json after each case."""
     from pathlib import Path
 
     from tqdm import tqdm
@@ -305,6 +306,8 @@ def run_plans(args: argparse.Namespace, device: torch.device, cases: list[tuple[
             table = plan_tuning.merged_table(old, rows, device, args.out)  # written as it grows: nothing lost
             Path(args.out).write_text(json.dumps(measured_plans.table_json(table), indent=1) + "\n",
                                       encoding="utf-8")
+            if args.json:
+                Path(args.json).write_text(json.dumps({**report, "plans": rows}, indent=1), encoding="utf-8")
     kept = sum(r["plan"] is not None for r in rows)
     print(f"{args.out}: {len(table.plans)} measured plans ({kept} of {len(rows)} cells tuned now beat the rules by "
           f">= {100 * args.margin:.1f}%).")
@@ -329,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv, "allocator": allocator}
     cases = list(itertools.product(args.geometry, args.contexts, args.batches))
     if args.mode == "plans":
-        report["plans"] = run_plans(args, device, cases)
+        report["plans"] = run_plans(args, device, cases, report)
     elif args.mode == "prefill":
         report["prefill"] = run_prefill(args, device)
     elif args.mode == "tune":
