@@ -136,7 +136,7 @@ def _row(context: int, plan, rule_ms=(1.0, 1.0), best_ms=(0.9, 0.9)) -> dict:
     return {"geometry": "qwen3-8b", "context": context, "batch": 8, "block_size": 64,
             "rule": {"splits": 32, "window_prefetch": False, "ms": {context: list(rule_ms), context // 2: [0.5]}},
             "candidates": [{"splits": 30, "window_prefetch": True, "ms": {context: list(best_ms), context // 2: [0.4]}}],
-            "plan": plan}
+            "plan": plan, "fastest_gain": 0.1, **({"best_gain": 0.1} if plan else {})}
 
 
 def test_a_new_tuning_replaces_the_plans_of_the_cells_it_tuned(monkeypatch) -> None:
@@ -181,3 +181,39 @@ def test_the_tuner_keeps_the_rules_without_a_gain_in_every_round_and_by_the_marg
     slow_short = {32768: [0.5] * 3, 4096: [0.21] * 3}
     assert plan_tuning.chosen_candidate(_times(rule, slow_short), 32768, 0.02) == (0, False)
     assert plan_tuning.chosen_candidate(_times(rule), 32768, 0.02) == (0, False)  # no candidate at all
+
+
+def test_bench_plans_writes_and_extends_the_table_of_this_gpu_only(tmp_path, monkeypatch) -> None:
+    """`bench plans` without a GPU: tune_cell replaced by canned rows; the table and the report are written, an
+    existing table of this GPU is extended, one of another GPU is refused before any tuning."""
+    import argparse
+
+    import torch
+
+    from vllm_oscar.commands import bench
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: type("P", (), {"multi_processor_count": 132})())
+    monkeypatch.setattr(plan_tuning.benchmark, "device_info", lambda device: {"triton": "3.6.0"})
+    tuned = []
+
+    def tune_cell(geometry, context, batch, block_size, reps, rounds, margin, device, progress):
+        tuned.append((geometry, context, batch))
+        progress(1)
+        return _row(context, {"splits": 30, "window_prefetch": True} if context == 32768 else None)
+
+    monkeypatch.setattr(plan_tuning, "tune_cell", tune_cell)
+    out, raw = tmp_path / "table.json", tmp_path / "raw.json"
+    args = argparse.Namespace(out=str(out), json=str(raw), rounds=5, margin=0.02, block_size=64, reps=10)
+    out.write_text(json.dumps(_table(_entry(context=4096, splits=10))))
+    rows = bench.run_plans(args, torch.device("cpu"), [("qwen3-8b", 32768, 8), ("qwen3-8b", 65536, 8)], {"x": 1})
+    assert tuned == [("qwen3-8b", 32768, 8), ("qwen3-8b", 65536, 8)] and len(rows) == 2
+    table = measured_plans.load_table(out)
+    assert {(p.cell.context, p.splits) for p in table.plans} == {(4096, 10), (32768, 30)}
+    assert json.loads(raw.read_text())["x"] == 1 and len(json.loads(raw.read_text())["plans"]) == 2
+    out.write_text(json.dumps(_table(_entry(), device="NVIDIA H100 80GB HBM3")))
+    tuned.clear()
+    with pytest.raises(SystemExit, match="measured on NVIDIA H100 80GB HBM3"):
+        bench.run_plans(args, torch.device("cpu"), [("qwen3-8b", 32768, 8)], {})
+    assert not tuned
