@@ -40,7 +40,8 @@ def _key(row: dict) -> tuple:
 
 
 def table(rows: list[dict], compare: dict[tuple, dict], label: str) -> str:
-    """The markdown table of one report (rows as `bench decode` writes them)."""
+    """The markdown table of one report (rows as `bench decode` writes them; * after a split count: a measured plan
+    of the device's table, measured_plans)."""
     head = ("| geometry | context | B | splits | OSCAR ms | % read BW | cuDNN ms | flash ms | paged BF16 Triton ms "
             "| x best SDPA | x BF16 Triton | ideal x |")
     rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -52,7 +53,8 @@ def table(rows: list[dict], compare: dict[tuple, dict], label: str) -> str:
         if "oscar" not in r:
             continue
         sdpa = r.get("sdpa", {})
-        cells = [r["geometry"], str(r["context"]), str(r["batch"]), str(r["oscar"].get("splits", "")),
+        splits = f"{r['oscar'].get('splits', '')}{'*' if r['oscar'].get('measured_plan') else ''}"
+        cells = [r["geometry"], str(r["context"]), str(r["batch"]), splits,
                  f"{r['oscar']['ms']:.4f}", f"{r['oscar']['pct_read_bw']:.0f}%", _ms(sdpa.get("cudnn")),
                  _ms(sdpa.get("flash")), _ms(r.get("bf16_triton")), f"**{r['speedup_vs_best_sdpa']:.2f}**",
                  f"{r['speedup_vs_bf16_triton']:.2f}", f"{r['ideal_speedup']:.2f}"]
