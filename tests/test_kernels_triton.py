@@ -364,6 +364,11 @@ def test_triton_decode_takes_the_split_count_of_a_measured_plan_in_its_context_b
     assert splits_with(table(5), 513) == splits_with(None, 513)
     assert splits_with(table(5, batch=4), 400) == rules_400  # another batch
     assert splits_with(table(5), 400, dataclasses.replace(config, num_splits=3)) == 3  # explicit knobs win
+    plan_args = (query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                 state.window_block_table, state.seq_lens, sink, recent, 0.125, 400, config)
+    with measured_plans.using_table(table(5)):
+        assert triton_ops.decode_plan(*plan_args).measured
+    assert not triton_ops.decode_plan(*plan_args).measured
 
 
 @pytest.mark.parametrize("query_scale", [0.5, 8.0, 40.0])

@@ -291,11 +291,11 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
             out=outs[i], max_seq_len=length, config=config)
 
     ms = time_graph([oscar_fn(i) for i in range(oscar_layers)], reps)
+    plan = case_plan(config, case, length)
     o_bytes = oscar_bytes(case, batch, length, hkv, hq, dim)
     result["oscar"] = {"ms": ms, "layers": oscar_layers, "bytes": o_bytes, "GBps": o_bytes / ms / 1e6,
                        "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
-                       "splits": _splits(config, case, length),
-                       "measured_plan": _uses_measured_plan(config, case, length, device)}
+                       "splits": plan.num_splits, "measured_plan": plan.measured}
     if breakdown:
         try:
             kernels = kernel_breakdown([oscar_fn(i) for i in range(oscar_layers)], reps)
@@ -356,28 +356,14 @@ def run_case(geometry: str, length: int, batch: int, block_size: int, reps: int,
     return result
 
 
-def _splits(config, case: OscarCase, length: int, layer: int = 0) -> int:
-    """The split-K count oscar_decode uses for this config and case."""
+def case_plan(config, case: OscarCase, length: int, layer: int = 0):
+    """The launch plan oscar_decode makes for this config and case (triton_ops.decode_plan)."""
     from vllm_oscar.kernels import triton_ops
 
-    return triton_ops.decode_split_count(
+    return triton_ops.decode_plan(
         case.query, case.caches[layer], case.window_k[layer], case.window_v[layer], case.layout, case.block_table,
         case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS,
         1.0 / math.sqrt(case.layout.head_dim), length, config)
-
-
-def _uses_measured_plan(config, case: OscarCase, length: int, device: torch.device) -> bool:
-    """Whether the device's table of measured plans (measured_plans) has a plan for this case that config lets
-    apply (no explicit split sizing)."""
-    from vllm_oscar.kernels.measured_plans import PlanCell, active_table
-
-    table = active_table(device)
-    if table is None or config.num_splits or config.programs_per_sm is not None:
-        return False
-    batch, hq, dim = case.query.shape
-    cell = PlanCell(hq, case.caches[0].shape[1], dim, case.layout.block_size, DEFAULT_SINK_TOKENS,
-                    DEFAULT_RECENT_TOKENS, batch, length)
-    return table.lookup(cell) is not None
 
 
 def forced_empty_splits(config, length: int) -> int:
@@ -419,7 +405,7 @@ def tune_case(geometry: str, length: int, batch: int, block_size: int, reps: int
             ms = time_graph(fns, reps)
             row["oscar"] = {"ms": ms, "GBps": o_bytes / ms / 1e6,
                             "pct_read_bw": 100 * o_bytes / ms / 1e6 / bandwidth["read_GBps"],
-                            "splits": _splits(config, case, length)}
+                            "splits": case_plan(config, case, length).num_splits}
             if config.num_splits:
                 row["oscar"]["empty_splits"] = forced_empty_splits(config, length)
         except Exception as error:  # noqa: BLE001 - a variant that fails is reported

@@ -48,10 +48,7 @@ def _planned(case: benchmark.OscarCase, length: int, config: triton_ops.Attentio
     """(split count, window prefetch hint, whether gluon_decode's kernel runs) of the plan oscar_decode makes for
     the case with ``table`` (None: the rules')."""
     with measured_plans.using_table(table):
-        plan = triton_ops._cached_plan(
-            case.query, case.caches[0], case.window_k[0], case.window_v[0], case.layout, case.block_table,
-            case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS,
-            1.0 / math.sqrt(case.layout.head_dim), length, config)
+        plan = benchmark.case_plan(config, case, length)
     return plan.num_splits, bool(plan.split_consts.get("WINDOW_PREFETCH", False)), plan.gluon_splits
 
 

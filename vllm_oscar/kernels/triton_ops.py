@@ -841,6 +841,7 @@ class _DecodePlan:
     merge_pdl: bool  # the merge launched with programmatic dependent launch (_merge_pdl)
     gluon_splits: bool = False  # the split and window programs in gluon_decode's kernel
     gluon_tma: bool = False  # gluon_decode's staged tiles copied by TMA (its descriptors)
+    measured: bool = False  # the split count came from the device's table of measured plans (measured_plans)
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
@@ -1252,17 +1253,26 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
     return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl,
-                       gluon_splits, gluon_tma)
+                       gluon_splits, gluon_tma, measured is not None)
+
+
+def decode_plan(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
+                window_v: torch.Tensor, layout: PageLayout, block_table: torch.Tensor,
+                window_block_table: torch.Tensor, seq_lens: torch.Tensor, sink: int, recent: int,
+                softmax_scale: float, max_seq_len: int, config: AttentionConfig = DEFAULT_DECODE) -> _DecodePlan:
+    """The plan oscar_decode launches for these arguments, the device's measured plans included (for reports and the
+    plan tuner: num_splits, gluon_splits, measured, split_consts["WINDOW_PREFETCH"]; compiles on first use)."""
+    return _cached_plan(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
+                        sink, recent, softmax_scale, max_seq_len, config)
 
 
 def decode_split_count(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
                        window_v: torch.Tensor, layout: PageLayout, block_table: torch.Tensor,
                        window_block_table: torch.Tensor, seq_lens: torch.Tensor, sink: int, recent: int,
                        softmax_scale: float, max_seq_len: int, config: AttentionConfig = DEFAULT_DECODE) -> int:
-    """The split-K count oscar_decode uses for these arguments, the device's measured plans included (for reports;
-    compiles on first use)."""
-    return _cached_plan(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
-                        sink, recent, softmax_scale, max_seq_len, config).num_splits
+    """The split-K count oscar_decode uses for these arguments (decode_plan's)."""
+    return decode_plan(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
+                       sink, recent, softmax_scale, max_seq_len, config).num_splits
 
 
 #: Rotation launch (oscar_rotate): rows per program (BLOCK_M) where N x g rows fit ROTATE_SMALL_ROWS (decode
@@ -1513,5 +1523,5 @@ def oscar_prefill(
     return out
 
 
-__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_split_count", "decode_splits", "resolved_block_t",
+__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_plan", "decode_split_count", "decode_splits", "resolved_block_t",
            "oscar_decode", "oscar_prefill", "oscar_rotate", "prefill_split_count", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
