@@ -69,23 +69,24 @@ def _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows
     input_precision ("ieee": fp32 FMAs; "tf32x3": three TF32 tensor-core MMAs, about fp32 accuracy)."""
     cols = tl.arange(0, D)
     x_base = x_ptr + rows.to(tl.int64)[:, None] * stride_xn + h * stride_xh
-    if ROTATE:
+    if ROTATE or x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        # Pre-rotated 16-bit rows go through an identity MMA, BLOCK_K input channels at a time like the rotation:
+        # the rows leave it in an MMA layout, in which the clip / refit / pack code after it fits the registers (the
+        # plain load's layout took 255 and spilled: docs/notes/kernels.md, session 37), and each step's identity
+        # slice holds no more shared memory than a rotation step's (one [D, D] identity took 64 KiB: session 39).
+        # Exact: 16-bit values are TF32 values, and the other slices add zeros.
         acc = tl.zeros([rows.shape[0], D], dtype=tl.float32)
         for k0 in tl.static_range(0, D, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_base + ks[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-            r = tl.load(r_ptr + h * stride_rh + ks[:, None] * stride_rr + cols[None, :]).to(tl.float32)
-            acc = tl.dot(x, r, acc, input_precision=PRECISION)
+            if ROTATE:
+                r = tl.load(r_ptr + h * stride_rh + ks[:, None] * stride_rr + cols[None, :]).to(tl.float32)
+                acc = tl.dot(x, r, acc, input_precision=PRECISION)
+            else:
+                acc = tl.dot(x, tl.where(ks[:, None] == cols[None, :], 1.0, 0.0), acc, input_precision="tf32")
         return acc
     else:
-        x = tl.load(x_base + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
-            # Through an identity MMA: the rows leave it in an MMA layout, in which the clip / refit / pack code
-            # after it fits the registers (217 at head_dim 128; the plain load's layout took 255 and spilled:
-            # docs/notes/kernels.md, session 37). Exact: 16-bit values are exactly representable in TF32.
-            eye = tl.where(cols[:, None] == cols[None, :], 1.0, 0.0)
-            return tl.dot(x, eye, input_precision="tf32")
-        return x
+        return tl.load(x_base + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
