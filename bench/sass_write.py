@@ -29,7 +29,8 @@ from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, INT2_MODES,  # noqa: E402
                                           ROTATE_BLOCK_C, ROTATE_BLOCK_K, ROTATE_BLOCK_M_SMALL, ROTATE_PRECISION,
-                                          ROTATION_PRECISIONS, WRITE_BLOCK_K, WRITE_BLOCK_N, WRITE_WINDOW_BLOCK_K,
+                                          ROTATION_PRECISIONS, WRITE_BLOCK_K, WRITE_BLOCK_N, WRITE_WINDOW_BLOCK_C,
+                                          WRITE_WINDOW_BLOCK_K,
                                           _plane_offsets)
 from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
 from vllm_oscar.quant import clip_threshold_index  # noqa: E402
@@ -50,21 +51,25 @@ QUERY_SIGNATURE = {"q_ptr": "*bf16", "stride_qn": "i32", "stride_qh": "i32", "q_
 
 def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float],
                   clip_top: bool = False, rotation: str = "ieee", unroll: bool = True, query_group: int = 0,
-                  int2_mode: int = 0, store_window: bool = True, rotate_v: bool = True):
+                  int2_mode: int = 0, store_window: bool = True, rotate_v: bool = True,
+                  window_columns: int = WRITE_WINDOW_BLOCK_C):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served); query_group > 0:
     with the query rotation programs (QUERY_GROUP) of oscar_write with a query; rotate_v False: values arrive
-    rotated (R_V folded into W_v)."""
+    rotated (R_V folded into W_v); window_columns: output columns per window-copy program of a flagged launch."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
                      DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=rotate_v, BLOCK_N=WRITE_BLOCK_N,
-                     BLOCK_K=min(head_dim, WRITE_BLOCK_K), WINDOW_BLOCK_K=min(head_dim, WRITE_WINDOW_BLOCK_K), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True,
+                     BLOCK_K=min(head_dim, WRITE_BLOCK_K), WINDOW_BLOCK_K=min(head_dim, WRITE_WINDOW_BLOCK_K),
+                     WINDOW_BLOCK_C=min(head_dim, window_columns), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1],
+                     FLOOR_K=True,
                      FLOOR_V=False, ROT_PRECISION=rotation, UNROLL_REFIT=unroll,
                      CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
                      CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
                      INT2_MODE=int2_mode, STORE_WINDOW=store_window, QUERY_GROUP=query_group)
     runtime = {**SIGNATURE, **QUERY_SIGNATURE}  # the query's arguments go unused at QUERY_GROUP 0
-    constants["WRITE_SIDES"] = 4 if store_window and int2_mode >= INT2_MODES["if_flag"] else 2
+    copies = 2 * (head_dim // min(head_dim, window_columns)) if store_window and int2_mode >= INT2_MODES["if_flag"] else 0
+    constants["WRITE_SIDES"] = 2 + copies
     if query_group:
         constants.update(Q_BLOCK_M=ROTATE_BLOCK_M_SMALL, Q_BLOCK_C=min(head_dim, ROTATE_BLOCK_C),
                          Q_BLOCK_K=min(head_dim, ROTATE_BLOCK_K), Q_PRECISION=ROTATE_PRECISION)
@@ -93,12 +98,14 @@ def main() -> int:
     parser.add_argument("--store-window", type=int, choices=(0, 1), default=1)
     parser.add_argument("--rotate-v", type=int, choices=(0, 1), default=1,
                         help="0: values arrive rotated (fold_rotations value_and_output)")
+    parser.add_argument("--window-columns", type=int, default=WRITE_WINDOW_BLOCK_C,
+                        help="output columns per window-copy program of a flagged launch (WriteConfig.window_columns)")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
     kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
                            args.clip_search == "top", args.rotation, bool(args.unroll), args.query_group,
-                           INT2_MODES[args.int2], bool(args.store_window), bool(args.rotate_v))
+                           INT2_MODES[args.int2], bool(args.store_window), bool(args.rotate_v), args.window_columns)
     sass, registers, stack = read_compiled(kernel, args.dump)
     ops = collections.Counter(op for _, op in instructions(sass))
     common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))

@@ -42,7 +42,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -55,7 +55,7 @@ from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step, wr
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
 from vllm_oscar.config import DEFAULT_FOLD_MODE, FOLD_MODES, GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
-from vllm_oscar.kernels import PageLayout, measured_plans  # noqa: E402
+from vllm_oscar.kernels import PageLayout, measured_plans, triton_ops  # noqa: E402
 
 NULL_BLOCK = 0  # vLLM reserves block 0; dummy (capture) requests point at it
 TOLERANCE = 1e-2  # graph vs eager outputs: the split counts differ (max_model_len vs the step's)
@@ -311,17 +311,41 @@ def plan_table(choice: str) -> contextlib.AbstractContextManager:
     return measured_plans.using_table(None) if choice == "rules" else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def window_columns(columns: Optional[int]) -> Iterator[None]:
+    """Write launches made under it give a flagged launch's window-copy programs ``columns`` output columns
+    (triton_ops.WRITE_WINDOW_BLOCK_C, the default of WriteConfig.window_columns, which layer_step does not take);
+    None: the default. For timing A/Bs: a captured graph keeps what its capture launched."""
+    if columns is None:
+        yield
+        return
+    default = triton_ops.WRITE_WINDOW_BLOCK_C
+    triton_ops.WRITE_WINDOW_BLOCK_C = columns
+    triton_ops._write_constants.cache_clear()  # its constants were built with the default
+    try:
+        yield
+    finally:
+        triton_ops.WRITE_WINDOW_BLOCK_C = default
+        triton_ops._write_constants.cache_clear()
+
+
+def window_columns_used(columns: Optional[int]) -> int:
+    """The window-copy columns a Qwen3-8B-geometry step's first launch uses under window_columns(columns)."""
+    return triton_ops.window_columns(triton_ops.WriteConfig(window_columns=columns), 128)
+
+
 def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
                max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,),
-               rounds: int = 2, joins: tuple[str, ...] = ("step",), plans: tuple[str, ...] = ("device",)) -> None:
+               rounds: int = 2, joins: tuple[str, ...] = ("step",), plans: tuple[str, ...] = ("device",),
+               columns: tuple[Optional[int], ...] = (None,)) -> None:
     """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per variant (fold
-    mode x side-stream join x decode plans: the device's measured plans or the rules' alone; one graph each over the
-    same state), ``rounds`` rounds with the variants in turns.
+    mode x side-stream join x decode plans: the device's measured plans or the rules' alone x window-copy columns,
+    window_columns; one graph each over the same state), ``rounds`` rounds with the variants in turns.
     The graphs are captured for max_model_len (default: just above the context), as vLLM captures for the
     model's."""
     for context in contexts:
         for batch in batches:
-            variants = [(fold, join, plan) for fold in folds for join in joins for plan in plans]
+            variants = list(itertools.product(folds, joins, plans, columns))
             positions = context + 2 * calls * rounds * len(variants) + 64  # what the timed steps write
             served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
                                      max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
@@ -329,14 +353,15 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                 served.prefill(request, context - 7 * request)
             rotations = {fold: [folded(r, fold) for r in served.rotations] for fold in folds}
             graphs = {}
-            for fold, join, plan in variants:
+            for fold, join, plan, copy_columns in variants:
                 served.rotations, served.side_join = rotations[fold], join
-                with plan_table(plan):
-                    graphs[fold, join, plan] = served.capture(batch)
+                with plan_table(plan), window_columns(copy_columns):
+                    graphs[fold, join, plan, copy_columns] = served.capture(batch)
             requests = list(range(batch))
-            timings: dict[tuple[str, str, str], dict[str, list[float]]] = {variant: {} for variant in variants}
+            timings: dict[tuple, dict[str, list[float]]] = {variant: {} for variant in variants}
             for round_index in range(rounds):  # variants in turns, the order reversed every other round (drift)
-                for fold, join, plan in variants if round_index % 2 == 0 else variants[::-1]:
+                for variant in variants if round_index % 2 == 0 else variants[::-1]:
+                    fold, join, plan, copy_columns = variant
                     served.rotations, served.side_join = rotations[fold], join
                     for mode in ("eager", "graph", "replay"):
                         torch.cuda.synchronize()
@@ -345,23 +370,26 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                             if mode != "replay":  # the replay alone reuses the last step's inputs: the GPU's share
                                 metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
                             if mode == "eager":
-                                with plan_table(plan):
+                                with plan_table(plan), window_columns(copy_columns):
                                     served.run_layers(metadata)
                             else:
-                                graphs[fold, join, plan].replay()
+                                graphs[variant].replay()
                         torch.cuda.synchronize()
-                        timings[fold, join, plan].setdefault(mode, []).append(
+                        timings[variant].setdefault(mode, []).append(
                             (time.perf_counter() - start) / calls * 1e3)
-            for fold, join, plan in variants:
-                runs = timings[fold, join, plan]
+            for variant in variants:
+                fold, join, plan, copy_columns = variant
+                runs = timings[variant]
                 row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
-                       "fold": fold, "side_join": join, "plans": plan, "eager_ms": runs["eager"],
+                       "fold": fold, "side_join": join, "plans": plan,
+                       "window_columns": window_columns_used(copy_columns), "eager_ms": runs["eager"],
                        "graph_ms": runs["graph"],
                        "replay_only_ms": min(runs["replay"]), "replay_only_runs_ms": runs["replay"],
                        "speedup": min(runs["eager"]) / min(runs["graph"])}
                 report.append({"time": "served_step", **row})
                 print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
-                      f"batch {batch}, fold {fold}, join per {join}, plans {plan}: "
+                      f"batch {batch}, fold {fold}, join per {join}, plans {plan}, window copies of "
+                      f"{row['window_columns']} columns: "
                       f"eager {' / '.join(f'{t:.2f}' for t in runs['eager'])} ms, "
                       f"graph {' / '.join(f'{t:.2f}' for t in runs['graph'])} ms ({row['speedup']:.1f}x; replay "
                       f"alone {' / '.join(f'{t:.3f}' for t in runs['replay'])} ms)", flush=True)
@@ -467,6 +495,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="time: rounds of every fold mode, in turns")
     parser.add_argument("--plans", nargs="+", choices=PLAN_CHOICES, default=["device"],
                         help="time: decode plans with the device's measured plans, or by the rules alone")
+    parser.add_argument("--window-columns", type=int, nargs="+",
+                        help="time: output columns per window-copy program of the first launch (A/B; default: "
+                             "triton_ops.WRITE_WINDOW_BLOCK_C)")
     parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
                         help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
     parser.add_argument("--side-streams", type=int,
@@ -503,7 +534,7 @@ def main() -> int:
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
         time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold), args.rounds,
-                   tuple(args.side_join), tuple(args.plans))
+                   tuple(args.side_join), tuple(args.plans), tuple(args.window_columns or [None]))
     for context, batch in args.kernels or []:
         for fold, join in itertools.product(args.fold, args.side_join):
             profile_kernels(context, batch, args.calls, report, fold, join)

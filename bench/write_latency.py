@@ -7,8 +7,10 @@ Write launch variants (triton_ops.WriteConfig) at 1 / 8 / 32 new tokens, served 
 the default, the rotation on tensor cores (tf32x3), 2 and 8 warps, and the default without refit. Then the
 launches of a captured decode step (attention/step.layer_step, flag 0: the INT2 part beside the attention):
 the side stream's INT2 part (side_int2), and the current stream's first launch, window copies plus the
-query rotation in one launch (first_fused, oscar_write with a query) against the two launches it replaced
-(first_separate: the window-copy write, then oscar_rotate).
+query rotation in one launch (first_fused, oscar_write with a query; first_fused_cN with window-copy programs of N
+output columns, WriteConfig.window_columns) against the two launches it replaced (first_separate: the window-copy
+write, then oscar_rotate), and its parts alone: the window copies (first_windows), the query rotation
+(first_query), neither (first_empty: the flagged INT2 programs returning at once).
 
     python bench/write_latency.py [--json OUT]
 """
@@ -36,6 +38,8 @@ VARIANTS = (
     ("no_refit", triton_ops.WriteConfig(), (0, 0)),
 )
 FLUSH_BYTES = 256 * 1024 * 1024
+#: Output columns per window-copy program of the first launch to time (WriteConfig.window_columns).
+WINDOW_COLUMNS = (16, 32, 64, 128)
 
 
 def main() -> int:
@@ -75,6 +79,15 @@ def main() -> int:
                                                              int2="unless_flag", flag=flag)),
                 ("first_fused", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), query=query,
                                                                           int2="if_flag", flag=flag)),
+                *((f"first_fused_c{columns}", lambda columns=columns: triton_ops.oscar_write(
+                    *write_args, refit_iterations=(8, 2), query=query, int2="if_flag", flag=flag,
+                    config=triton_ops.WriteConfig(window_columns=columns))) for columns in WINDOW_COLUMNS if columns <= dim),
+                ("first_windows", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
+                                                                 flag=flag)),
+                ("first_query", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
+                                                               flag=flag, store_window=False, query=query)),
+                ("first_empty", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
+                                                               flag=flag, store_window=False)),
                 ("first_separate", lambda: (triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
                                                                    flag=flag), triton_ops.oscar_rotate(query, rk))),
             ]

@@ -25,6 +25,7 @@ from kernels_reference import (
     ref_prefill_from_cache,
     POISON_BYTE,
     relative_error,
+    rows_with_outliers,
     rotate_and_write_case,
     write_case,
 )
@@ -127,6 +128,43 @@ def test_triton_write_parts_and_flag_modes_write_exactly_their_part() -> None:
                                ("unless_flag", 1, False)):
         cache = _write_parts(False, mode, flag)[0]
         assert torch.equal(cache, full_cache if writes else poisoned[0]), (mode, flag)
+
+
+@pytest.mark.parametrize("columns, prerotated", [(16, False), (32, True), (64, False)])
+def test_triton_window_copies_by_column_blocks_match_float64(columns, prerotated) -> None:
+    """A flagged launch's window-copy programs, WriteConfig(window_columns) output columns of K or V each: every
+    copied row within one bf16 rounding of float64 x @ R (V as given where pre-rotated), the rows without a window
+    slot untouched (NaN poison), the INT2 part not written (if_flag with the flag 0)."""
+    gen = torch.Generator().manual_seed(columns + prerotated)
+    dim, hkv, tokens, bs = 64, 2, 9, 16
+    layout = PageLayout(dim, dim, bs, torch.float16)
+    key, value = rows_with_outliers(tokens, hkv, dim, gen), rows_with_outliers(tokens, hkv, dim, gen)
+    k_rotation, v_rotation = random_rotations(hkv, dim, gen), random_rotations(hkv, dim, gen)
+    cache = torch.full(layout.cache_shape(2, hkv), POISON_BYTE, dtype=torch.uint8)
+    window_k = torch.full((2, bs, hkv, dim), float("nan"), dtype=torch.bfloat16)
+    window_v = window_k.clone()
+    window_slots = torch.randperm(2 * bs, generator=gen)[:tokens]
+    window_slots[torch.rand(tokens, generator=gen) < 0.3] = -1
+    triton_ops.oscar_write(key, value, k_rotation, v_rotation, 0.96, 0.92, cache, layout, torch.arange(tokens),
+                           window_k, window_v, window_slots, value_prerotated=prerotated, int2="if_flag",
+                           flag=torch.zeros(1, dtype=torch.int32),
+                           config=triton_ops.WriteConfig(window_columns=columns))
+    assert bool((cache == POISON_BYTE).all())
+    expected_v = value.double() if prerotated else torch.einsum("nhd,hde->nhe", value.double(), v_rotation.double())
+    kept = window_slots >= 0
+    untouched = torch.ones(2 * bs, dtype=torch.bool)
+    untouched[window_slots[kept]] = False
+    for window, expected in ((window_k, torch.einsum("nhd,hde->nhe", key.double(), k_rotation.double())),
+                             (window_v, expected_v)):
+        rows = window.view(2 * bs, hkv, dim)
+        torch.testing.assert_close(rows[window_slots[kept]].double(), expected[kept], rtol=2.0 ** -8, atol=1e-6)
+        assert bool(torch.isnan(rows[untouched]).all())
+
+
+def test_write_config_rejects_bad_window_columns() -> None:
+    for columns in (8, 24, 0):
+        with pytest.raises(ValueError, match="window_columns"):
+            triton_ops.WriteConfig(window_columns=columns)
 
 
 @pytest.mark.parametrize("dim, hkv, group, tokens", [(64, 2, 3, 7), (128, 2, 4, 20), (64, 3, 1, 33), (64, 1, 4, 70)])

@@ -53,6 +53,8 @@ WRITE_BLOCK_N: int = 16
 #: write at 32 was 6-8% slower at 4096-16384 tokens (H200, docs/perf/write_prefill_h200_w7_*.json).
 WRITE_BLOCK_K: int = 64
 WRITE_WINDOW_BLOCK_K: int = 32
+#: Output columns per window-copy program of a flagged launch (WriteConfig.window_columns; None = this).
+WRITE_WINDOW_BLOCK_C: int = 32
 #: WriteConfig(clip_search="top") removes the row maximum at most this many times per row (the
 #: rounds are unrolled); a side whose clip keeps fewer values bisects (same threshold either way).
 CLIP_TOP_MAX_ROUNDS: int = 16
@@ -98,15 +100,21 @@ class WriteConfig:
     input precision, "ieee" (fp32 on the FMA pipe) or "tf32x3" (three TF32 tensor-core MMAs: about
     fp32 accuracy, not bit-identical: 1.4e-5 of the bytes differ on the H200; slower there with the
     refit loop). unroll_refit: the refit rounds unrolled (True) or a loop (False: same bytes, 255 ->
-    128 registers at 8 / 2, D = 128). Defaults as measured (note above CLIP_SEARCHES).
+    128 registers at 8 / 2, D = 128). window_columns: output columns per window-copy program of a flagged launch
+    (a captured decode step's first launch), None = WRITE_WINDOW_BLOCK_C (at most head_dim; same bytes).
+    Defaults as measured (note above CLIP_SEARCHES).
     """
 
     num_warps: Optional[int] = None
     clip_search: str = "top"
     rotation_precision: str = "ieee"
     unroll_refit: bool = False
+    window_columns: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.window_columns is not None and (self.window_columns < 16
+                                                or self.window_columns & (self.window_columns - 1)):
+            raise ValueError(f"window_columns={self.window_columns}: a power of two >= 16 (tl.dot's N), or None.")
         if self.clip_search not in CLIP_SEARCHES:
             raise ValueError(f"clip_search={self.clip_search!r}: choose one of {CLIP_SEARCHES}.")
         if self.rotation_precision not in ROTATION_PRECISIONS:
@@ -114,6 +122,11 @@ class WriteConfig:
 
 
 DEFAULT_WRITE = WriteConfig()
+
+
+def window_columns(config: WriteConfig, head_dim: int) -> int:
+    """Output columns per window-copy program of a flagged write launch (WriteConfig.window_columns)."""
+    return min(head_dim, config.window_columns or WRITE_WINDOW_BLOCK_C)
 
 
 def _clip_top(config: WriteConfig, head_dim: int, clip_index: int) -> bool:
@@ -580,9 +593,11 @@ def oscar_write(
         return q_rot
     rk = k_rotation.to(torch.float32).contiguous()
     rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
-    # Axis 2: K, V (then the flagged INT2 part's K, V where the window copies need programs of their own; then the
-    # query's column blocks): triton_write's module docstring.
-    sides = 4 if store_window and int2 in ("if_flag", "unless_flag") else 2
+    # Axis 2: K, V (after the window copies' column blocks where they have programs of their own: a flagged launch;
+    # then the query's column blocks): triton_write's module docstring.
+    sides = 2
+    if store_window and int2 in ("if_flag", "unless_flag"):
+        sides += 2 * (d // window_columns(config, d))
     tiles, write_sides, query_args = cdiv(n, WRITE_BLOCK_N), sides, {}
     if query is not None:
         group = query.shape[1] // hkv
@@ -623,7 +638,7 @@ def _write_constants(layout: PageLayout, clip_k: float, clip_v: float, config: W
         ROT_PRECISION=config.rotation_precision, UNROLL_REFIT=config.unroll_refit,
         DO_CLIP_K=clip_k < 1.0, DO_CLIP_V=clip_v < 1.0,
         ROTATE_V=not value_prerotated, BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(d, WRITE_BLOCK_K),
-        WINDOW_BLOCK_K=min(d, WRITE_WINDOW_BLOCK_K), EMU=emulated,
+        WINDOW_BLOCK_K=min(d, WRITE_WINDOW_BLOCK_K), WINDOW_BLOCK_C=window_columns(config, d), EMU=emulated,
         REFIT_K=refit_k, REFIT_V=refit_v, FLOOR_K=floor_k, FLOOR_V=floor_v,
         STORE_WINDOW=store_window, INT2_MODE=INT2_MODES[int2], num_warps=num_warps,
     )

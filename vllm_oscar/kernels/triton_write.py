@@ -32,8 +32,10 @@ INT2_UNLESS_FLAG (only where it is 0). A captured decode graph holds both flag m
 stream, and the metadata builder sets the flag per step (attention/step.py). A flagged program reads
 the flag first and returns at once where its part does not run (a branch around the INT2 part made
 the compiler spill: W7); a flagged launch that also stores windows gives the copies programs of their
-own: axis 2 is then 0, 1 = K, V window copies (R stepped by WINDOW_BLOCK_K rows), 2, 3 = K, V INT2
-part (WRITE_SIDES = 4).
+own, each of WINDOW_BLOCK_C output columns (R stepped by WINDOW_BLOCK_K rows): axis 2 is then 0 .. C - 1
+= K's column blocks, C .. 2 C - 1 = V's (C = D / WINDOW_BLOCK_C), 2 C, 2 C + 1 = K, V INT2 part
+(WRITE_SIDES = 2 C + 2). A copy's column costs one chain of D FMAs per row whichever program computes it,
+so that splitting the columns shortens each program's chain on a decode step's critical path.
 
 The query in the same launch (QUERY_GROUP > 0, triton_ops.oscar_write with a query): a layer step's
 first launch also rotates the step's queries, q_rot = q @ R_K (triton_rotate.rotate_rows_block,
@@ -63,11 +65,11 @@ INT2_UNLESS_FLAG = tl.constexpr(3)
 
 
 @triton.jit
-def _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h,
+def _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h, cols,
                   D: tl.constexpr, BLOCK_K: tl.constexpr, ROTATE: tl.constexpr, PRECISION: tl.constexpr):
-    """[BLOCK_N, D] fp32 rows x[rows, h] @ R[h] (or x itself when not ROTATE); PRECISION: the dot's
-    input_precision ("ieee": fp32 FMAs; "tf32x3": three TF32 tensor-core MMAs, about fp32 accuracy)."""
-    cols = tl.arange(0, D)
+    """[BLOCK_N, C] fp32 columns cols [C] of the rows x[rows, h] @ R[h] (or of x itself when not ROTATE); PRECISION:
+    the dot's input_precision ("ieee": fp32 FMAs, each output a chain over k in order, so that a column's bits do
+    not depend on C or BLOCK_K; "tf32x3": three TF32 tensor-core MMAs, about fp32 accuracy)."""
     x_base = x_ptr + rows.to(tl.int64)[:, None] * stride_xn + h * stride_xh
     if ROTATE or x_ptr.dtype.element_ty.primitive_bitwidth == 16:
         # Pre-rotated 16-bit rows go through an identity MMA, BLOCK_K input channels at a time like the rotation:
@@ -75,7 +77,7 @@ def _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows
         # plain load's layout took 255 and spilled: docs/notes/kernels.md, session 37), and each step's identity
         # slice holds no more shared memory than a rotation step's (one [D, D] identity took 64 KiB: session 39).
         # Exact: 16-bit values are TF32 values, and the other slices add zeros.
-        acc = tl.zeros([rows.shape[0], D], dtype=tl.float32)
+        acc = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float32)
         for k0 in tl.static_range(0, D, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_base + ks[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
@@ -217,13 +219,42 @@ def _quantize_store(y, x, slot, valid, cache_ptr, stride_cb, stride_ch, h,
 
 
 @triton.jit
-def _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS: tl.constexpr, D: tl.constexpr,
+def _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, cols, BS: tl.constexpr,
                   EMU: tl.constexpr):
-    """Store rotated rows y [BN, D] into the window store where wslot >= 0."""
+    """Store the columns cols [C] of rotated rows, y [BN, C], into the window store where wslot >= 0."""
     keep = row_ok & (wslot >= 0)
     wslot = tl.where(keep, wslot, 0)
     base = w_ptr + (wslot // BS).to(tl.int64) * stride_w0 + (wslot % BS) * stride_w1 + h * stride_w2
-    tl.store(base[:, None] + tl.arange(0, D)[None, :], round_to(y, w_ptr.dtype.element_ty, EMU), mask=keep[:, None])
+    tl.store(base[:, None] + cols[None, :], round_to(y, w_ptr.dtype.element_ty, EMU), mask=keep[:, None])
+
+
+@triton.jit
+def _copy_window_columns(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh,
+                         stride_rr, wslot_ptr, wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2, N, tile, h, side,
+                         D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BLOCK_C: tl.constexpr, ROTATE_V: tl.constexpr, PRECISION: tl.constexpr, EMU: tl.constexpr):
+    """A window-copy program of a flagged launch: BLOCK_N rows (tile) of KV head h, side < D / BLOCK_C: K's output
+    columns [BLOCK_C c, BLOCK_C (c + 1)) with c = side, else V's with c = side - D / BLOCK_C; rotated (V unless
+    pre-rotated), stored into the window store where the row's window slot is >= 0. The same bits as the full
+    write's copy (ieee: FMA chains over k in order)."""
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    wslot = tl.load(wslot_ptr + rows, mask=row_ok, other=-1)
+    BLOCKS: tl.constexpr = D // BLOCK_C
+    if side < BLOCKS:
+        cols = side * BLOCK_C + tl.arange(0, BLOCK_C)
+        y = _rotated_rows(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, rows, row_ok, h, cols, D, BLOCK_K,
+                          True, PRECISION)
+        _store_window(y, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, cols, BS, EMU)
+    else:
+        cols = (side - BLOCKS) * BLOCK_C + tl.arange(0, BLOCK_C)
+        if ROTATE_V:
+            y = _rotated_rows(v_ptr, stride_vn, stride_vh, rv_ptr, stride_rh, stride_rr, rows, row_ok, h, cols, D,
+                              BLOCK_K, True, PRECISION)
+        else:  # pre-rotated: a plain copy
+            v_rows = v_ptr + rows.to(tl.int64)[:, None] * stride_vn + h * stride_vh
+            y = tl.load(v_rows + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        _store_window(y, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, cols, BS, EMU)
 
 
 @triton.jit
@@ -236,10 +267,11 @@ def _write_side(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, w_ptr,
                 REFIT_UNROLL: tl.constexpr, STORE_WINDOW: tl.constexpr, STORE_INT2: tl.constexpr):
     """One side (K or V) of BLOCK_N rows: rotate, copy into the window store (STORE_WINDOW), then clip,
     quantize and store the INT2 part (STORE_INT2)."""
-    y = _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h, D, BLOCK_K, ROTATE,
-                      PRECISION)
+    cols = tl.arange(0, D)
+    y = _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows, row_ok, h, cols, D, BLOCK_K,
+                      ROTATE, PRECISION)
     if STORE_WINDOW:
-        _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, BS, D, EMU)
+        _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, cols, BS, EMU)
     if STORE_INT2:
         clipped = y
         if DO_CLIP:
@@ -267,7 +299,7 @@ def oscar_write_kernel(
     q_ptr=None, stride_qn=0, stride_qh=0, q_out_ptr=None, stride_qon=0, stride_qoh=0,
     QUERY_GROUP: tl.constexpr = 0, Q_BLOCK_M: tl.constexpr = 16, Q_BLOCK_C: tl.constexpr = 32,
     Q_BLOCK_K: tl.constexpr = 64, Q_PRECISION: tl.constexpr = "tf32x3", WRITE_SIDES: tl.constexpr = 2,
-    WINDOW_BLOCK_K: tl.constexpr = 32,
+    WINDOW_BLOCK_K: tl.constexpr = 32, WINDOW_BLOCK_C: tl.constexpr = 32,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
     REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid);
@@ -276,7 +308,8 @@ def oscar_write_kernel(
     input precision (_rotated_rows); UNROLL_REFIT: the refit rounds unrolled (True) or a loop; STORE_WINDOW,
     INT2_MODE, flag_ptr: which parts this launch writes (module docstring); QUERY_GROUP > 0: programs of
     axis 2 >= WRITE_SIDES rotate the step's queries too (module docstring, "The query in the same launch");
-    WINDOW_BLOCK_K: BLOCK_K of the window-copy programs of a flagged launch (fewer registers: no spills)."""
+    WINDOW_BLOCK_K, WINDOW_BLOCK_C: BLOCK_K and output columns of the window-copy programs of a flagged launch
+    (module docstring)."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     side = tl.program_id(2)
@@ -290,16 +323,15 @@ def oscar_write_kernel(
     if tile * BLOCK_N >= N:  # axis 0 sized for the query rows
         return
     if INT2_MODE == INT2_IF_FLAG or INT2_MODE == INT2_UNLESS_FLAG:
-        if STORE_WINDOW:  # sides 0, 1: the window copies; 2, 3: the flagged INT2 part
-            if side < 2:
-                _write_tile(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh,
-                            stride_rr, cache_ptr, stride_cb, stride_ch, slot_ptr, wslot_ptr, wk_ptr, wv_ptr, stride_w0,
-                            stride_w1, stride_w2, N, tile, h, side, D, G, BS, SCALE_T, EPS, K_CODES, V_CODES, K_SCALE,
-                            K_ZERO, V_SCALE, V_ZERO, CLIP_K, CLIP_V, DO_CLIP_K, DO_CLIP_V, ROTATE_V, BLOCK_N,
-                            WINDOW_BLOCK_K, EMU, REFIT_K, REFIT_V, FLOOR_K, FLOOR_V, CLIP_TOP_K, CLIP_TOP_V,
-                            ROT_PRECISION, UNROLL_REFIT, True, False)
+        if STORE_WINDOW:  # sides 0 .. 2 D / WINDOW_BLOCK_C - 1: the window copies; then K, V of the flagged INT2 part
+            WINDOW_SIDES: tl.constexpr = 2 * (D // WINDOW_BLOCK_C)
+            if side < WINDOW_SIDES:
+                _copy_window_columns(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr,
+                                     stride_rh, stride_rr, wslot_ptr, wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2,
+                                     N, tile, h, side, D, BS, BLOCK_N, WINDOW_BLOCK_K, WINDOW_BLOCK_C, ROTATE_V,
+                                     ROT_PRECISION, EMU)
                 return
-            side -= 2
+            side -= WINDOW_SIDES
         flag = tl.load(flag_ptr)
         if INT2_MODE == INT2_IF_FLAG:
             if flag == 0:
