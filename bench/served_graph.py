@@ -217,6 +217,8 @@ class ServedAttention:
 SIDE_JOINS = ("layer", "step")
 #: --plans: decode plans with the device's table of measured plans ("device"), or by the rules alone ("rules").
 PLAN_CHOICES = ("device", "rules")
+#: --side-writes: the side-stream INT2 writes as served ("full"), or timing probes (side_writes).
+SIDE_WRITE_MODES = ("full", "idle", "serial", "warps1", "warps2", "warps8")
 
 
 class _AttentionLayers(torch.nn.Module):
@@ -329,6 +331,34 @@ def window_columns(columns: Optional[int]) -> Iterator[None]:
         triton_ops._write_constants.cache_clear()
 
 
+@contextlib.contextmanager
+def side_writes(mode: str) -> Iterator[None]:
+    """SIDE_WRITE_MODES (timing probes but "full"): "full" as served; "idle" (the caches go stale) launches each
+    side-stream INT2 write with nothing to do (int2="never"), to price what the writes cost the launches beside them;
+    "serial" writes the INT2 part in the first launch on the current stream (int2="always", as an eager step) and
+    leaves the side launch idle; "warpsN" runs the side write with N warps per program (WriteConfig.num_warps)."""
+    if mode == "full":
+        yield
+        return
+    served_write = triton_ops.oscar_write
+
+    def probed_write(*args, **kwargs):
+        side = kwargs.get("int2") == "unless_flag" and kwargs.get("store_window") is False
+        if side and mode in ("idle", "serial"):
+            kwargs = {**kwargs, "int2": "never", "flag": None}
+        elif side:
+            kwargs = {**kwargs, "config": triton_ops.WriteConfig(num_warps=int(mode.removeprefix("warps")))}
+        elif mode == "serial" and kwargs.get("int2") == "if_flag":
+            kwargs = {**kwargs, "int2": "always", "flag": None}
+        return served_write(*args, **kwargs)
+
+    triton_ops.oscar_write = probed_write
+    try:
+        yield
+    finally:
+        triton_ops.oscar_write = served_write
+
+
 def window_columns_used(columns: Optional[int]) -> int:
     """The window-copy columns a Qwen3-8B-geometry step's first launch uses under window_columns(columns)."""
     return triton_ops.window_columns(triton_ops.WriteConfig(window_columns=columns), 128)
@@ -337,15 +367,15 @@ def window_columns_used(columns: Optional[int]) -> int:
 def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
                max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,),
                rounds: int = 2, joins: tuple[str, ...] = ("step",), plans: tuple[str, ...] = ("device",),
-               columns: tuple[Optional[int], ...] = (None,)) -> None:
+               columns: tuple[Optional[int], ...] = (None,), side_modes: tuple[str, ...] = ("full",)) -> None:
     """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per variant (fold
     mode x side-stream join x decode plans: the device's measured plans or the rules' alone x window-copy columns,
-    window_columns; one graph each over the same state), ``rounds`` rounds with the variants in turns.
+    window_columns x side-stream writes, side_writes; one graph each over the same state), ``rounds`` rounds with the variants in turns.
     The graphs are captured for max_model_len (default: just above the context), as vLLM captures for the
     model's."""
     for context in contexts:
         for batch in batches:
-            variants = list(itertools.product(folds, joins, plans, columns))
+            variants = list(itertools.product(folds, joins, plans, columns, side_modes))
             positions = context + 2 * calls * rounds * len(variants) + 64  # what the timed steps write
             served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
                                      max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
@@ -353,15 +383,16 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                 served.prefill(request, context - 7 * request)
             rotations = {fold: [folded(r, fold) for r in served.rotations] for fold in folds}
             graphs = {}
-            for fold, join, plan, copy_columns in variants:
+            for variant in variants:
+                fold, join, plan, copy_columns, side_mode = variant
                 served.rotations, served.side_join = rotations[fold], join
-                with plan_table(plan), window_columns(copy_columns):
-                    graphs[fold, join, plan, copy_columns] = served.capture(batch)
+                with plan_table(plan), window_columns(copy_columns), side_writes(side_mode):
+                    graphs[variant] = served.capture(batch)
             requests = list(range(batch))
             timings: dict[tuple, dict[str, list[float]]] = {variant: {} for variant in variants}
             for round_index in range(rounds):  # variants in turns, the order reversed every other round (drift)
                 for variant in variants if round_index % 2 == 0 else variants[::-1]:
-                    fold, join, plan, copy_columns = variant
+                    fold, join, plan, copy_columns, side_mode = variant
                     served.rotations, served.side_join = rotations[fold], join
                     for mode in ("eager", "graph", "replay"):
                         torch.cuda.synchronize()
@@ -370,7 +401,7 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                             if mode != "replay":  # the replay alone reuses the last step's inputs: the GPU's share
                                 metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
                             if mode == "eager":
-                                with plan_table(plan), window_columns(copy_columns):
+                                with plan_table(plan), window_columns(copy_columns), side_writes(side_mode):
                                     served.run_layers(metadata)
                             else:
                                 graphs[variant].replay()
@@ -378,18 +409,19 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                         timings[variant].setdefault(mode, []).append(
                             (time.perf_counter() - start) / calls * 1e3)
             for variant in variants:
-                fold, join, plan, copy_columns = variant
+                fold, join, plan, copy_columns, side_mode = variant
                 runs = timings[variant]
                 row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
                        "fold": fold, "side_join": join, "plans": plan,
-                       "window_columns": window_columns_used(copy_columns), "eager_ms": runs["eager"],
+                       "window_columns": window_columns_used(copy_columns), "side_writes": side_mode,
+                       "eager_ms": runs["eager"],
                        "graph_ms": runs["graph"],
                        "replay_only_ms": min(runs["replay"]), "replay_only_runs_ms": runs["replay"],
                        "speedup": min(runs["eager"]) / min(runs["graph"])}
                 report.append({"time": "served_step", **row})
                 print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
                       f"batch {batch}, fold {fold}, join per {join}, plans {plan}, window copies of "
-                      f"{row['window_columns']} columns: "
+                      f"{row['window_columns']} columns, side writes {side_mode}: "
                       f"eager {' / '.join(f'{t:.2f}' for t in runs['eager'])} ms, "
                       f"graph {' / '.join(f'{t:.2f}' for t in runs['graph'])} ms ({row['speedup']:.1f}x; replay "
                       f"alone {' / '.join(f'{t:.3f}' for t in runs['replay'])} ms)", flush=True)
@@ -498,6 +530,8 @@ def main() -> int:
     parser.add_argument("--window-columns", type=int, nargs="+",
                         help="time: output columns per window-copy program of the first launch (A/B; default: "
                              "triton_ops.WRITE_WINDOW_BLOCK_C)")
+    parser.add_argument("--side-writes", nargs="+", choices=SIDE_WRITE_MODES, default=["full"],
+                        help="time: the side-stream INT2 writes as served (full) or timing probes (side_writes)")
     parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
                         help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
     parser.add_argument("--side-streams", type=int,
@@ -534,7 +568,8 @@ def main() -> int:
         failed |= not all(r.get("ok", True) for r in report)
     if "time" in args.only:
         time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold), args.rounds,
-                   tuple(args.side_join), tuple(args.plans), tuple(args.window_columns or [None]))
+                   tuple(args.side_join), tuple(args.plans), tuple(args.window_columns or [None]),
+                   tuple(args.side_writes))
     for context, batch in args.kernels or []:
         for fold, join in itertools.product(args.fold, args.side_join):
             profile_kernels(context, batch, args.calls, report, fold, join)
