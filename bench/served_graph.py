@@ -359,6 +359,40 @@ def side_writes(mode: str) -> Iterator[None]:
         triton_ops.oscar_write = served_write
 
 
+@contextlib.contextmanager
+def recorded_splits(seen: set) -> Iterator[None]:
+    """Adds the split count of every decode plan made under it to ``seen`` (what a capture launched)."""
+    planned = triton_ops._cached_plan
+
+    def recording(*args, **kwargs):
+        plan = planned(*args, **kwargs)
+        seen.add(plan.num_splits)
+        return plan
+
+    triton_ops._cached_plan = recording
+    try:
+        yield
+    finally:
+        triton_ops._cached_plan = planned
+
+
+@contextlib.contextmanager
+def beside_write_headroom(on: bool) -> Iterator[None]:
+    """Decode plans made under it leave the side-stream write room (triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS, the
+    served default: on) or not (off: every split of the plan, for A/Bs)."""
+    if on:
+        yield
+        return
+    eighths = triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS
+    triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS = 8
+    triton_ops._PLANS.clear()  # plans cached with the default
+    try:
+        yield
+    finally:
+        triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS = eighths
+        triton_ops._PLANS.clear()
+
+
 def window_columns_used(columns: Optional[int]) -> int:
     """The window-copy columns a Qwen3-8B-geometry step's first launch uses under window_columns(columns)."""
     return triton_ops.window_columns(triton_ops.WriteConfig(window_columns=columns), 128)
@@ -367,32 +401,36 @@ def window_columns_used(columns: Optional[int]) -> int:
 def time_steps(report: list, calls: int, contexts: list[int], batches: list[int],
                max_model_len: Optional[int] = None, folds: tuple[str, ...] = (DEFAULT_FOLD_MODE,),
                rounds: int = 2, joins: tuple[str, ...] = ("step",), plans: tuple[str, ...] = ("device",),
-               columns: tuple[Optional[int], ...] = (None,), side_modes: tuple[str, ...] = ("full",)) -> None:
+               columns: tuple[Optional[int], ...] = (None,), side_modes: tuple[str, ...] = ("full",),
+               headroom: tuple[bool, ...] = (True,)) -> None:
     """Wall time per decode step, all 36 layers' attention: eager against one graph replay, per variant (fold
     mode x side-stream join x decode plans: the device's measured plans or the rules' alone x window-copy columns,
-    window_columns x side-stream writes, side_writes; one graph each over the same state), ``rounds`` rounds with the variants in turns.
+    window_columns x side-stream writes, side_writes x the decode's room for them, beside_write_headroom; one graph
+    each over the same state), ``rounds`` rounds with the variants in turns.
     The graphs are captured for max_model_len (default: just above the context), as vLLM captures for the
     model's."""
     for context in contexts:
         for batch in batches:
-            variants = list(itertools.product(folds, joins, plans, columns, side_modes))
+            variants = list(itertools.product(folds, joins, plans, columns, side_modes, headroom))
             positions = context + 2 * calls * rounds * len(variants) + 64  # what the timed steps write
             served = ServedAttention(layers=36, hq=32, hkv=8, dim=128, max_model_len=max(max_model_len or 0, positions),
                                      max_requests=batch, device=torch.device("cuda"), seed=2, cache_positions=positions)
             for request in range(batch):
                 served.prefill(request, context - 7 * request)
             rotations = {fold: [folded(r, fold) for r in served.rotations] for fold in folds}
-            graphs = {}
+            graphs, splits = {}, {}
             for variant in variants:
-                fold, join, plan, copy_columns, side_mode = variant
+                fold, join, plan, copy_columns, side_mode, room = variant
                 served.rotations, served.side_join = rotations[fold], join
-                with plan_table(plan), window_columns(copy_columns), side_writes(side_mode):
+                splits[variant] = set()
+                with (plan_table(plan), window_columns(copy_columns), side_writes(side_mode),
+                      beside_write_headroom(room), recorded_splits(splits[variant])):
                     graphs[variant] = served.capture(batch)
             requests = list(range(batch))
             timings: dict[tuple, dict[str, list[float]]] = {variant: {} for variant in variants}
             for round_index in range(rounds):  # variants in turns, the order reversed every other round (drift)
                 for variant in variants if round_index % 2 == 0 else variants[::-1]:
-                    fold, join, plan, copy_columns, side_mode = variant
+                    fold, join, plan, copy_columns, side_mode, room = variant
                     served.rotations, served.side_join = rotations[fold], join
                     for mode in ("eager", "graph", "replay"):
                         torch.cuda.synchronize()
@@ -402,18 +440,19 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                                 metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
                             if mode == "eager":
                                 with plan_table(plan), window_columns(copy_columns), side_writes(side_mode):
-                                    served.run_layers(metadata)
+                                    served.run_layers(metadata)  # eager steps write first: no beside_write
                             else:
                                 graphs[variant].replay()
                         torch.cuda.synchronize()
                         timings[variant].setdefault(mode, []).append(
                             (time.perf_counter() - start) / calls * 1e3)
             for variant in variants:
-                fold, join, plan, copy_columns, side_mode = variant
+                fold, join, plan, copy_columns, side_mode, room = variant
                 runs = timings[variant]
                 row = {"context": context, "batch": batch, "layers": 36, "max_model_len": served.max_model_len,
                        "fold": fold, "side_join": join, "plans": plan,
                        "window_columns": window_columns_used(copy_columns), "side_writes": side_mode,
+                       "splits": sorted(splits[variant]), "beside_write_headroom": room,
                        "eager_ms": runs["eager"],
                        "graph_ms": runs["graph"],
                        "replay_only_ms": min(runs["replay"]), "replay_only_runs_ms": runs["replay"],
@@ -421,7 +460,8 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                 report.append({"time": "served_step", **row})
                 print(f"served step, Qwen3-8B attention x36 layers, {context} ctx (graph for {served.max_model_len}), "
                       f"batch {batch}, fold {fold}, join per {join}, plans {plan}, window copies of "
-                      f"{row['window_columns']} columns, side writes {side_mode}: "
+                      f"{row['window_columns']} columns, side writes {side_mode}, headroom {'on' if room else 'off'}, "
+                      f"splits {row['splits']}: "
                       f"eager {' / '.join(f'{t:.2f}' for t in runs['eager'])} ms, "
                       f"graph {' / '.join(f'{t:.2f}' for t in runs['graph'])} ms ({row['speedup']:.1f}x; replay "
                       f"alone {' / '.join(f'{t:.3f}' for t in runs['replay'])} ms)", flush=True)
@@ -532,6 +572,8 @@ def main() -> int:
                              "triton_ops.WRITE_WINDOW_BLOCK_C)")
     parser.add_argument("--side-writes", nargs="+", choices=SIDE_WRITE_MODES, default=["full"],
                         help="time: the side-stream INT2 writes as served (full) or timing probes (side_writes)")
+    parser.add_argument("--headroom", nargs="+", choices=("on", "off"), default=["on"],
+                        help="time: the decode's split count with room for the side-stream write (on, served) or not")
     parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
                         help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
     parser.add_argument("--side-streams", type=int,
@@ -569,7 +611,7 @@ def main() -> int:
     if "time" in args.only:
         time_steps(report, args.calls, args.contexts, args.batches, args.max_model_len, tuple(args.fold), args.rounds,
                    tuple(args.side_join), tuple(args.plans), tuple(args.window_columns or [None]),
-                   tuple(args.side_writes))
+                   tuple(args.side_writes), tuple(choice == "on" for choice in args.headroom))
     for context, batch in args.kernels or []:
         for fold, join in itertools.product(args.fold, args.side_join):
             profile_kernels(context, batch, args.calls, report, fold, join)

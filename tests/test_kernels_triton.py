@@ -409,6 +409,50 @@ def test_triton_decode_takes_the_split_count_of_a_measured_plan_in_its_context_b
     assert not triton_ops.decode_plan(*plan_args).measured
 
 
+def test_triton_decode_beside_a_write_leaves_it_room(monkeypatch) -> None:
+    """AttentionConfig(beside_write=True), a captured decode step's attention beside its side-stream INT2 write:
+    ceil(7/8) of the plan's splits, the rules' or a measured plan's, cut to the splits that get tiles, where
+    max_seq_len and batch are in its bounds (lowered here to the test's sizes); an explicit num_splits is kept; every
+    output matches float64."""
+    gen = torch.Generator().manual_seed(31)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    lens, sink, recent = [300, 97, 40], 8, 24
+    state = random_paged_state(lens, 2, layout, sink, recent, gen)
+    query = torch.randn(len(lens), 8, 64, generator=gen).to(torch.bfloat16)
+    expected = ref_decode(state, query.double(), sink, recent, 0.125)
+    config = triton_ops.AttentionConfig(block_t=16, window_block_t=16)
+    beside = dataclasses.replace(config, beside_write=True)
+    cell = measured_plans.PlanCell(8, 2, 64, 16, sink, recent, 3, 512)
+
+    def splits_with(launch_config, measured_splits=None) -> int:
+        plans = None if measured_splits is None else measured_plans.PlanTable(
+            "test", 132, (measured_plans.MeasuredPlan(cell, measured_splits),), "test")
+        with measured_plans.using_table(plans):
+            got, nsplit, _ = decode_split_usage(monkeypatch, state, query, sink, recent, 0.125, 400, launch_config)
+        for row in range(len(lens)):
+            assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"request {row}"
+        return nsplit
+
+    # max_seq_len 400: 22 whole INT2 tiles of 16, splits of >= 2 tiles.
+    rules = splits_with(config)
+    assert splits_with(beside) == rules  # 400 <= BESIDE_WRITE_MIN_SEQ_LEN
+    monkeypatch.setattr(triton_ops, "BESIDE_WRITE_MIN_SEQ_LEN", 399)
+    monkeypatch.setattr(triton_ops, "BESIDE_WRITE_MAX_BATCH", 2)
+    monkeypatch.setattr(triton_ops, "_PLANS", {})  # plans cached under the shipped bounds
+    assert splits_with(beside) == rules  # batch 3 > BESIDE_WRITE_MAX_BATCH
+    monkeypatch.setattr(triton_ops, "BESIDE_WRITE_MAX_BATCH", 3)
+    monkeypatch.setattr(triton_ops, "_PLANS", {})
+    assert splits_with(beside) == triton_ops.beside_write_splits(rules, 22, 2) < rules
+    assert (splits_with(config, 8), splits_with(beside, 8)) == (8, 6)  # 7 splits of 4 tiles: 6 get tiles
+    assert splits_with(dataclasses.replace(beside, num_splits=3)) == 3
+
+
+def test_beside_write_splits_rounds_up_and_keeps_every_split_in_tiles() -> None:
+    assert triton_ops.beside_write_splits(33, None, 1) == 29
+    assert triton_ops.beside_write_splits(1, None, 1) == 1
+    assert triton_ops.beside_write_splits(129, 2049, 3) == 108  # 113 splits of 19 tiles: 108 get tiles
+
+
 @pytest.mark.parametrize("query_scale", [0.5, 8.0, 40.0])
 def test_triton_decode_lazy_rescale_over_many_tiles(query_scale) -> None:
     """One split walks 14 tiles of pure INT2 history; the query scale sets how often a tile's

@@ -100,7 +100,7 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     with torch.cuda.stream(side):
         triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, store_window=False,
                                int2="unless_flag", flag=m.serial_write)
-    attend_step(m, query, rotations, caches, config, softmax_scale, output, query_rot=q_rot)
+    attend_step(m, query, rotations, caches, config, softmax_scale, output, query_rot=q_rot, beside_write=True)
     if defer_side_write:  # until the join, the caching allocator keeps key and value for the side stream
         key.record_stream(side)
         value.record_stream(side)
@@ -159,10 +159,11 @@ def _write_args(m: OscarMetadata, key: torch.Tensor, value: torch.Tensor, slot_m
 
 def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations, caches: LayerCaches,
                 config: OscarConfig, softmax_scale: float, output: torch.Tensor,
-                query_rot: Optional[torch.Tensor] = None) -> None:
+                query_rot: Optional[torch.Tensor] = None, beside_write: bool = False) -> None:
     """Attention of the step's queries [>= N, Hq, D] into output [>= N, Hq, D] (rows [0, N) written),
     each by the decode read rule; decodes through the split-K decode, the rest as chunked prefill.
-    query_rot: the queries already rotated (fp32 [N, Hq, D], q @ R_K), else rotated here.
+    query_rot: the queries already rotated (fp32 [N, Hq, D], q @ R_K), else rotated here. beside_write: the step's
+    INT2 write runs beside the attention on a side stream (oscar_decode's beside_write).
     With rotations.output_rotated the attention writes its rotated output straight into ``output`` (W_o
     takes it rotated); else into a float32 buffer that one launch un-rotates (@ R_V^T) into ``output``."""
     n, bd = m.num_actual_tokens, m.num_decodes
@@ -173,7 +174,8 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
     if bd:
         oscar_decode(q_rot[:bd], caches.int2, caches.window_k, caches.window_v, caches.layout, m.block_table[:bd],
                      m.window_block_table[:bd], m.seq_lens[:bd], sink, recent, softmax_scale, out=out_rot[:bd],
-                     max_seq_len=m.max_seq_len, int8_keys=config.int8_keys, cuda_graph=m.cuda_graph)
+                     max_seq_len=m.max_seq_len, int8_keys=config.int8_keys, cuda_graph=m.cuda_graph,
+                     beside_write=beside_write)
     if n > bd:
         oscar_prefill(q_rot[bd:], None, None, caches.int2, caches.window_k, caches.window_v, caches.layout,
                       m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],

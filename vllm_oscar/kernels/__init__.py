@@ -103,6 +103,7 @@ def oscar_decode(
     max_seq_len: Optional[int] = None,
     int8_keys: Optional[bool] = None,
     cuda_graph: bool = False,
+    beside_write: bool = False,
 ) -> torch.Tensor:
     """Paged decode over INT2 history + BF16 windows -> out_rot [B, Hq, D].
 
@@ -112,7 +113,9 @@ def oscar_decode(
     applies; triton_ops.AttentionConfig); the torch path has no int8 key path, so True on CPU
     is an error. cuda_graph: this launch (and its warm-up) will be captured into a CUDA graph, so the
     Triton path may use launches that cost host time per eager call (TMA tile loads;
-    AttentionConfig.cuda_graph). Other arguments: torch_ops.oscar_decode.
+    AttentionConfig.cuda_graph). beside_write: an INT2 write runs beside this launch on a side stream (a captured
+    decode step), so the Triton path sizes its split-K grid with room for it (AttentionConfig.beside_write; no effect
+    on the result). Other arguments: torch_ops.oscar_decode.
     """
     impl = implementation_for(int2_cache)
     if impl is torch_ops:
@@ -121,7 +124,7 @@ def oscar_decode(
                              "on CPU leave int8_keys unset or false.")
         return torch_ops.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
                                       window_block_table, seq_lens, sink, recent, softmax_scale, out)
-    config = impl.decode_config(int8_keys, cuda_graph)
+    config = impl.decode_config(int8_keys, cuda_graph, beside_write)
     return impl.oscar_decode(query_rot, int2_cache, window_k, window_v, layout, block_table,
                              window_block_table, seq_lens, sink, recent, softmax_scale, out, max_seq_len, config)
 

@@ -162,6 +162,16 @@ GLUON_MIN_SPLIT_TILES: int = 3
 #: 384 vs 256 splits 0.0126 / 0.0142 ms at 128K, 0.0092 / 0.0098 at 64K, equal at 32K (where two-tile splits cap
 #: it at 256); batch 2 (264 one-wave splits): 256 vs 320 0.0117 / 0.0125 at 64K, 0.0175 / 0.0183 at 128K.
 MAX_SPLITS: int = 384
+#: AttentionConfig.beside_write: a decode launch with an INT2 write beside it on a side stream (a captured decode step,
+#: attention/step.layer_step), sized for max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN at batch <= BESIDE_WRITE_MAX_BATCH,
+#: takes ceil(BESIDE_WRITE_SPLIT_EIGHTHS / 8) of its plan's splits, leaving the write's programs room in the one-wave
+#: grid, whose end waits for its slowest SM. H200, Qwen3-8B attention x36 in graphs for 128K, replay alone per step
+#: (docs/notes/kernels.md "Session 40"): the writes cost those steps ~20% (launched idle: 1.16 / 5.83 ms against
+#: 1.44 / 7.22 at batch 1 / 8); 7/8 of the splits (108 of 129, 29 of 33) 1.333 / 6.52 ms, 3/4 1.429 / 7.06. The
+#: bounds are what was measured: shorter contexts, where the writes cost 2-9%, and larger batches are untimed.
+BESIDE_WRITE_SPLIT_EIGHTHS: int = 7
+BESIDE_WRITE_MIN_SEQ_LEN: int = 65536
+BESIDE_WRITE_MAX_BATCH: int = 8
 #: A split walking fewer tiles than this is "short": its window programs, trailing as a second wave,
 #: then cost as much as the split itself, so decode_splits makes room for them in the first wave
 #: (H200, docs/notes/kernels.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
@@ -425,7 +435,10 @@ class AttentionConfig:
     TMA_COPY_MIN_HEAD_DIM in a launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host
     encodes the tensor descriptors at every launch, which only a graph's replays skip. H200, graph replays
     (docs/notes/kernels.md "Session 32"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K
-    B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async.
+    B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async;
+    beside_write: the launch runs beside a side-stream INT2 write (a captured decode step): the INT2 split kernels
+    take BESIDE_WRITE_SPLIT_EIGHTHS / 8 of their plan's splits (rules' or measured; not an explicit num_splits)
+    where max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN and batch <= BESIDE_WRITE_MAX_BATCH (what was measured).
     """
 
     block_t: Optional[int] = None
@@ -457,6 +470,7 @@ class AttentionConfig:
     gluon_f16_values: Optional[bool] = None
     gluon_window_prefetch: Optional[bool] = None
     gluon_copy_tma: Optional[bool] = None
+    beside_write: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -514,9 +528,9 @@ def _tile_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: int
 
 
 @functools.lru_cache(maxsize=None)
-def decode_config(int8_keys: Optional[bool], cuda_graph: bool) -> AttentionConfig:
-    """DEFAULT_DECODE with these two fields (one object per pair: built once, not per decode call)."""
-    return dataclasses.replace(DEFAULT_DECODE, int8_keys=int8_keys, cuda_graph=cuda_graph)
+def decode_config(int8_keys: Optional[bool], cuda_graph: bool, beside_write: bool = False) -> AttentionConfig:
+    """DEFAULT_DECODE with these fields (one object per combination: built once, not per decode call)."""
+    return dataclasses.replace(DEFAULT_DECODE, int8_keys=int8_keys, cuda_graph=cuda_graph, beside_write=beside_write)
 
 
 @functools.lru_cache(maxsize=None)
@@ -720,6 +734,14 @@ def splits_with_tiles(num_splits: int, split_tiles: int, min_tiles_per_split: in
     hand them out: max(ceil(split_tiles / num_splits), min_tiles_per_split) per split, in order; the rest are empty
     (each still a program and a merge partial)."""
     return cdiv(split_tiles, max(cdiv(split_tiles, num_splits), min_tiles_per_split))
+
+
+def beside_write_splits(splits: int, split_tiles: Optional[int], min_tiles_per_split: int) -> int:
+    """A plan's split count beside a side-stream write (AttentionConfig.beside_write): BESIDE_WRITE_SPLIT_EIGHTHS / 8
+    of ``splits``, rounded up, cut to the splits that get tiles (splits_with_tiles) where split_tiles is given."""
+    fewer = cdiv(splits * BESIDE_WRITE_SPLIT_EIGHTHS, 8)
+    return fewer if split_tiles is None else max(1, min(fewer, splits_with_tiles(fewer, split_tiles,
+                                                                              min_tiles_per_split)))
 
 
 def measured_split_count(splits: int, max_seq_len: int, block_t: int, min_tiles_per_split: int,
@@ -1260,6 +1282,9 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         nsplit = decode_splits(batch, hkv, max_seq_len, block_t, device, per_sm, min_tiles,
                                windows if split_int2 else 0, split_tiles,
                                WINDOW_ROOM_SPLIT_TILES if batched_gluon else SHORT_SPLIT_TILES)
+    if (config.beside_write and split_int2 and not config.num_splits and max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN
+            and batch <= BESIDE_WRITE_MAX_BATCH):
+        nsplit = beside_write_splits(nsplit, split_tiles, min_tiles)
     short = nsplit
     if config.long_splits and split_int2 and int8_keys and not config.num_splits and not small_merge and not measured:
         longer = decode_splits(batch, hkv, max_seq_len, block_t, device, LONG_SPLIT_PROGRAMS_PER_SM,
