@@ -42,7 +42,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -314,32 +315,33 @@ def plan_table(choice: str) -> contextlib.AbstractContextManager:
 
 
 @contextlib.contextmanager
-def window_columns(columns: Optional[int]) -> Iterator[None]:
+def _patched(name: str, value, clear_cache: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """triton_ops.<name> = value under it (restored after), with clear_cache run on the way in and out: caches built
+    from the other value would outlive it."""
+    with mock.patch.object(triton_ops, name, value):
+        clear_cache()
+        try:
+            yield
+        finally:
+            clear_cache()
+
+
+def window_columns(columns: Optional[int]) -> contextlib.AbstractContextManager:
     """Write launches made under it give a flagged launch's window-copy programs ``columns`` output columns
     (triton_ops.WRITE_WINDOW_BLOCK_C, the default of WriteConfig.window_columns, which layer_step does not take);
     None: the default. For timing A/Bs: a captured graph keeps what its capture launched."""
     if columns is None:
-        yield
-        return
-    default = triton_ops.WRITE_WINDOW_BLOCK_C
-    triton_ops.WRITE_WINDOW_BLOCK_C = columns
-    triton_ops._write_constants.cache_clear()  # its constants were built with the default
-    try:
-        yield
-    finally:
-        triton_ops.WRITE_WINDOW_BLOCK_C = default
-        triton_ops._write_constants.cache_clear()
+        return contextlib.nullcontext()
+    return _patched("WRITE_WINDOW_BLOCK_C", columns, triton_ops._write_constants.cache_clear)
 
 
-@contextlib.contextmanager
-def side_writes(mode: str) -> Iterator[None]:
+def side_writes(mode: str) -> contextlib.AbstractContextManager:
     """SIDE_WRITE_MODES (timing probes but "full"): "full" as served; "idle" (the caches go stale) launches each
     side-stream INT2 write with nothing to do (int2="never"), to price what the writes cost the launches beside them;
     "serial" writes the INT2 part in the first launch on the current stream (int2="always", as an eager step) and
     leaves the side launch idle; "warpsN" runs the side write with N warps per program (WriteConfig.num_warps)."""
     if mode == "full":
-        yield
-        return
+        return contextlib.nullcontext()
     served_write = triton_ops.oscar_write
 
     def probed_write(*args, **kwargs):
@@ -352,15 +354,10 @@ def side_writes(mode: str) -> Iterator[None]:
             kwargs = {**kwargs, "int2": "always", "flag": None}
         return served_write(*args, **kwargs)
 
-    triton_ops.oscar_write = probed_write
-    try:
-        yield
-    finally:
-        triton_ops.oscar_write = served_write
+    return _patched("oscar_write", probed_write)
 
 
-@contextlib.contextmanager
-def recorded_splits(seen: set) -> Iterator[None]:
+def recorded_splits(seen: set) -> contextlib.AbstractContextManager:
     """Adds the split count of every decode plan made under it to ``seen`` (what a capture launched)."""
     planned = triton_ops._cached_plan
 
@@ -369,28 +366,13 @@ def recorded_splits(seen: set) -> Iterator[None]:
         seen.add(plan.num_splits)
         return plan
 
-    triton_ops._cached_plan = recording
-    try:
-        yield
-    finally:
-        triton_ops._cached_plan = planned
+    return _patched("_cached_plan", recording)
 
 
-@contextlib.contextmanager
-def beside_write_headroom(on: bool) -> Iterator[None]:
+def beside_write_headroom(on: bool) -> contextlib.AbstractContextManager:
     """Decode plans made under it leave the side-stream write room (triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS, the
     served default: on) or not (off: every split of the plan, for A/Bs)."""
-    if on:
-        yield
-        return
-    eighths = triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS
-    triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS = 8
-    triton_ops._PLANS.clear()  # plans cached with the default
-    try:
-        yield
-    finally:
-        triton_ops.BESIDE_WRITE_SPLIT_EIGHTHS = eighths
-        triton_ops._PLANS.clear()
+    return contextlib.nullcontext() if on else _patched("BESIDE_WRITE_SPLIT_EIGHTHS", 8, triton_ops._PLANS.clear)
 
 
 def window_columns_used(columns: Optional[int]) -> int:

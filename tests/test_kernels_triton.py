@@ -368,16 +368,22 @@ def test_triton_decode_splits_sized_for_a_longer_context_walk_at_least_min_tiles
         assert int(used[row].max()) == math.ceil(whole_tiles / config.min_tiles_per_split), f"request {row}"
 
 
-def test_triton_decode_takes_the_split_count_of_a_measured_plan_in_its_context_bucket(monkeypatch) -> None:
-    """A table of measured plans (measured_plans.using_table) sets the split count of launches of its cell's
-    geometry, windows and batch sized for max_seq_len in (context / 2, context], cut to splits of >= min_tiles tiles
-    that get tiles; other launches keep the rules' count; every output matches float64."""
-    gen = torch.Generator().manual_seed(29)
+def _plan_case(seed: int):
+    """A small decode case for split-count tests (3 requests of 300 / 97 / 40 positions, 2 KV heads, GQA 4, D 64,
+    blocks of 16, windows 8 / 24): (layout, lens, sink, recent, state, query, float64 expected output)."""
+    gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(64, 64, 16, torch.float16)
     lens, sink, recent = [300, 97, 40], 8, 24
     state = random_paged_state(lens, 2, layout, sink, recent, gen)
     query = torch.randn(len(lens), 8, 64, generator=gen).to(torch.bfloat16)
-    expected = ref_decode(state, query.double(), sink, recent, 0.125)
+    return layout, lens, sink, recent, state, query, ref_decode(state, query.double(), sink, recent, 0.125)
+
+
+def test_triton_decode_takes_the_split_count_of_a_measured_plan_in_its_context_bucket(monkeypatch) -> None:
+    """A table of measured plans (measured_plans.using_table) sets the split count of launches of its cell's
+    geometry, windows and batch sized for max_seq_len in (context / 2, context], cut to splits of >= min_tiles tiles
+    that get tiles; other launches keep the rules' count; every output matches float64."""
+    layout, lens, sink, recent, state, query, expected = _plan_case(29)
     config = triton_ops.AttentionConfig(block_t=16, window_block_t=16)
 
     def table(splits: int, batch: int = 3) -> measured_plans.PlanTable:
@@ -414,12 +420,7 @@ def test_triton_decode_beside_a_write_leaves_it_room(monkeypatch) -> None:
     ceil(7/8) of the plan's splits, the rules' or a measured plan's, cut to the splits that get tiles, where
     max_seq_len and batch are in its bounds (lowered here to the test's sizes); an explicit num_splits is kept; every
     output matches float64."""
-    gen = torch.Generator().manual_seed(31)
-    layout = PageLayout(64, 64, 16, torch.float16)
-    lens, sink, recent = [300, 97, 40], 8, 24
-    state = random_paged_state(lens, 2, layout, sink, recent, gen)
-    query = torch.randn(len(lens), 8, 64, generator=gen).to(torch.bfloat16)
-    expected = ref_decode(state, query.double(), sink, recent, 0.125)
+    _, lens, sink, recent, state, query, expected = _plan_case(31)
     config = triton_ops.AttentionConfig(block_t=16, window_block_t=16)
     beside = dataclasses.replace(config, beside_write=True)
     cell = measured_plans.PlanCell(8, 2, 64, 16, sink, recent, 3, 512)
