@@ -68,7 +68,8 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
                      CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
                      INT2_MODE=int2_mode, STORE_WINDOW=store_window, QUERY_GROUP=query_group)
     runtime = {**SIGNATURE, **QUERY_SIGNATURE}  # the query's arguments go unused at QUERY_GROUP 0
-    copies = 2 * (head_dim // min(head_dim, window_columns)) if store_window and int2_mode >= INT2_MODES["if_flag"] else 0
+    flagged_copies = store_window and int2_mode >= INT2_MODES["if_flag"]
+    copies = 2 * (head_dim // min(head_dim, window_columns)) if flagged_copies else 0
     constants["WRITE_SIDES"] = 2 + copies
     if query_group:
         constants.update(Q_BLOCK_M=ROTATE_BLOCK_M_SMALL, Q_BLOCK_C=min(head_dim, ROTATE_BLOCK_C),

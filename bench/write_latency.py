@@ -81,7 +81,8 @@ def main() -> int:
                                                                           int2="if_flag", flag=flag)),
                 *((f"first_fused_c{columns}", lambda columns=columns: triton_ops.oscar_write(
                     *write_args, refit_iterations=(8, 2), query=query, int2="if_flag", flag=flag,
-                    config=triton_ops.WriteConfig(window_columns=columns))) for columns in WINDOW_COLUMNS if columns <= dim),
+                    config=triton_ops.WriteConfig(window_columns=columns)))
+                  for columns in WINDOW_COLUMNS if columns <= dim),
                 ("first_windows", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
                                                                  flag=flag)),
                 ("first_query", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), int2="if_flag",
