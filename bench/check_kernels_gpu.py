@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from kernels_reference import (check_write_case, int8_rounded_query, random_paged_state, rotate_and_write_case,  # noqa: E402
                                write_case)
-from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE  # noqa: E402
+from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, GRID_REFIT_ITERATIONS, SERVED_REFIT_ITERATIONS  # noqa: E402
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
 from vllm_oscar.quant import unpack_codes  # noqa: E402
@@ -129,6 +129,28 @@ def check_write(report: list) -> None:
                            "config": variant, "bytes_differing_vs_torch": differing, "ok": True})
             print(f"write D={dim} G={group} N={n} prerotated={prerot} {variant}: ok (bytes differing vs torch path "
                   f"{differing:.1e}) {time.time() - t0:.1f}s", flush=True)
+
+
+def check_write_rows(report: list) -> None:
+    """The INT2-only launch by row programs (a captured decode step's side-stream write; WriteConfig.row_programs)
+    at decode sizes: against float64 (check_write_case, refit rounds on both sides), and its bytes against the same
+    launch by 16-row programs under the served refit (another reduction order: a tie may round either way)."""
+    for dim, group, bs, prerot, n in ((128, 128, 64, False, 1), (128, 128, 64, False, 8), (128, 128, 16, True, 16),
+                                      (64, 64, 64, False, 8), (64, 32, 32, True, 33), (256, 128, 32, False, 5)):
+        t0 = time.time()
+        rows = write_case(triton_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda",
+                          refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(row_programs=True),
+                          int2_apart=True)
+        check_write_case(rows, prerot, GRID_REFIT_ITERATIONS)
+        served = [write_case(triton_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda",
+                             refit_iterations=SERVED_REFIT_ITERATIONS, int2_apart=True,
+                             launch=triton_ops.WriteConfig(row_programs=by_rows))[8] for by_rows in (True, False)]
+        differing = float((served[0] != served[1]).float().mean())
+        ok = differing < 1e-3
+        report.append({"check": "write_rows", "dim": dim, "group": group, "n": n, "prerotated": prerot,
+                       "bytes_differing_vs_16_row_programs": differing, "ok": ok})
+        print(f"write_rows D={dim} G={group} N={n} prerotated={prerot}: float64 ok, bytes differing vs 16-row "
+              f"programs {differing:.1e} {'ok' if ok else 'FAIL'} {time.time() - t0:.1f}s", flush=True)
 
 
 def check_rotate_write(report: list) -> None:
@@ -492,7 +514,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--only", nargs="*",
-                        default=["graph", "prefill", "write", "decode", "int8", "rotate", "rotate_write", "fold"])
+                        default=["graph", "prefill", "write", "write_rows", "decode", "int8", "rotate", "rotate_write",
+                                 "fold"])
     parser.add_argument("--quick", action="store_true",
                         help="decode: only the default launch config (both unpack paths) on the G = D cases")
     parser.add_argument("--with-knob", metavar="FIELD",
@@ -507,7 +530,7 @@ def main() -> int:
             if name == "decode":
                 check_decode(report, args.quick, args.with_knob, args.case)
             else:
-                {"write": check_write, "prefill": check_prefill, "graph": check_graph,
+                {"write": check_write, "write_rows": check_write_rows, "prefill": check_prefill, "graph": check_graph,
                  "int8": check_decode_int8_keys, "rotate": check_rotate, "rotate_write": check_rotate_write,
                  "fold": check_fold}[name](report)
         except Exception as error:  # keep going: one broken check must not hide the others

@@ -7,6 +7,7 @@ rounds are unrolled with --unroll 1). Use the device's Triton with PYTHONPATH (s
 
     PYTHONPATH=/opt/tri36 python bench/sass_write.py --head-dim 128 --refit 8 2 --warps 4
     ... --query-group 4 --int2 if_flag --rotate-v 0   (a folded layer's first launch of a captured decode step)
+    ... --rows 1 --int2 unless_flag   (the side-stream INT2 write by row programs: triton_write_rows)
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, INT2_MODES,  # noqa: E402
                                           ROTATE_BLOCK_C, ROTATE_BLOCK_K, ROTATE_BLOCK_M_SMALL, ROTATE_PRECISION,
                                           ROTATION_PRECISIONS, WRITE_BLOCK_K, WRITE_BLOCK_N, WRITE_WINDOW_BLOCK_C,
-                                          WRITE_WINDOW_BLOCK_K,
+                                          WRITE_WINDOW_BLOCK_K, rows_rotation_ahead,
                                           _plane_offsets)
 from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
+from vllm_oscar.kernels.triton_write_rows import oscar_write_rows_kernel  # noqa: E402
 from vllm_oscar.quant import clip_threshold_index  # noqa: E402
 
 #: Runtime arguments of oscar_write_kernel and their Triton types.
@@ -43,6 +45,9 @@ SIGNATURE = {
     "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32", "stride_w2": "i32", "N": "i32",
     "flag_ptr": "*i32",
 }
+#: Strides that a launch specializes as multiples of 16 (Triton does so for int arguments divisible by 16): the
+#: rotation's rows, which decides whether R loads as 16-byte vectors.
+SPECIALIZED_STRIDES = ("stride_rh", "stride_rr")
 #: The query rotation's runtime arguments (--query-group > 0: a layer step's first launch: oscar_write
 #: with a query).
 QUERY_SIGNATURE = {"q_ptr": "*bf16", "stride_qn": "i32", "stride_qh": "i32", "q_out_ptr": "*fp32", "stride_qon": "i32",
@@ -74,11 +79,31 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
     if query_group:
         constants.update(Q_BLOCK_M=ROTATE_BLOCK_M_SMALL, Q_BLOCK_C=min(head_dim, ROTATE_BLOCK_C),
                          Q_BLOCK_K=min(head_dim, ROTATE_BLOCK_K), Q_PRECISION=ROTATE_PRECISION)
-    names = oscar_write_kernel.arg_names
+    return _compile(oscar_write_kernel, runtime, constants, warps)
+
+
+def compile_write_rows(head_dim: int, block_size: int, refit: tuple[int, int], clip: tuple[float, float],
+                       clip_top: bool = False, int2_mode: int = 0, rotate_v: bool = True):
+    """triton_write_rows.oscar_write_rows_kernel for sm_90, one warp (its launch), constants as compile_write's."""
+    layout = PageLayout(head_dim, head_dim, block_size)
+    constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
+                     CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
+                     DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=rotate_v, EMU=False,
+                     REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True, FLOOR_V=False,
+                     CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
+                     CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
+                     INT2_MODE=int2_mode, ROTATION_AHEAD=rows_rotation_ahead(head_dim))
+    runtime = {name: SIGNATURE[name] for name in oscar_write_rows_kernel.arg_names if name in SIGNATURE}
+    return _compile(oscar_write_rows_kernel, runtime, constants, 1)
+
+
+def _compile(kernel, runtime: dict, constants: dict, warps: int):
+    names = kernel.arg_names
     signature = {**runtime, **{name: "constexpr" for name in constants}}
-    source = ASTSource(fn=oscar_write_kernel, signature=signature,
+    source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(k),): v for k, v in constants.items()},
-                       attrs={(names.index(k),): [["tt.divisibility", 16]] for k in runtime if k.endswith("_ptr")})
+                       attrs={(names.index(k),): [["tt.divisibility", 16]] for k in runtime
+                              if k.endswith("_ptr") or k in SPECIALIZED_STRIDES})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 
 
@@ -101,12 +126,20 @@ def main() -> int:
                         help="0: values arrive rotated (fold_rotations value_and_output)")
     parser.add_argument("--window-columns", type=int, default=WRITE_WINDOW_BLOCK_C,
                         help="output columns per window-copy program of a flagged launch (WriteConfig.window_columns)")
+    parser.add_argument("--rows", type=int, choices=(0, 1), default=0,
+                        help="1: the INT2-only launch by row programs (triton_write_rows; one warp, no windows)")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
-    kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
-                           args.clip_search == "top", args.rotation, bool(args.unroll), args.query_group,
-                           INT2_MODES[args.int2], bool(args.store_window), bool(args.rotate_v), args.window_columns)
+    if args.rows:
+        args.warps = 1
+        kernel = compile_write_rows(args.head_dim, args.block_size, tuple(args.refit), tuple(args.clip),
+                                    args.clip_search == "top", INT2_MODES[args.int2], bool(args.rotate_v))
+    else:
+        kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
+                               args.clip_search == "top", args.rotation, bool(args.unroll), args.query_group,
+                               INT2_MODES[args.int2], bool(args.store_window), bool(args.rotate_v),
+                               args.window_columns)
     sass, registers, stack = read_compiled(kernel, args.dump)
     ops = collections.Counter(op for _, op in instructions(sass))
     common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))

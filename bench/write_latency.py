@@ -2,11 +2,12 @@
 """Latency of the quantizing write at decode sizes on a GPU, in CUDA-graph replays, warm and with a
 cold L2 (a 256 MB buffer zeroed before each write; the flush alone is timed too, to subtract).
 
-Write launch variants (triton_ops.WriteConfig) at 1 / 8 / 32 new tokens, served refit 8 / 2 and clips
+Write launch variants (triton_ops.WriteConfig) at 1 / 8 / 16 / 32 new tokens, served refit 8 / 2 and clips
 0.96 / 0.92, Qwen3-8B (8 KV heads, D 128) and SmolLM2 (3 KV heads, D 64) geometry, blocks of 64:
 the default, the rotation on tensor cores (tf32x3), 2 and 8 warps, and the default without refit. Then the
 launches of a captured decode step (attention/step.layer_step, flag 0: the INT2 part beside the attention):
-the side stream's INT2 part (side_int2), and the current stream's first launch, window copies plus the
+the side stream's INT2 part by 16-row programs (side_int2) and by row programs whose ring of R rows takes N
+registers per lane (side_rows_rN, triton_write_rows), and the current stream's first launch, window copies plus the
 query rotation in one launch (first_fused, oscar_write with a query; first_fused_cN with window-copy programs of N
 output columns, WriteConfig.window_columns) against the two launches it replaced (first_separate: the window-copy
 write, then oscar_rotate), and its parts alone: the window copies (first_windows), the query rotation
@@ -38,14 +39,31 @@ VARIANTS = (
     ("no_refit", triton_ops.WriteConfig(), (0, 0)),
 )
 FLUSH_BYTES = 256 * 1024 * 1024
+#: The side-stream INT2 launch by 16-row programs (BY_TILES) and by row programs (BY_ROWS, triton_write_rows) whose
+#: ring of R rows in flight takes these registers per lane (triton_ops.WRITE_ROWS_RING_REGISTERS).
+BY_TILES = triton_ops.WriteConfig(row_programs=False)
+BY_ROWS = triton_ops.WriteConfig(row_programs=True)
+RING_REGISTERS = (64, 128, 192)
 #: Output columns per window-copy program of the first launch to time (WriteConfig.window_columns).
 WINDOW_COLUMNS = (16, 32, 64, 128)
+
+
+def rows_ring(registers: int, launch) -> None:
+    """Run launch with row programs whose ring of R rows takes ``registers`` per lane (the constant restored)."""
+    default = triton_ops.WRITE_ROWS_RING_REGISTERS
+    triton_ops.WRITE_ROWS_RING_REGISTERS = registers
+    triton_ops._row_write_constants.cache_clear()
+    try:
+        launch()
+    finally:
+        triton_ops.WRITE_ROWS_RING_REGISTERS = default
+        triton_ops._row_write_constants.cache_clear()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32], help="new tokens per write")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 16, 32], help="new tokens per write")
     parser.add_argument("--variants", nargs="+", help="only these launches (names as printed; default: all)")
     args = parser.parse_args()
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
@@ -76,7 +94,11 @@ def main() -> int:
                 *write_args, refit_iterations=refit, config=config)) for name, config, refit in VARIANTS]
             launches += [
                 ("side_int2", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), store_window=False,
-                                                             int2="unless_flag", flag=flag)),
+                                                             int2="unless_flag", flag=flag, config=BY_TILES)),
+                *((f"side_rows_r{registers}", lambda registers=registers: rows_ring(
+                    registers, lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), store_window=False,
+                                                              int2="unless_flag", flag=flag, config=BY_ROWS)))
+                  for registers in RING_REGISTERS),
                 ("first_fused", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), query=query,
                                                                           int2="if_flag", flag=flag)),
                 *((f"first_fused_c{columns}", lambda columns=columns: triton_ops.oscar_write(

@@ -328,9 +328,10 @@ POISON_BYTE = 0xA7
 
 
 def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, device="cpu", refit_iterations=0,
-               refit_floor=REFIT_SCALE_FLOOR, launch=None):
+               refit_floor=REFIT_SCALE_FLOOR, launch=None, int2_apart=False):
     """Run ops.oscar_write on fresh data; return everything needed to check it. launch: the Triton
-    path's WriteConfig (None = its default)."""
+    path's WriteConfig (None = its default). int2_apart (triton_ops): the window copies, then the INT2 part in a
+    launch of its own (a captured decode step's two writes)."""
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, scale_dtype)
     num_blocks = -(-n // bs) + 2
@@ -349,10 +350,15 @@ def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, devic
     if prerotated:
         value_in = torch.einsum("nhd,hde->nhe", value.double(), v_rot_m.double()).to(torch.bfloat16)
     cache, window_k, window_v = cache.to(device), window_k.to(device), window_v.to(device)
-    ops.oscar_write(key.to(device), value_in.to(device), k_rot_m.to(device), None if prerotated else v_rot_m.to(device),
-                    0.96, 0.92, cache, layout, slots.to(device), window_k, window_v, window_slots.to(device), prerotated,
-                    refit_iterations=refit_iterations, refit_floor=refit_floor,
-                    **({} if launch is None else {"config": launch}))
+    args = (key.to(device), value_in.to(device), k_rot_m.to(device), None if prerotated else v_rot_m.to(device),
+            0.96, 0.92, cache, layout, slots.to(device), window_k, window_v, window_slots.to(device), prerotated)
+    options = dict(refit_iterations=refit_iterations, refit_floor=refit_floor,
+                   **({} if launch is None else {"config": launch}))
+    if int2_apart:
+        ops.oscar_write(*args, int2="never", **options)
+        ops.oscar_write(*args, store_window=False, **options)
+    else:
+        ops.oscar_write(*args, **options)
     cache, window_k, window_v = cache.cpu(), window_k.cpu(), window_v.cpu()
     return layout, key, value, value_in, k_rot_m, v_rot_m, slots, window_slots, cache, window_k, window_v
 

@@ -130,6 +130,53 @@ def test_triton_write_parts_and_flag_modes_write_exactly_their_part() -> None:
         assert torch.equal(cache, full_cache if writes else poisoned[0]), (mode, flag)
 
 
+@pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated,tokens", [
+    (64, 64, 16, torch.float16, False, 5),
+    (128, 32, 16, torch.float32, False, 3),  # four groups per row, fp32 scales
+    (64, 32, 32, torch.bfloat16, True, 6),  # values arrive rotated
+])
+def test_triton_int2_write_by_row_programs_matches_float64(dim, group, bs, scale_dtype, prerotated, tokens) -> None:
+    """A captured decode step's two writes, the INT2 part by row programs (one warp per token, KV head and side:
+    WriteConfig(row_programs=True)): rotation, clip and refit against float64, padding rows (slot -1) untouched."""
+    result = write_case(triton_ops, tokens, 2, dim, group, bs, scale_dtype, prerotated, seed=1,
+                        refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(row_programs=True),
+                        int2_apart=True)
+    assert bool((result[6] < 0).any()) and bool((result[6] >= 0).any())  # seed 1: padding and written rows
+    check_write_case(result, prerotated, GRID_REFIT_ITERATIONS)
+
+
+def test_int2_only_writes_of_decode_size_take_row_programs(monkeypatch) -> None:
+    """WriteConfig.row_programs: None = row programs for an INT2-only launch of at most WRITE_ROWS_MAX_TOKENS new
+    tokens and head_dim <= WRITE_ROWS_MAX_HEAD_DIM; launches with window copies or a query never; True / False force
+    it for INT2-only launches."""
+    limit, dim = triton_ops.WRITE_ROWS_MAX_TOKENS, triton_ops.WRITE_ROWS_MAX_HEAD_DIM
+    auto, rows, tiles = (triton_ops.WriteConfig(row_programs=choice) for choice in (None, True, False))
+    assert triton_ops._row_programs(auto, False, False, limit, dim)
+    assert not triton_ops._row_programs(auto, False, False, limit + 1, dim)
+    assert not triton_ops._row_programs(auto, False, False, 1, 2 * dim)
+    assert not triton_ops._row_programs(auto, True, False, 1, dim) and not triton_ops._row_programs(rows, False, True,
+                                                                                                     1, dim)
+    assert triton_ops._row_programs(rows, False, False, 10 * limit, 2 * dim)
+    assert not triton_ops._row_programs(tiles, False, False, 1, dim)
+    launched = []
+    monkeypatch.setattr(triton_ops, "oscar_write_rows_kernel", _Recorder(launched, "rows"))
+    monkeypatch.setattr(triton_ops, "oscar_write_kernel", _Recorder(launched, "tiles"))
+    _write_parts(False, "always")  # 7 tokens, INT2 only
+    _write_parts(True, "always")
+    assert launched == [("rows", (7, 2, 2)), ("tiles", (1, 2, 2))]
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: records (name, grid) of each launch and runs nothing."""
+
+    def __init__(self, launched: list, name: str) -> None:
+        self.launched, self.name = launched, name
+
+    def __getitem__(self, grid):
+        self.launched.append((self.name, grid))
+        return lambda *args, **kwargs: None
+
+
 @pytest.mark.parametrize("columns, prerotated", [(16, False), (32, True), (64, False)])
 def test_triton_window_copies_by_column_blocks_match_float64(columns, prerotated) -> None:
     """A flagged launch's window-copy programs, WriteConfig(window_columns) output columns of K or V each: every

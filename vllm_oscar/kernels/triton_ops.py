@@ -38,6 +38,7 @@ from vllm_oscar.kernels.triton_write import (
     INT2_UNLESS_FLAG,
     oscar_write_kernel,
 )
+from vllm_oscar.kernels.triton_write_rows import oscar_write_rows_kernel
 from vllm_oscar.quant import clip_threshold_index
 
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -57,6 +58,17 @@ WRITE_WINDOW_BLOCK_K: int = 32
 #: first launch alone at 1 new token, us warm (Qwen3-8B geometry, docs/PERFORMANCE.md "Session 40"): 128 columns 5.75,
 #: 64 3.73, 32 3.17, 16 3.29; served steps 20-25% faster than with 128 at 4K-128K batch 1 and 4K-64K batch 8.
 WRITE_WINDOW_BLOCK_C: int = 32
+#: An INT2-only write launch (a captured decode step's side-stream write) of at most this many new tokens runs as
+#: row programs (triton_write_rows: one warp per token, KV head and side) unless WriteConfig.row_programs says
+#: otherwise. Measurement: docs/notes/kernels.md "Session 41".
+WRITE_ROWS_MAX_TOKENS: int = 16
+#: ... and a head_dim of at most this (at 256 the compiler hoists every one of the row's D loads of x ahead of the
+#: rotation's chain and spills 1.7 KB per program: offline, sm_90, bench/sass_write.py --rows 1 --head-dim 256).
+WRITE_ROWS_MAX_HEAD_DIM: int = 128
+#: Registers per lane that a row program's ring of R rows in flight may take: head_dim / 32 fp32 values per row, so
+#: 128 / 32 / 16 rows ahead at head_dim 64 / 128 / 256 (offline, sm_90: no stack at 128; rows 32 ahead at head_dim
+#: 256 spill 1.9 KB).
+WRITE_ROWS_RING_REGISTERS: int = 128
 #: WriteConfig(clip_search="top") removes the row maximum at most this many times per row (the
 #: rounds are unrolled); a side whose clip keeps fewer values bisects (same threshold either way).
 CLIP_TOP_MAX_ROUNDS: int = 16
@@ -112,6 +124,7 @@ class WriteConfig:
     rotation_precision: str = "ieee"
     unroll_refit: bool = False
     window_columns: Optional[int] = None
+    row_programs: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.window_columns is not None and (self.window_columns < 16
@@ -609,6 +622,14 @@ def oscar_write(
         return q_rot
     rk = k_rotation.to(torch.float32).contiguous()
     rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
+    if _row_programs(config, store_window, query is not None, n, d):
+        oscar_write_rows_kernel[(n, hkv, 2)](
+            key, value, key.stride(0), key.stride(1), value.stride(0), value.stride(1), rk, rv, rk.stride(0),
+            rk.stride(1), int2_cache, int2_cache.stride(0), int2_cache.stride(1), slot_mapping,
+            slot_mapping if flag is None else flag,
+            **_row_write_constants(layout, float(clip_k), float(clip_v), config, bool(value_prerotated), refit_k,
+                                   refit_v, bool(refit_floor[0]), bool(refit_floor[1]), int2, _interpreting()))
+        return q_rot
     # Axis 2: K, V (after the window copies' column blocks where they have programs of their own: a flagged launch;
     # then the query's column blocks): triton_write's module docstring.
     sides = 2
@@ -636,6 +657,38 @@ def oscar_write(
         **query_args,
     )
     return q_rot
+
+
+def _row_programs(config: WriteConfig, store_window: bool, with_query: bool, tokens: int, head_dim: int) -> bool:
+    """Whether an oscar_write launch runs as row programs (WriteConfig.row_programs)."""
+    if store_window or with_query:
+        return False
+    if config.row_programs is None:
+        return tokens <= WRITE_ROWS_MAX_TOKENS and head_dim <= WRITE_ROWS_MAX_HEAD_DIM
+    return config.row_programs
+
+
+#: The constexprs (and num_warps) of _write_constants that oscar_write_rows_kernel takes.
+_ROW_PROGRAM_CONSTANTS: tuple[str, ...] = (
+    "D", "G", "BS", "SCALE_T", "EPS", "K_CODES", "V_CODES", "K_SCALE", "K_ZERO", "V_SCALE", "V_ZERO", "CLIP_K",
+    "CLIP_V", "DO_CLIP_K", "DO_CLIP_V", "ROTATE_V", "EMU", "REFIT_K", "REFIT_V", "FLOOR_K", "FLOOR_V", "CLIP_TOP_K",
+    "CLIP_TOP_V", "INT2_MODE", "num_warps")
+
+
+@functools.lru_cache(maxsize=64)
+def _row_write_constants(layout: PageLayout, clip_k: float, clip_v: float, config: WriteConfig,
+                         value_prerotated: bool, refit_k: int, refit_v: int, floor_k: bool, floor_v: bool, int2: str,
+                         emulated: bool) -> dict:
+    """oscar_write_rows_kernel's constexprs: _write_constants' for an INT2-only launch, one warp per program."""
+    constants = _write_constants(layout, clip_k, clip_v, config, value_prerotated, refit_k, refit_v, floor_k,
+                                 floor_v, False, int2, 1, emulated)
+    return {**{name: constants[name] for name in _ROW_PROGRAM_CONSTANTS},
+            "ROTATION_AHEAD": rows_rotation_ahead(layout.head_dim)}
+
+
+def rows_rotation_ahead(head_dim: int) -> int:
+    """Rows of R that a row program's rotation keeps in flight (WRITE_ROWS_RING_REGISTERS), 1 .. head_dim."""
+    return max(1, min(head_dim, WRITE_ROWS_RING_REGISTERS * 32 // head_dim))
 
 
 @functools.lru_cache(maxsize=256)
