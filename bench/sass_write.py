@@ -45,6 +45,8 @@ SIGNATURE = {
     "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32", "stride_w2": "i32", "N": "i32",
     "flag_ptr": "*i32",
 }
+#: The rotated rows' arguments (oscar_write's rotated_out, the row programs' rotated).
+ROTATED_SIGNATURE = {"rot_ptr": "*fp32", "stride_on": "i32", "stride_oh": "i32"}
 #: Strides that a launch specializes as multiples of 16 (Triton does so for int arguments divisible by 16): the
 #: rotation's rows, which decides whether R loads as 16-byte vectors.
 SPECIALIZED_STRIDES = ("stride_rh", "stride_rr")
@@ -57,10 +59,11 @@ QUERY_SIGNATURE = {"q_ptr": "*bf16", "stride_qn": "i32", "stride_qh": "i32", "q_
 def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, int], clip: tuple[float, float],
                   clip_top: bool = False, rotation: str = "ieee", unroll: bool = True, query_group: int = 0,
                   int2_mode: int = 0, store_window: bool = True, rotate_v: bool = True,
-                  window_columns: int = WRITE_WINDOW_BLOCK_C):
+                  window_columns: int = WRITE_WINDOW_BLOCK_C, store_rotated: bool = False):
     """The CompiledKernel for sm_90 (one group per row, fp16 scales, keys floored as served); query_group > 0:
     with the query rotation programs (QUERY_GROUP) of oscar_write with a query; rotate_v False: values arrive
-    rotated (R_V folded into W_v); window_columns: output columns per window-copy program of a flagged launch."""
+    rotated (R_V folded into W_v); window_columns: output columns per window-copy program of a flagged launch;
+    store_rotated: those programs also store the rotated rows (oscar_write's rotated_out)."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
@@ -71,8 +74,9 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
                      FLOOR_V=False, ROT_PRECISION=rotation, UNROLL_REFIT=unroll,
                      CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
                      CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
-                     INT2_MODE=int2_mode, STORE_WINDOW=store_window, QUERY_GROUP=query_group)
-    runtime = {**SIGNATURE, **QUERY_SIGNATURE}  # the query's arguments go unused at QUERY_GROUP 0
+                     INT2_MODE=int2_mode, STORE_WINDOW=store_window, QUERY_GROUP=query_group,
+                     STORE_ROTATED=store_rotated)
+    runtime = {**SIGNATURE, **QUERY_SIGNATURE, **ROTATED_SIGNATURE}  # the query's arguments unused at QUERY_GROUP 0
     flagged_copies = store_window and int2_mode >= INT2_MODES["if_flag"]
     copies = 2 * (head_dim // min(head_dim, window_columns)) if flagged_copies else 0
     constants["WRITE_SIDES"] = 2 + copies
@@ -83,8 +87,9 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
 
 
 def compile_write_rows(head_dim: int, block_size: int, refit: tuple[int, int], clip: tuple[float, float],
-                       clip_top: bool = False, int2_mode: int = 0, rotate_v: bool = True):
-    """triton_write_rows.oscar_write_rows_kernel for sm_90, one warp (its launch), constants as compile_write's."""
+                       clip_top: bool = False, int2_mode: int = 0, rotate_v: bool = True, from_rotated: bool = False):
+    """triton_write_rows.oscar_write_rows_kernel for sm_90, one warp (its launch), constants as compile_write's;
+    from_rotated: reading the rotated rows (oscar_write's rotated)."""
     layout = PageLayout(head_dim, head_dim, block_size)
     constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
                      CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
@@ -92,8 +97,9 @@ def compile_write_rows(head_dim: int, block_size: int, refit: tuple[int, int], c
                      REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True, FLOOR_V=False,
                      CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
                      CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
-                     INT2_MODE=int2_mode, ROTATION_AHEAD=rows_rotation_ahead(head_dim))
-    runtime = {name: SIGNATURE[name] for name in oscar_write_rows_kernel.arg_names if name in SIGNATURE}
+                     INT2_MODE=int2_mode, ROTATION_AHEAD=rows_rotation_ahead(head_dim), FROM_ROTATED=from_rotated)
+    every = {**SIGNATURE, **ROTATED_SIGNATURE}
+    runtime = {name: every[name] for name in oscar_write_rows_kernel.arg_names if name in every}
     return _compile(oscar_write_rows_kernel, runtime, constants, 1)
 
 
@@ -128,18 +134,22 @@ def main() -> int:
                         help="output columns per window-copy program of a flagged launch (WriteConfig.window_columns)")
     parser.add_argument("--rows", type=int, choices=(0, 1), default=0,
                         help="1: the INT2-only launch by row programs (triton_write_rows; one warp, no windows)")
+    parser.add_argument("--rotated", type=int, choices=(0, 1), default=0,
+                        help="1: the first launch stores the rotated rows (--store-window 1) / the row programs read "
+                             "them (--rows 1)")
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--dump", metavar="FILE")
     args = parser.parse_args()
     if args.rows:
         args.warps = 1
         kernel = compile_write_rows(args.head_dim, args.block_size, tuple(args.refit), tuple(args.clip),
-                                    args.clip_search == "top", INT2_MODES[args.int2], bool(args.rotate_v))
+                                    args.clip_search == "top", INT2_MODES[args.int2], bool(args.rotate_v),
+                                    bool(args.rotated))
     else:
         kernel = compile_write(args.head_dim, args.block_size, args.warps, tuple(args.refit), tuple(args.clip),
                                args.clip_search == "top", args.rotation, bool(args.unroll), args.query_group,
                                INT2_MODES[args.int2], bool(args.store_window), bool(args.rotate_v),
-                               args.window_columns)
+                               args.window_columns, bool(args.rotated))
     sass, registers, stack = read_compiled(kernel, args.dump)
     ops = collections.Counter(op for _, op in instructions(sass))
     common = " ".join(f"{op}={n}" for op, n in ops.most_common(args.top))

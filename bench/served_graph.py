@@ -219,7 +219,7 @@ SIDE_JOINS = ("layer", "step")
 #: --plans: decode plans with the device's table of measured plans ("device"), or by the rules alone ("rules").
 PLAN_CHOICES = ("device", "rules")
 #: --side-writes: the side-stream INT2 writes as served ("full"), or timing probes (side_writes).
-SIDE_WRITE_MODES = ("full", "idle", "serial", "tiles", "warps1", "warps2", "warps8")
+SIDE_WRITE_MODES = ("full", "idle", "serial", "rows", "tiles", "warps1", "warps2", "warps8")
 
 
 class _AttentionLayers(torch.nn.Module):
@@ -350,16 +350,21 @@ def side_writes(mode: str) -> contextlib.AbstractContextManager:
     """SIDE_WRITE_MODES (timing probes but "full"): "full" as served; "idle" (the caches go stale) launches each
     side-stream INT2 write with nothing to do (int2="never"), to price what the writes cost the launches beside them;
     "serial" writes the INT2 part in the first launch on the current stream (int2="always", as an eager step) and
-    leaves the side launch idle; "tiles" runs the side write by 16-row programs (WriteConfig(row_programs=False), as
-    served before session 41), "warpsN" so with N warps per program (WriteConfig.num_warps)."""
+    leaves the side launch idle; "rows" runs the side write by row programs that rotate the rows again (not reading
+    the first launch's rotated rows), "tiles" by 16-row programs (WriteConfig(row_programs=False), as served before
+    session 41), "warpsN" so with N warps per program (WriteConfig.num_warps)."""
     if mode == "full":
         return contextlib.nullcontext()
     served_write = triton_ops.oscar_write
 
     def probed_write(*args, **kwargs):
         side = kwargs.get("int2") == "unless_flag" and kwargs.get("store_window") is False
+        if side:
+            kwargs = {**kwargs, "rotated": None}
         if side and mode in ("idle", "serial"):
             kwargs = {**kwargs, "int2": "never", "flag": None}
+        elif side and mode == "rows":
+            kwargs = {**kwargs, "config": triton_ops.WriteConfig(row_programs=True)}
         elif side:
             warps = None if mode == "tiles" else int(mode.removeprefix("warps"))
             kwargs = {**kwargs, "config": triton_ops.WriteConfig(num_warps=warps, row_programs=False)}

@@ -7,9 +7,10 @@ Write launch variants (triton_ops.WriteConfig) at 1 / 8 / 16 / 32 new tokens, se
 the default, the rotation on tensor cores (tf32x3), 2 and 8 warps, and the default without refit. Then the
 launches of a captured decode step (attention/step.layer_step, flag 0: the INT2 part beside the attention):
 the side stream's INT2 part by 16-row programs (side_int2) and by row programs whose ring of R rows takes N
-registers per lane (side_rows_rN, triton_write_rows), and the current stream's first launch, window copies plus the
+registers per lane (side_rows_rN, triton_write_rows) or that read the rotated rows the first launch stored
+(side_rows_rotated), and the current stream's first launch, window copies plus the
 query rotation in one launch (first_fused, oscar_write with a query; first_fused_cN with window-copy programs of N
-output columns, WriteConfig.window_columns) against the two launches it replaced (first_separate: the window-copy
+output columns, WriteConfig.window_columns; first_fused_rotated_out also storing the rotated rows) against the two launches it replaced (first_separate: the window-copy
 write, then oscar_rotate), and its parts alone: the window copies (first_windows), the query rotation
 (first_query), neither (first_empty: the flagged INT2 programs returning at once).
 
@@ -89,6 +90,7 @@ def main() -> int:
             query = torch.randn(tokens, hkv * group, dim, device="cuda", dtype=torch.bfloat16)
             write_args = (key, value, rk, rv, 0.96, 0.92, cache, layout, slots, window_k, window_v, window_slots)
             flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+            rotated = torch.zeros(tokens, hkv, 2, dim, device="cuda")  # the first launch's rotated rows (rotated_out)
             row = {"geometry": geometry, "tokens": tokens}
             launches = [(name, lambda config=config, refit=refit: triton_ops.oscar_write(
                 *write_args, refit_iterations=refit, config=config)) for name, config, refit in VARIANTS]
@@ -99,6 +101,12 @@ def main() -> int:
                     registers, lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), store_window=False,
                                                               int2="unless_flag", flag=flag, config=BY_ROWS)))
                   for registers in RING_REGISTERS),
+                ("side_rows_rotated", lambda: triton_ops.oscar_write(
+                    *write_args, refit_iterations=(8, 2), store_window=False, int2="unless_flag", flag=flag,
+                    config=BY_ROWS, rotated=rotated)),
+                ("first_fused_rotated_out", lambda: triton_ops.oscar_write(
+                    *write_args, refit_iterations=(8, 2), query=query, int2="if_flag", flag=flag,
+                    rotated_out=rotated)),
                 ("first_fused", lambda: triton_ops.oscar_write(*write_args, refit_iterations=(8, 2), query=query,
                                                                           int2="if_flag", flag=flag)),
                 *((f"first_fused_c{columns}", lambda columns=columns: triton_ops.oscar_write(

@@ -331,7 +331,8 @@ def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, devic
                refit_floor=REFIT_SCALE_FLOOR, launch=None, int2_apart=False):
     """Run ops.oscar_write on fresh data; return everything needed to check it. launch: the Triton
     path's WriteConfig (None = its default). int2_apart (triton_ops): the window copies, then the INT2 part in a
-    launch of its own (a captured decode step's two writes)."""
+    launch of its own (a captured decode step's two writes); "rotated": so, the first as a flagged launch (flag 0)
+    that also stores the rotated rows, which the second (row programs) reads instead of rotating."""
     gen = torch.Generator().manual_seed(seed)
     layout = PageLayout(dim, group, bs, scale_dtype)
     num_blocks = -(-n // bs) + 2
@@ -354,7 +355,12 @@ def write_case(ops, n, hkv, dim, group, bs, scale_dtype, prerotated, seed, devic
             0.96, 0.92, cache, layout, slots.to(device), window_k, window_v, window_slots.to(device), prerotated)
     options = dict(refit_iterations=refit_iterations, refit_floor=refit_floor,
                    **({} if launch is None else {"config": launch}))
-    if int2_apart:
+    if int2_apart == "rotated":
+        flag = torch.zeros(1, dtype=torch.int32, device=device)
+        rotated = torch.full((n, hkv, 2, dim), float("nan"), device=device)
+        ops.oscar_write(*args, int2="if_flag", flag=flag, rotated_out=rotated, **options)
+        ops.oscar_write(*args, store_window=False, int2="unless_flag", flag=flag, rotated=rotated, **options)
+    elif int2_apart:
         ops.oscar_write(*args, int2="never", **options)
         ops.oscar_write(*args, store_window=False, **options)
     else:

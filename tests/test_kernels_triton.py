@@ -130,17 +130,21 @@ def test_triton_write_parts_and_flag_modes_write_exactly_their_part() -> None:
         assert torch.equal(cache, full_cache if writes else poisoned[0]), (mode, flag)
 
 
-@pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated,tokens", [
-    (64, 64, 16, torch.float16, False, 5),
-    (128, 32, 16, torch.float32, False, 3),  # four groups per row, fp32 scales
-    (64, 32, 32, torch.bfloat16, True, 6),  # values arrive rotated
+@pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated,tokens,apart", [
+    (64, 64, 16, torch.float16, False, 5, True),
+    (128, 32, 16, torch.float32, False, 3, True),  # four groups per row, fp32 scales
+    (64, 32, 32, torch.bfloat16, True, 6, True),  # values arrive rotated
+    (64, 64, 16, torch.float16, False, 5, "rotated"),  # the rotated rows of the first launch
+    (128, 32, 16, torch.float32, True, 3, "rotated"),
 ])
-def test_triton_int2_write_by_row_programs_matches_float64(dim, group, bs, scale_dtype, prerotated, tokens) -> None:
+def test_triton_int2_write_by_row_programs_matches_float64(dim, group, bs, scale_dtype, prerotated, tokens,
+                                                           apart) -> None:
     """A captured decode step's two writes, the INT2 part by row programs (one warp per token, KV head and side:
-    WriteConfig(row_programs=True)): rotation, clip and refit against float64, padding rows (slot -1) untouched."""
+    WriteConfig(row_programs=True)), rotating or reading the rows the first launch rotated: rotation, clip and refit
+    against float64, padding rows (slot -1) untouched."""
     result = write_case(triton_ops, tokens, 2, dim, group, bs, scale_dtype, prerotated, seed=1,
                         refit_iterations=GRID_REFIT_ITERATIONS, launch=triton_ops.WriteConfig(row_programs=True),
-                        int2_apart=True)
+                        int2_apart=apart)
     assert bool((result[6] < 0).any()) and bool((result[6] >= 0).any())  # seed 1: padding and written rows
     check_write_case(result, prerotated, GRID_REFIT_ITERATIONS)
 
@@ -164,6 +168,23 @@ def test_int2_only_writes_of_decode_size_take_row_programs(monkeypatch) -> None:
     _write_parts(False, "always")  # 7 tokens, INT2 only
     _write_parts(True, "always")
     assert launched == [("rows", (7, 2, 2)), ("tiles", (1, 2, 2))]
+
+
+def test_rotated_rows_go_only_between_a_flagged_launch_and_row_programs() -> None:
+    key = torch.zeros(3, 2, 64, dtype=torch.bfloat16)
+    rows = torch.zeros(3, 2, 2, 64)
+    rows_only = triton_ops.WriteConfig(row_programs=True)
+    check = triton_ops._check_rotated_rows
+    check(rows, None, key, True, "if_flag", True, rows_only)
+    check(None, rows, key, False, "unless_flag", False, rows_only)
+    with pytest.raises(ValueError, match="flagged launch"):
+        check(rows, None, key, True, "always", False, rows_only)
+    with pytest.raises(ValueError, match="row programs only"):
+        check(None, rows, key, False, "unless_flag", False, triton_ops.WriteConfig(row_programs=False))
+    with pytest.raises(ValueError, match="shape"):
+        check(None, rows[:, :, :1], key, False, "unless_flag", False, rows_only)
+    with pytest.raises(ValueError, match="float32"):
+        check(None, rows.half(), key, False, "unless_flag", False, rows_only)
 
 
 class _Recorder:

@@ -74,7 +74,9 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
     In a CUDA-graph capture of a pure decode step the quantizing INT2 write (about a third of a
     small-batch decode step's GPU time) runs on a side stream beside the attention, which reads the
     step's new tokens from their BF16 copies, written first on the current stream by the launch that
-    also rotates the queries (oscar_write with query); the current stream waits for the side stream
+    also rotates the queries (oscar_write with query); at decode sizes that launch also stores the rotated K / V
+    rows, which the side write's row programs quantize without rotating again (so the side stream forks after it,
+    else before); the current stream waits for the side stream
     before returning (and for the writes earlier layers deferred), or, with defer_side_write, not until a
     later layer_step without it or join_side_writes (so that the write may run on beside the following
     layers; key and value stay allocated for it until then). The graph holds both orders, each launch predicated on
@@ -94,16 +96,23 @@ def layer_step(m: OscarMetadata, query: torch.Tensor, key: torch.Tensor, value: 
 
     main = torch.cuda.current_stream()
     side = _side_stream(main, deferred=defer_side_write)
-    side.wait_stream(main)
+    n, hkv, d = args[0].shape
+    rotated = None  # the first launch's rotated rows, which the side write's row programs read
+    if triton_ops.reads_rotated_rows(n, d):
+        rotated = torch.empty((n, hkv, 2, d), dtype=torch.float32, device=key.device)
+    else:
+        side.wait_stream(main)
     q_rot = triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, int2="if_flag",
-                                   flag=m.serial_write, query=query[:m.num_actual_tokens])
+                                   flag=m.serial_write, query=query[:m.num_actual_tokens], rotated_out=rotated)
+    if rotated is not None:
+        side.wait_stream(main)
     with torch.cuda.stream(side):
         triton_ops.oscar_write(*args, refit_iterations=config.refit_iterations, store_window=False,
-                               int2="unless_flag", flag=m.serial_write)
+                               int2="unless_flag", flag=m.serial_write, rotated=rotated)
     attend_step(m, query, rotations, caches, config, softmax_scale, output, query_rot=q_rot, beside_write=True)
-    if defer_side_write:  # until the join, the caching allocator keeps key and value for the side stream
-        key.record_stream(side)
-        value.record_stream(side)
+    if defer_side_write:  # until the join, the caching allocator keeps key, value and rotated for the side stream
+        for tensor in (key, value) if rotated is None else (key, value, rotated):
+            tensor.record_stream(side)
         _UNJOINED_SIDE_STREAMS.setdefault(main, {})[side] = None
     else:
         main.wait_stream(side)

@@ -581,6 +581,8 @@ def oscar_write(
     int2: str = "always",
     flag: Optional[torch.Tensor] = None,
     query: Optional[torch.Tensor] = None,
+    rotated_out: Optional[torch.Tensor] = None,
+    rotated: Optional[torch.Tensor] = None,
 ) -> Optional[torch.Tensor]:
     """One launch: rotate, clip, quantize (+ grid refit), pack K and V; copy rotated rows into windows.
 
@@ -591,6 +593,9 @@ def oscar_write(
     tokens (Hq a multiple of Hkv, unit stride on D): also returns q_rot [N, Hq, D] float32 = query @ R_K per
     KV head, as oscar_rotate computes it (same tiles and precision), from the same launch where the rows are
     decode-sized (N x Hq / Hkv <= ROTATE_SMALL_ROWS), else from an oscar_rotate launch after the write.
+    rotated_out: a flagged launch with window copies (a captured decode step's first launch) also stores every row's
+    rotated K and V, fp32 [N, Hkv, 2, D] (K at [:, :, 0], V at [:, :, 1]; contiguous); rotated: an INT2-only launch
+    by row programs (reads_rotated_rows) reads them from there instead of rotating again (the same bits).
     """
     q_rot = None
     if query is not None:
@@ -622,11 +627,13 @@ def oscar_write(
         return q_rot
     rk = k_rotation.to(torch.float32).contiguous()
     rv = rk if value_prerotated else v_rotation.to(torch.float32).contiguous()
+    _check_rotated_rows(rotated_out, rotated, key, store_window, int2, query is not None, config)
     if _row_programs(config, store_window, query is not None, n, d):
         oscar_write_rows_kernel[(n, hkv, 2)](
             key, value, key.stride(0), key.stride(1), value.stride(0), value.stride(1), rk, rv, rk.stride(0),
             rk.stride(1), int2_cache, int2_cache.stride(0), int2_cache.stride(1), slot_mapping,
-            slot_mapping if flag is None else flag,
+            slot_mapping if flag is None else flag, rotated, *(rotated.stride()[:2] if rotated is not None else (0, 0)),
+            FROM_ROTATED=rotated is not None,
             **_row_write_constants(layout, float(clip_k), float(clip_v), config, bool(value_prerotated), refit_k,
                                    refit_v, bool(refit_floor[0]), bool(refit_floor[1]), int2, _interpreting()))
         return q_rot
@@ -655,8 +662,33 @@ def oscar_write(
                            bool(refit_floor[0]), bool(refit_floor[1]), bool(store_window), int2,
                            config.num_warps or write_warps(d, n), _interpreting()),
         **query_args,
+        **({} if rotated_out is None else dict(rot_ptr=rotated_out, stride_on=rotated_out.stride(0),
+                                               stride_oh=rotated_out.stride(1), STORE_ROTATED=True)),
     )
     return q_rot
+
+
+def reads_rotated_rows(tokens: int, head_dim: int, config: WriteConfig = DEFAULT_WRITE) -> bool:
+    """Whether an INT2-only oscar_write of this many new tokens runs as row programs, which may read the rotated
+    rows a flagged launch stored (oscar_write's rotated / rotated_out)."""
+    return _row_programs(config, False, False, tokens, head_dim)
+
+
+def _check_rotated_rows(rotated_out: Optional[torch.Tensor], rotated: Optional[torch.Tensor], key: torch.Tensor,
+                        store_window: bool, int2: str, with_query: bool, config: WriteConfig) -> None:
+    """oscar_write's rotated_out / rotated: the launch kinds that take them, shape [N, Hkv, 2, D] fp32 contiguous."""
+    n, hkv, d = key.shape
+    for name, rows in (("rotated_out", rotated_out), ("rotated", rotated)):
+        if rows is not None and (rows.shape != (n, hkv, 2, d) or rows.dtype != torch.float32
+                                 or not rows.is_contiguous() or rows.device != key.device):
+            raise ValueError(f"{name} must be a contiguous float32 tensor of shape {(n, hkv, 2, d)} on {key.device}; "
+                             f"got {tuple(rows.shape)} {rows.dtype} on {rows.device}.")
+    if rotated_out is not None and not (store_window and int2 in ("if_flag", "unless_flag")):
+        raise ValueError("rotated_out is written by the window-copy programs of a flagged launch: pass "
+                         "store_window=True and int2='if_flag' or 'unless_flag'.")
+    if rotated is not None and not _row_programs(config, store_window, with_query, n, d):
+        raise ValueError("rotated is read by row programs only: an INT2-only launch (store_window=False, no query) "
+                         "that reads_rotated_rows(tokens, head_dim, config) allows.")
 
 
 def _row_programs(config: WriteConfig, store_window: bool, with_query: bool, tokens: int, head_dim: int) -> bool:

@@ -231,12 +231,16 @@ def _store_window(y, wslot, row_ok, w_ptr, stride_w0, stride_w1, stride_w2, h, c
 @triton.jit
 def _copy_window_columns(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr, stride_rh,
                          stride_rr, wslot_ptr, wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2, N, tile, h, side,
+                         rot_ptr, stride_on, stride_oh,
                          D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         BLOCK_C: tl.constexpr, ROTATE_V: tl.constexpr, PRECISION: tl.constexpr, EMU: tl.constexpr):
+                         BLOCK_C: tl.constexpr, ROTATE_V: tl.constexpr, PRECISION: tl.constexpr, EMU: tl.constexpr,
+                         STORE_ROTATED: tl.constexpr):
     """A window-copy program of a flagged launch: BLOCK_N rows (tile) of KV head h, side < D / BLOCK_C: K's output
     columns [BLOCK_C c, BLOCK_C (c + 1)) with c = side, else V's with c = side - D / BLOCK_C; rotated (V unless
     pre-rotated), stored into the window store where the row's window slot is >= 0. The same bits as the full
-    write's copy (ieee: FMA chains over k in order)."""
+    write's copy (ieee: FMA chains over k in order). STORE_ROTATED: every row's fp32 columns also go to the rotated
+    rows [N, Hkv, 2, D] at rot_ptr (strides stride_on, stride_oh; K at 0, V at D), which the side-stream INT2 write
+    then reads instead of rotating again (triton_write_rows)."""
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     wslot = tl.load(wslot_ptr + rows, mask=row_ok, other=-1)
@@ -246,6 +250,8 @@ def _copy_window_columns(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_v
         y = _rotated_rows(k_ptr, stride_kn, stride_kh, rk_ptr, stride_rh, stride_rr, rows, row_ok, h, cols, D, BLOCK_K,
                           True, PRECISION)
         _store_window(y, wslot, row_ok, wk_ptr, stride_w0, stride_w1, stride_w2, h, cols, BS, EMU)
+        if STORE_ROTATED:
+            _store_rotated(y, rot_ptr, stride_on, stride_oh, rows, row_ok, h, cols)
     else:
         cols = (side - BLOCKS) * BLOCK_C + tl.arange(0, BLOCK_C)
         if ROTATE_V:
@@ -255,6 +261,15 @@ def _copy_window_columns(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_v
             v_rows = v_ptr + rows.to(tl.int64)[:, None] * stride_vn + h * stride_vh
             y = tl.load(v_rows + cols[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         _store_window(y, wslot, row_ok, wv_ptr, stride_w0, stride_w1, stride_w2, h, cols, BS, EMU)
+        if STORE_ROTATED:
+            _store_rotated(y, rot_ptr, stride_on, stride_oh, rows, row_ok, h, D + cols)
+
+
+@triton.jit
+def _store_rotated(y, rot_ptr, stride_on, stride_oh, rows, row_ok, h, cols):
+    """Store y [BLOCK_N, C] fp32 at the rotated rows' columns cols of (row, KV head h) for the rows < N."""
+    base = rot_ptr + rows.to(tl.int64) * stride_on + h * stride_oh
+    tl.store(base[:, None] + cols[None, :], y, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -300,6 +315,7 @@ def oscar_write_kernel(
     QUERY_GROUP: tl.constexpr = 0, Q_BLOCK_M: tl.constexpr = 16, Q_BLOCK_C: tl.constexpr = 32,
     Q_BLOCK_K: tl.constexpr = 64, Q_PRECISION: tl.constexpr = "tf32x3", WRITE_SIDES: tl.constexpr = 2,
     WINDOW_BLOCK_K: tl.constexpr = 32, WINDOW_BLOCK_C: tl.constexpr = 32,
+    rot_ptr=None, stride_on=0, stride_oh=0, STORE_ROTATED: tl.constexpr = False,
 ):
     """See module docstring. CLIP_* are 0-based ranks of the clip threshold in |row|;
     REFIT_K / REFIT_V: least-squares grid refit rounds of K / V (0 = the clipped min/max grid);
@@ -309,7 +325,8 @@ def oscar_write_kernel(
     INT2_MODE, flag_ptr: which parts this launch writes (module docstring); QUERY_GROUP > 0: programs of
     axis 2 >= WRITE_SIDES rotate the step's queries too (module docstring, "The query in the same launch");
     WINDOW_BLOCK_K, WINDOW_BLOCK_C: BLOCK_K and output columns of the window-copy programs of a flagged launch
-    (module docstring)."""
+    (module docstring); STORE_ROTATED: those programs also store the fp32 rotated rows at rot_ptr
+    (_copy_window_columns)."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     side = tl.program_id(2)
@@ -328,8 +345,8 @@ def oscar_write_kernel(
             if side < WINDOW_SIDES:
                 _copy_window_columns(k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh, rk_ptr, rv_ptr,
                                      stride_rh, stride_rr, wslot_ptr, wk_ptr, wv_ptr, stride_w0, stride_w1, stride_w2,
-                                     N, tile, h, side, D, BS, BLOCK_N, WINDOW_BLOCK_K, WINDOW_BLOCK_C, ROTATE_V,
-                                     ROT_PRECISION, EMU)
+                                     N, tile, h, side, rot_ptr, stride_on, stride_oh, D, BS, BLOCK_N,
+                                     WINDOW_BLOCK_K, WINDOW_BLOCK_C, ROTATE_V, ROT_PRECISION, EMU, STORE_ROTATED)
                 return
             side -= WINDOW_SIDES
         flag = tl.load(flag_ptr)

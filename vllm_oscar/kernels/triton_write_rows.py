@@ -9,7 +9,9 @@ the write a ~11 us chain (docs/notes/kernels.md, sessions 38-40). Here a program
 
     y      = x[n, h] @ R[h]     one FMA chain per output over k in order (the bits of the full write's
                                 ieee dot, which chains the same way), R's rows loaded ROTATION_AHEAD ahead;
-                                or x itself when V comes pre-rotated
+                                or x itself when V comes pre-rotated; or (FROM_ROTATED) read from the rotated
+                                rows that the step's first launch stored (the same bits: its window-copy
+                                programs chain the same way), so that no program loads R's 64 KiB again
     then clip, quantize, refit, pack and store exactly as triton_write (its _clip and _quantize_store,
     on a [1, D] tile).
 
@@ -48,21 +50,33 @@ def _rotated_row(x_row, r_head, stride_rr, cols, D: tl.constexpr, ROTATE: tl.con
 
 
 @triton.jit
+def _row_input(x_row, r_head, stride_rr, rot_ptr, stride_on, stride_oh, n, h, side, cols, D: tl.constexpr,
+               ROTATE: tl.constexpr, AHEAD: tl.constexpr, FROM_ROTATED: tl.constexpr):
+    """[1, D] fp32: row n's rotated values of KV head h and this side, read from the rotated rows (FROM_ROTATED) or
+    computed (_rotated_row)."""
+    if FROM_ROTATED:
+        return tl.load(rot_ptr + n.to(tl.int64) * stride_on + h * stride_oh + side * D + cols)
+    return _rotated_row(x_row, r_head, stride_rr, cols, D, ROTATE, AHEAD)
+
+
+@triton.jit
 def oscar_write_rows_kernel(
     k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh,
     rk_ptr, rv_ptr, stride_rh, stride_rr,
-    cache_ptr, stride_cb, stride_ch, slot_ptr, flag_ptr,
+    cache_ptr, stride_cb, stride_ch, slot_ptr, flag_ptr, rot_ptr, stride_on, stride_oh,
     D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr, EPS: tl.constexpr,
     K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
     V_SCALE: tl.constexpr, V_ZERO: tl.constexpr,
     CLIP_K: tl.constexpr, CLIP_V: tl.constexpr, DO_CLIP_K: tl.constexpr, DO_CLIP_V: tl.constexpr,
     ROTATE_V: tl.constexpr, EMU: tl.constexpr, REFIT_K: tl.constexpr, REFIT_V: tl.constexpr,
     FLOOR_K: tl.constexpr, FLOOR_V: tl.constexpr, CLIP_TOP_K: tl.constexpr, CLIP_TOP_V: tl.constexpr,
-    INT2_MODE: tl.constexpr, ROTATION_AHEAD: tl.constexpr,
+    INT2_MODE: tl.constexpr, ROTATION_AHEAD: tl.constexpr, FROM_ROTATED: tl.constexpr,
 ):
     """The INT2 part of row n = program_id(0) (token), KV head h, side 0 = K / 1 = V (module docstring); the
     constexprs as oscar_write_kernel's, and ROTATION_AHEAD: rows of R in flight
-    (triton_ops.rows_rotation_ahead). A row whose slot is < 0 (padding) returns at once."""
+    (triton_ops.rows_rotation_ahead); FROM_ROTATED: the rows arrive rotated, fp32 [N, Hkv, 2, D] at rot_ptr
+    (strides stride_on, stride_oh; K at 0, V at D: what a flagged launch's window-copy programs stored), so no
+    rotation here. A row whose slot is < 0 (padding) returns at once."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     side = tl.program_id(2)
@@ -80,16 +94,16 @@ def oscar_write_rows_kernel(
     valid = slot >= 0
     cols = tl.arange(0, D)[None, :]
     if side == 0:
-        y = _rotated_row(k_ptr + n.to(tl.int64) * stride_kn + h * stride_kh, rk_ptr + h * stride_rh, stride_rr, cols,
-                         D, True, ROTATION_AHEAD)
+        y = _row_input(k_ptr + n.to(tl.int64) * stride_kn + h * stride_kh, rk_ptr + h * stride_rh, stride_rr, rot_ptr,
+                       stride_on, stride_oh, n, h, side, cols, D, True, ROTATION_AHEAD, FROM_ROTATED)
         clipped = y
         if DO_CLIP_K:
             clipped = _clip(y, CLIP_K, D, CLIP_TOP_K)
         _quantize_store(clipped, y, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D,
                         G, SCALE_T, EPS, EMU, REFIT_K, FLOOR_K, 1)
     else:
-        y = _rotated_row(v_ptr + n.to(tl.int64) * stride_vn + h * stride_vh, rv_ptr + h * stride_rh, stride_rr, cols,
-                         D, ROTATE_V, ROTATION_AHEAD)
+        y = _row_input(v_ptr + n.to(tl.int64) * stride_vn + h * stride_vh, rv_ptr + h * stride_rh, stride_rr, rot_ptr,
+                       stride_on, stride_oh, n, h, side, cols, D, ROTATE_V, ROTATION_AHEAD, FROM_ROTATED)
         clipped = y
         if DO_CLIP_V:
             clipped = _clip(y, CLIP_V, D, CLIP_TOP_V)
