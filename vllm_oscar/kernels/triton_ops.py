@@ -180,13 +180,14 @@ MAX_SPLITS: int = 384
 #: AttentionConfig.beside_write: a decode launch with an INT2 write beside it on a side stream (a captured decode step,
 #: attention/step.layer_step), sized for max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN at batch <= BESIDE_WRITE_MAX_BATCH,
 #: takes ceil(BESIDE_WRITE_SPLIT_EIGHTHS / 8) of its plan's splits, leaving the write's programs room in the one-wave
-#: grid, whose end waits for its slowest SM. H200, Qwen3-8B attention x36 in graphs for 128K, replay alone per step
-#: (docs/notes/kernels.md "Session 40"): the writes cost those steps ~20% (launched idle: 1.16 / 5.83 ms against
-#: 1.44 / 7.22 at batch 1 / 8); 7/8 of the splits (108 of 129, 29 of 33) 1.333 / 6.52 ms, 3/4 1.429 / 7.06. The
-#: bounds are what was measured: shorter contexts, where the writes cost 2-9%, and larger batches are untimed.
+#: grid, whose end waits for its slowest SM. H200, Qwen3-8B attention x36 in graphs, replay alone per step, ms with /
+#: without the room (docs/notes/kernels.md "Session 41"; side writes by row programs reading the rotated rows):
+#: 128K B=1 1.273-1.278 / 1.422-1.428, 64K B=1 0.905 / 0.975-0.978; B=2 2.00 / 1.93 (128K), 1.405 / 1.329 (64K);
+#: B=4 3.38 / 3.21, 2.06 / 2.03; 128K B=8 6.37-6.39 / 6.00-6.07. (Session 40's 16-row side writes, 11 us each,
+#: gained at B=8 too: 7.41 -> 6.52.) Shorter contexts (32K: equal at B=1 / 8) and larger batches keep every split.
 BESIDE_WRITE_SPLIT_EIGHTHS: int = 7
 BESIDE_WRITE_MIN_SEQ_LEN: int = 65536
-BESIDE_WRITE_MAX_BATCH: int = 8
+BESIDE_WRITE_MAX_BATCH: int = 1
 #: A split walking fewer tiles than this is "short": its window programs, trailing as a second wave,
 #: then cost as much as the split itself, so decode_splits makes room for them in the first wave
 #: (H200, docs/notes/kernels.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
