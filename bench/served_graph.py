@@ -576,6 +576,9 @@ def main() -> int:
                         help="time: the decode's split count with room for the side-stream write (on, served) or not")
     parser.add_argument("--fold", nargs="+", choices=FOLD_MODES, default=[DEFAULT_FOLD_MODE],
                         help="fold modes (vllm_oscar.attention.fold) to check, time side by side, and profile")
+    parser.add_argument("--write-rows-max", type=int,
+                        help="side-stream INT2 writes of at most this many tokens by row programs "
+                             "(triton_ops.WRITE_ROWS_MAX_TOKENS), for A/Bs with --side-writes full tiles")
     parser.add_argument("--side-streams", type=int,
                         help="side streams that deferred INT2 writes take in turn (step.SIDE_WRITE_STREAMS)")
     parser.add_argument("--side-join", nargs="+", choices=SIDE_JOINS, default=["step"],
@@ -583,8 +586,6 @@ def main() -> int:
                              "after the last; each checked, timed side by side, and profiled")
     args = parser.parse_args()
     if args.rotate_precision or args.long_splits or args.no_gluon:
-        from vllm_oscar.kernels import triton_ops
-
         if args.rotate_precision:
             triton_ops.ROTATE_PRECISION = args.rotate_precision
         if args.long_splits:  # decode_config builds the served configs from DEFAULT_DECODE
@@ -593,6 +594,8 @@ def main() -> int:
             triton_ops.DEFAULT_DECODE = dataclasses.replace(triton_ops.DEFAULT_DECODE, gluon_splits=False)
     if args.side_streams:
         step.SIDE_WRITE_STREAMS = args.side_streams
+    if args.write_rows_max is not None:
+        triton_ops.WRITE_ROWS_MAX_TOKENS = args.write_rows_max
     if args.profile:
         profile_eager(*args.profile, calls=args.calls, top=45)
         return 0

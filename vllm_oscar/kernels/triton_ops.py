@@ -60,8 +60,11 @@ WRITE_WINDOW_BLOCK_K: int = 32
 WRITE_WINDOW_BLOCK_C: int = 32
 #: An INT2-only write launch (a captured decode step's side-stream write) of at most this many new tokens runs as
 #: row programs (triton_write_rows: one warp per token, KV head and side) unless WriteConfig.row_programs says
-#: otherwise. Measurement: docs/notes/kernels.md "Session 41".
-WRITE_ROWS_MAX_TOKENS: int = 16
+#: otherwise. H200, Qwen3-8B attention x36, served steps, replay alone, ms, row programs reading the first launch's
+#: rotated rows / 16-row programs (docs/notes/kernels.md "Session 41"): 4K B=1 0.594 / 0.657, B=8 0.957 / 1.128,
+#: B=16 1.520 / 1.858, B=32 2.13 / 2.29, B=64 3.68 / 3.81; 32K B=16 3.555 / 3.87, B=32 6.72 / 6.83, B=64 12.96 /
+#: 13.40-14.29; 128K B=1 1.278 / 1.481, B=8 6.04 / 6.40 (no larger batch timed).
+WRITE_ROWS_MAX_TOKENS: int = 64
 #: ... and a head_dim of at most this (at 256 the compiler hoists every one of the row's D loads of x ahead of the
 #: rotation's chain and spills 1.7 KB per program: offline, sm_90, bench/sass_write.py --rows 1 --head-dim 256).
 WRITE_ROWS_MAX_HEAD_DIM: int = 128
