@@ -60,6 +60,23 @@ def _row_input(x_row, r_head, stride_rr, rot_ptr, stride_on, stride_oh, n, h, si
 
 
 @triton.jit
+def _quantize_row(x_row, r_head, stride_rr, rot_ptr, stride_on, stride_oh, n, h, side, slot, valid, cache_ptr,
+                  stride_cb, stride_ch, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr,
+                  EPS: tl.constexpr, EMU: tl.constexpr, CODES_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
+                  ZERO_OFF: tl.constexpr, DO_CLIP: tl.constexpr, CLIP_INDEX: tl.constexpr, CLIP_TOP: tl.constexpr,
+                  REFIT: tl.constexpr, FLOOR: tl.constexpr, ROTATE: tl.constexpr, AHEAD: tl.constexpr,
+                  FROM_ROTATED: tl.constexpr):
+    """One side of row n, KV head h: its rotated values (_row_input), clipped, quantized and stored at its slot."""
+    y = _row_input(x_row, r_head, stride_rr, rot_ptr, stride_on, stride_oh, n, h, side, tl.arange(0, D)[None, :], D,
+                   ROTATE, AHEAD, FROM_ROTATED)
+    clipped = y
+    if DO_CLIP:
+        clipped = _clip(y, CLIP_INDEX, D, CLIP_TOP)
+    _quantize_store(clipped, y, slot, valid, cache_ptr, stride_cb, stride_ch, h, CODES_OFF, SCALE_OFF, ZERO_OFF, BS,
+                    D, G, SCALE_T, EPS, EMU, REFIT, FLOOR, 1)
+
+
+@triton.jit
 def oscar_write_rows_kernel(
     k_ptr, v_ptr, stride_kn, stride_kh, stride_vn, stride_vh,
     rk_ptr, rv_ptr, stride_rh, stride_rr,
@@ -92,20 +109,13 @@ def oscar_write_rows_kernel(
         return
     slot = tl.load(slot_ptr + n + tl.arange(0, 1))  # [1], as _quantize_store takes it
     valid = slot >= 0
-    cols = tl.arange(0, D)[None, :]
     if side == 0:
-        y = _row_input(k_ptr + n.to(tl.int64) * stride_kn + h * stride_kh, rk_ptr + h * stride_rh, stride_rr, rot_ptr,
-                       stride_on, stride_oh, n, h, side, cols, D, True, ROTATION_AHEAD, FROM_ROTATED)
-        clipped = y
-        if DO_CLIP_K:
-            clipped = _clip(y, CLIP_K, D, CLIP_TOP_K)
-        _quantize_store(clipped, y, slot, valid, cache_ptr, stride_cb, stride_ch, h, K_CODES, K_SCALE, K_ZERO, BS, D,
-                        G, SCALE_T, EPS, EMU, REFIT_K, FLOOR_K, 1)
+        _quantize_row(k_ptr + n.to(tl.int64) * stride_kn + h * stride_kh, rk_ptr + h * stride_rh, stride_rr, rot_ptr,
+                      stride_on, stride_oh, n, h, side, slot, valid, cache_ptr, stride_cb, stride_ch, D, G, BS,
+                      SCALE_T, EPS, EMU, K_CODES, K_SCALE, K_ZERO, DO_CLIP_K, CLIP_K, CLIP_TOP_K, REFIT_K, FLOOR_K, True,
+                      ROTATION_AHEAD, FROM_ROTATED)
     else:
-        y = _row_input(v_ptr + n.to(tl.int64) * stride_vn + h * stride_vh, rv_ptr + h * stride_rh, stride_rr, rot_ptr,
-                       stride_on, stride_oh, n, h, side, cols, D, ROTATE_V, ROTATION_AHEAD, FROM_ROTATED)
-        clipped = y
-        if DO_CLIP_V:
-            clipped = _clip(y, CLIP_V, D, CLIP_TOP_V)
-        _quantize_store(clipped, y, slot, valid, cache_ptr, stride_cb, stride_ch, h, V_CODES, V_SCALE, V_ZERO, BS, D,
-                        G, SCALE_T, EPS, EMU, REFIT_V, FLOOR_V, 1)
+        _quantize_row(v_ptr + n.to(tl.int64) * stride_vn + h * stride_vh, rv_ptr + h * stride_rh, stride_rr, rot_ptr,
+                      stride_on, stride_oh, n, h, side, slot, valid, cache_ptr, stride_cb, stride_ch, D, G, BS,
+                      SCALE_T, EPS, EMU, V_CODES, V_SCALE, V_ZERO, DO_CLIP_V, CLIP_V, CLIP_TOP_V, REFIT_V, FLOOR_V,
+                      ROTATE_V, ROTATION_AHEAD, FROM_ROTATED)
