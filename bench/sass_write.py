@@ -64,17 +64,10 @@ def compile_write(head_dim: int, block_size: int, warps: int, refit: tuple[int, 
     with the query rotation programs (QUERY_GROUP) of oscar_write with a query; rotate_v False: values arrive
     rotated (R_V folded into W_v); window_columns: output columns per window-copy program of a flagged launch;
     store_rotated: those programs also store the rotated rows (oscar_write's rotated_out)."""
-    layout = PageLayout(head_dim, head_dim, block_size)
-    constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
-                     CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
-                     DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=rotate_v, BLOCK_N=WRITE_BLOCK_N,
-                     BLOCK_K=min(head_dim, WRITE_BLOCK_K), WINDOW_BLOCK_K=min(head_dim, WRITE_WINDOW_BLOCK_K),
-                     WINDOW_BLOCK_C=min(head_dim, window_columns), EMU=False, REFIT_K=refit[0], REFIT_V=refit[1],
-                     FLOOR_K=True,
-                     FLOOR_V=False, ROT_PRECISION=rotation, UNROLL_REFIT=unroll,
-                     CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
-                     CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
-                     INT2_MODE=int2_mode, STORE_WINDOW=store_window, QUERY_GROUP=query_group,
+    constants = dict(**_quantize_constants(head_dim, block_size, refit, clip, clip_top, int2_mode, rotate_v),
+                     BLOCK_N=WRITE_BLOCK_N, BLOCK_K=min(head_dim, WRITE_BLOCK_K),
+                     WINDOW_BLOCK_K=min(head_dim, WRITE_WINDOW_BLOCK_K), WINDOW_BLOCK_C=min(head_dim, window_columns),
+                     ROT_PRECISION=rotation, UNROLL_REFIT=unroll, STORE_WINDOW=store_window, QUERY_GROUP=query_group,
                      STORE_ROTATED=store_rotated)
     runtime = {**SIGNATURE, **QUERY_SIGNATURE, **ROTATED_SIGNATURE}  # the query's arguments unused at QUERY_GROUP 0
     flagged_copies = store_window and int2_mode >= INT2_MODES["if_flag"]
@@ -90,17 +83,24 @@ def compile_write_rows(head_dim: int, block_size: int, refit: tuple[int, int], c
                        clip_top: bool = False, int2_mode: int = 0, rotate_v: bool = True, from_rotated: bool = False):
     """triton_write_rows.oscar_write_rows_kernel for sm_90, one warp (its launch), constants as compile_write's;
     from_rotated: reading the rotated rows (oscar_write's rotated)."""
-    layout = PageLayout(head_dim, head_dim, block_size)
-    constants = dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
-                     CLIP_K=clip_threshold_index(head_dim, clip[0]), CLIP_V=clip_threshold_index(head_dim, clip[1]),
-                     DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=rotate_v, EMU=False,
-                     REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True, FLOOR_V=False,
-                     CLIP_TOP_K=clip_top and head_dim - clip_threshold_index(head_dim, clip[0]) <= CLIP_TOP_MAX_ROUNDS,
-                     CLIP_TOP_V=clip_top and head_dim - clip_threshold_index(head_dim, clip[1]) <= CLIP_TOP_MAX_ROUNDS,
-                     INT2_MODE=int2_mode, ROTATION_AHEAD=rows_rotation_ahead(head_dim), FROM_ROTATED=from_rotated)
+    constants = dict(**_quantize_constants(head_dim, block_size, refit, clip, clip_top, int2_mode, rotate_v),
+                     ROTATION_AHEAD=rows_rotation_ahead(head_dim), FROM_ROTATED=from_rotated)
     every = {**SIGNATURE, **ROTATED_SIGNATURE}
     runtime = {name: every[name] for name in oscar_write_rows_kernel.arg_names if name in every}
     return _compile(oscar_write_rows_kernel, runtime, constants, 1)
+
+
+def _quantize_constants(head_dim: int, block_size: int, refit: tuple[int, int], clip: tuple[float, float],
+                        clip_top: bool, int2_mode: int, rotate_v: bool) -> dict:
+    """The constexprs both write kernels take: layout, clips, refit, INT2 mode (one group per row, fp16 scales, keys
+    floored as served)."""
+    layout = PageLayout(head_dim, head_dim, block_size)
+    clip_k, clip_v = clip_threshold_index(head_dim, clip[0]), clip_threshold_index(head_dim, clip[1])
+    return dict(D=head_dim, G=head_dim, BS=block_size, SCALE_T=tl.float16, EPS=SCALE_EPS, **_plane_offsets(layout),
+                CLIP_K=clip_k, CLIP_V=clip_v, DO_CLIP_K=clip[0] < 1.0, DO_CLIP_V=clip[1] < 1.0, ROTATE_V=rotate_v,
+                EMU=False, REFIT_K=refit[0], REFIT_V=refit[1], FLOOR_K=True, FLOOR_V=False,
+                CLIP_TOP_K=clip_top and head_dim - clip_k <= CLIP_TOP_MAX_ROUNDS,
+                CLIP_TOP_V=clip_top and head_dim - clip_v <= CLIP_TOP_MAX_ROUNDS, INT2_MODE=int2_mode)
 
 
 def _compile(kernel, runtime: dict, constants: dict, warps: int):

@@ -13,8 +13,8 @@ requests (seq_len 1, null block) with max_seq_len = max_model_len, and a smaller
 
   check  every replay (ragged, padded batches, new blocks, windows sliding, 2 graph sizes; every third
          with the serial-write flag forced on) equals an eager step (write, then attend) on a copy of
-         the same state: outputs within bf16 tolerance (the split counts differ), window stores bit for
-         bit, INT2 pages but at most one byte per written row (_same)
+         the same state: outputs within bf16 tolerance (the split counts differ), INT2 pages and
+         window stores bit for bit
   time   wall time per decode step of all layers: eager (as vLLM runs attention outside graphs)
          against one graph replay, each with the host's step preparation (window plan, input copies),
          and the replay alone; Qwen3-8B geometry (36 layers, 32 / 8 heads, D 128); with --fold MODE...,
@@ -241,23 +241,23 @@ def _clone(caches: list[LayerCaches]) -> list[LayerCaches]:
     return [LayerCaches(c.int2.clone(), c.window_k.clone(), c.window_v.clone(), c.layout) for c in caches]
 
 
-def _same(a: list[LayerCaches], b: list[LayerCaches], exact_windows: bool, rows: int) -> tuple[bool, int]:
-    """Caches after a padded and an eager step agree: (whether they do, INT2 bytes that differ). Window rows bit for
-    bit where exact_windows (CUDA: the Triton write rotates each row on its own), else within bf16 rounding (CPU:
-    torch's batched matmul rounds differently per batch size). INT2 pages: at most one byte per written (token, head)
-    row differs, where a padding row written by mistake would change a whole row (CUDA: a captured step's side-stream
-    write runs as row programs, whose refit sums round in another order than the eager write's 16-row programs, so
-    a tie may go either way; CPU: the rotation's rounding)."""
+def _same(a: list[LayerCaches], b: list[LayerCaches], exact: bool, rows: int) -> tuple[bool, int]:
+    """Caches after a padded and an eager step agree: (whether they do, INT2 bytes that differ). exact (CUDA: the
+    Triton write rotates and quantizes each row on its own, and a captured step's side-stream row programs give the
+    eager write's bytes): bit for bit. Otherwise (CPU: torch's batched matmul rounds differently per batch size):
+    window rows within bf16 rounding, and at most one INT2 byte per written (token, head) row differs, where a padding
+    row written by mistake would change a whole row."""
     differing = 0
     for x, y in zip(a, b):
-        if exact_windows:
-            windows = torch.equal(x.window_k, y.window_k) and torch.equal(x.window_v, y.window_v)
-        else:
-            windows = (torch.allclose(x.window_k.float(), y.window_k.float(), rtol=1e-2, atol=1e-3)
-                       and torch.allclose(x.window_v.float(), y.window_v.float(), rtol=1e-2, atol=1e-3))
         layer_differing = int((x.int2 != y.int2).sum())
         differing += layer_differing
-        if not windows or layer_differing > rows * x.int2.shape[1]:
+        if exact:
+            same = layer_differing == 0 and torch.equal(x.window_k, y.window_k) and torch.equal(x.window_v, y.window_v)
+        else:
+            same = (torch.allclose(x.window_k.float(), y.window_k.float(), rtol=1e-2, atol=1e-3)
+                    and torch.allclose(x.window_v.float(), y.window_v.float(), rtol=1e-2, atol=1e-3)
+                    and layer_differing <= rows * x.int2.shape[1])
+        if not same:
             return False, differing
     return True, differing
 

@@ -119,6 +119,10 @@ class WriteConfig:
     refit loop). unroll_refit: the refit rounds unrolled (True) or a loop (False: same bytes, 255 ->
     128 registers at 8 / 2, D = 128). window_columns: output columns per window-copy program of a flagged launch
     (a captured decode step's first launch), None = WRITE_WINDOW_BLOCK_C (at most head_dim; same bytes).
+    row_programs: an INT2-only launch (no window copies, no query) by row programs of one warp per token, KV head
+    and side (triton_write_rows); None = where it has at most WRITE_ROWS_MAX_TOKENS new tokens and head_dim <=
+    WRITE_ROWS_MAX_HEAD_DIM, True = at any count and head_dim, False = never (other launches: no effect). The same
+    bytes as the 16-row programs (H200: bench/check_kernels_gpu.py --only write_rows).
     Defaults as measured (note above CLIP_SEARCHES).
     """
 
