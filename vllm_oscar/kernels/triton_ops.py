@@ -63,8 +63,10 @@ WRITE_WINDOW_BLOCK_C: int = 32
 #: otherwise. H200, Qwen3-8B attention x36, served steps, replay alone, ms, row programs reading the first launch's
 #: rotated rows / 16-row programs (docs/notes/kernels.md "Session 41"): 4K B=1 0.594 / 0.657, B=8 0.957 / 1.128,
 #: B=16 1.520 / 1.858, B=32 2.13 / 2.29, B=64 3.68 / 3.81; 32K B=16 3.555 / 3.87, B=32 6.72 / 6.83, B=64 12.96 /
-#: 13.40-14.29; 128K B=1 1.278 / 1.481, B=8 6.04 / 6.40 (no larger batch timed).
-WRITE_ROWS_MAX_TOKENS: int = 64
+#: 13.40-14.29; 128K B=1 1.278 / 1.481, B=8 6.04 / 6.40; session 42 ("Session 42"): 4K B=128 6.37 / 6.87, B=256
+#: 11.31 / 12.10, B=512 19.98 / 21.02; 16K B=128 14.20 / 14.99. The side write alone at 512 tokens: 12.7 / 23.3 us
+#: (no larger batch timed; the first launch's rotated rows then take 4 MiB per layer step at this geometry).
+WRITE_ROWS_MAX_TOKENS: int = 512
 #: ... and a head_dim of at most this (at 256 the compiler hoists every one of the row's D loads of x ahead of the
 #: rotation's chain and spills 1.7 KB per program: offline, sm_90, bench/sass_write.py --rows 1 --head-dim 256).
 WRITE_ROWS_MAX_HEAD_DIM: int = 128
