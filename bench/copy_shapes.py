@@ -19,11 +19,20 @@ probes' shape: no ring at all). Each program walks its split of all the request'
 the bytes are those of the cell's blocks); after a stage lands its warps read the tile's 512 bytes of scale planes
 (the copies are what is timed). Timed as CUDA-graph replays over as many cache copies as `bench decode` uses
 (bench/gluon_case.py), ms per launch, with the achieved GB/s of the region bytes.
+
+    python bench/copy_shapes.py --cells qwen3-8b:131072:1 --shapes 1:2:plan --work 0 200 400 --jitter 0 1
+
+--work N (one- and four-warp shapes) adds a stand-in for a tile's compute after each tile lands: a dependent chain
+of N FMAs, or with --jitter 1 of N times a pseudo-random factor in [0.5, 1.5) per program and tile. H200, Qwen3-8B
+128K B=1 (docs/notes/kernels.md "Session 43"): 19.8 us alone, 22.5 us at N = 200 and 25.7 with jitter at the same
+mean, against the split kernel's 24.7: what the decode's compute costs the copies depends on how unevenly the
+programs progress, not only on its size.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -57,12 +66,15 @@ RELATIVE_SPLITS = {"plan": 1, "quarter": 4, "eighth": 8}
 
 
 @gluon.jit
-def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc, s_desc, NSPLIT,
+def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc, s_desc, NSPLIT, work, jitter,
                       D: gl.constexpr, STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr):
     """Grid (B, Hkv, NSPLIT): program (b, h, p) copies tiles [lo, hi) of split p of the request's n_tiles blocks (KV
     head h; the block ids in bt_ptr [B, >= n_tiles] int32, row stride stride_bt) through a ring of STAGES stages
     (gluon_decode's tma_ring and _start_stage; a launch of num_warps=WARPS) and stores the sum of the scale-plane
-    bytes its lanes read, [B, Hkv, NSPLIT] int32 at out_ptr (contiguous), so that nothing is dead."""
+    bytes its lanes read, [B, Hkv, NSPLIT] int32 at out_ptr (contiguous), so that nothing is dead. work > 0: after
+    each tile lands, a stand-in for the tile's compute, a dependent chain of ``work`` FMAs (~2-3 ns each), or with
+    jitter = 1 of work x a pseudo-random factor in [0.5, 1.5) per program and tile (programs drifting apart as the
+    decode's do)."""
     Q: gl.constexpr = D // 4
     b = gl.program_id(0)
     h = gl.program_id(1)
@@ -91,6 +103,12 @@ def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc
         blk_ahead = gl.load(bt_row + ahead + 1, mask=ahead + 1 < hi, other=0)
         mbarrier.wait(bars.index(stage), ((i - lo) // STAGES) % 2)
         seen += _view_as(planes.index(stage), gl.uint8, [PLANE_BYTES], STAGED).load(LANES).to(gl.int32)
+        if work > 0:
+            draw = ((pid * 40503 + h * 9973 + i * 65599) >> 4) & 255
+            x = gl.sum(seen, axis=0).to(gl.float32)
+            for _ in range(work + jitter * (work * draw // 256 - work // 2)):
+                x = x * 0.999 + 1.0
+            seen += (x < 0.0).to(gl.int32)  # never: keeps the chain
     gl.store(out_ptr + (b * gl.num_programs(1) + h) * NSPLIT + pid, gl.sum(seen, axis=0))
 
 
@@ -171,7 +189,7 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
     if descriptors[1] is None:  # head_dim 64: keys and values in one box
         constants["v_desc"] = None
     signature = {"bt_ptr": "*i32", "stride_bt": "i32", "n_tiles": "i32", "heads": "i32", "out_ptr": "*i32",
-                 **typed, "NSPLIT": "i32", **{name: "constexpr" for name in constants}}
+                 **typed, "NSPLIT": "i32", "work": "i32", "jitter": "i32", **{name: "constexpr" for name in constants}}
     source = GluonASTSource(fn=kernel, signature={name: signature[name] for name in names},
                             constexprs={(names.index(k),): v for k, v in constants.items()},
                             attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("bt_ptr", "out_ptr")})
@@ -200,8 +218,9 @@ def shape_splits(splits: str, plan_splits: int, n_tiles: int) -> int:
     return max(1, min(count, n_tiles))
 
 
-def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int) -> float:
-    """ms per launch of a shape's copy kernel over the cell's blocks (every layer's cache copy in one CUDA graph)."""
+def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int = 0, jitter: int = 0) -> float:
+    """ms per launch of a shape's copy kernel over the cell's blocks (every layer's cache copy in one CUDA graph);
+    work, jitter: copy_split_kernel's compute stand-in (one- and four-warp shapes only)."""
     case = cell.case
     layout = case.layout
     offsets = triton_ops._plane_offsets(layout)
@@ -211,12 +230,14 @@ def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int) -> float:
     kernel, num_warps, options = shape_kernel(warps)
     consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
                   num_warps=num_warps, **options)
+    stand_in = () if kernel is copy_split_ws_kernel else (work, jitter)
 
     def launch(cache: torch.Tensor):
         keys, values, planes = tma_descriptors(cache, layout.head_dim, offsets["K_CODES"], offsets["V_CODES"],
                                                offsets["K_SCALE"])
         return lambda: kernel[(batch, hkv, nsplit)](
-            case.block_table, case.block_table.stride(0), n_tiles, hkv, out, keys, values, planes, nsplit, **consts)
+            case.block_table, case.block_table.stride(0), n_tiles, hkv, out, keys, values, planes, nsplit, *stand_in,
+            **consts)
 
     return time_graph([launch(cache) for cache in case.caches], reps)
 
@@ -229,6 +250,10 @@ def main() -> int:
                         default=[parse_shape(s) for s in ("1:2:plan", "1:3:plan", "1:4:plan", "4:4:quarter",
                                                           "4:6:quarter", "4p:4:quarter", "4p:6:quarter",
                                                           "4p:8:eighth", "1:2:tiles")])
+    parser.add_argument("--work", type=int, nargs="+", default=[0],
+                        help="one- and four-warp shapes: FMAs of a compute stand-in after each tile lands (0 = none)")
+    parser.add_argument("--jitter", type=int, nargs="+", default=[0], choices=(0, 1),
+                        help="1 = the stand-in's length varies per program and tile by a factor in [0.5, 1.5)")
     add_output_arguments(parser)
     args = parser.parse_args()
     device = cuda_device("bench/copy_shapes.py times TMA copies on a CUDA GPU; none is visible.")
@@ -244,16 +269,19 @@ def main() -> int:
         stream_ms, stream_shape = floor_ms(nbytes, args.reps, device)
         print(f"{geometry} {length} B={batch}: {nbytes / 1e6:.1f} MB of regions, plan {cell.plan.num_splits} splits; "
               f"stream {stream_ms * 1000:.1f} us ({stream_shape})", flush=True)
-        for warps, stages, splits in args.shapes:
+        for (warps, stages, splits), work, jitter in itertools.product(args.shapes, args.work, args.jitter):
+            if (warps.endswith("p") and work) or (jitter and not work):
+                continue  # no stand-in in the producer-fed kernel; jitter of nothing
             nsplit = shape_splits(splits, cell.plan.num_splits, length // TILE.value)
-            ms = time_shape(cell, warps, stages, nsplit, args.reps)
+            ms = time_shape(cell, warps, stages, nsplit, args.reps, work, jitter)
             per_sm = batch * GEOMETRIES[geometry][1] * nsplit / sms  # a 4p CTA holds 8 warps: two per SM at most
             row = {"geometry": geometry, "context": length, "batch": batch, "warps": warps, "stages": stages,
-                   "splits": nsplit, "programs_per_sm": per_sm, "ms": ms, "GBps": nbytes / ms / 1e6,
-                   "stream_ms": stream_ms, "stream_over_copy": stream_ms / ms}
+                   "splits": nsplit, "work": work, "jitter": jitter, "programs_per_sm": per_sm, "ms": ms,
+                   "GBps": nbytes / ms / 1e6, "stream_ms": stream_ms, "stream_over_copy": stream_ms / ms}
             rows.append(row)
-            print(f"  {warps} warps x {stages} stages, {nsplit} splits ({per_sm:.1f} programs per SM): "
-                  f"{ms * 1000:.1f} us, {nbytes / ms / 1e6:.0f} GB/s, stream / copies {stream_ms / ms:.2f}", flush=True)
+            print(f"  {warps} warps x {stages} stages, {nsplit} splits ({per_sm:.1f} programs per SM), work {work} "
+                  f"jitter {jitter}: {ms * 1000:.1f} us, {nbytes / ms / 1e6:.0f} GB/s, stream / copies "
+                  f"{stream_ms / ms:.2f}", flush=True)
         del cell
         torch.cuda.empty_cache()
     write_rows(args.json, rows)

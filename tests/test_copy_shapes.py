@@ -64,7 +64,8 @@ def test_copy_kernel_issues_one_tma_copy_per_box_into_a_ring_of_the_asked_depth(
         assert report["kernel_tma"] == boxes and 0 in report["loop_tma"]
         assert report["registers"] == copy_shapes.WS_MAX_REGISTERS and report["warps"] == 8  # 4 + the producer's 4
     else:  # the ring's first STAGES - 1 tiles in the prologue, then one tile per trip of the one loop
-        assert report["loop_tma"] == [boxes] and report["kernel_tma"] == stages * boxes
+        # (the loop of the compute stand-in, --work, issues none)
+        assert [n for n in report["loop_tma"] if n] == [boxes] and report["kernel_tma"] == stages * boxes
         assert report["warps"] == int(warps)
 
 
