@@ -22,8 +22,9 @@ the bytes are those of the cell's blocks); after a stage lands its warps read th
 
     python bench/copy_shapes.py --cells qwen3-8b:131072:1 --shapes 1:2:plan --work 0 200 400 --jitter 0 1
 
---work N (one- and four-warp shapes) adds a stand-in for a tile's compute after each tile lands: a dependent chain
-of N FMAs, or with --jitter 1 of N times a pseudo-random factor in [0.5, 1.5) per program and tile. H200, Qwen3-8B
+--work N (one- and four-warp shapes) adds a stand-in for a tile's compute after each tile lands: N FMAs in one
+dependent chain (--chains 4: four independent chains, the same FMAs issued four times as densely), or with --jitter 1
+N times a pseudo-random factor in [0.5, 1.5) per program and tile. H200, Qwen3-8B
 128K B=1 (docs/notes/kernels.md "Session 43"): 19.8 us alone, 22.5 us at N = 200 and 25.7 with jitter at the same
 mean, against the split kernel's 24.7: what the decode's compute costs the copies depends on how unevenly the
 programs progress, not only on its size.
@@ -67,13 +68,15 @@ RELATIVE_SPLITS = {"plan": 1, "quarter": 4, "eighth": 8}
 
 @gluon.jit
 def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc, s_desc, NSPLIT, work, jitter,
-                      D: gl.constexpr, STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr):
+                      D: gl.constexpr, STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr,
+                      CHAINS: gl.constexpr = 1):
     """Grid (B, Hkv, NSPLIT): program (b, h, p) copies tiles [lo, hi) of split p of the request's n_tiles blocks (KV
     head h; the block ids in bt_ptr [B, >= n_tiles] int32, row stride stride_bt) through a ring of STAGES stages
     (gluon_decode's tma_ring and _start_stage; a launch of num_warps=WARPS) and stores the sum of the scale-plane
     bytes its lanes read, [B, Hkv, NSPLIT] int32 at out_ptr (contiguous), so that nothing is dead. work > 0: after
-    each tile lands, a stand-in for the tile's compute, a dependent chain of ``work`` FMAs (~2-3 ns each), or with
-    jitter = 1 of work x a pseudo-random factor in [0.5, 1.5) per program and tile (programs drifting apart as the
+    each tile lands, a stand-in for the tile's compute, ``work`` FMAs in CHAINS (1 or 4) independent dependent chains
+    (one chain: ~2-3 ns per FMA, latency-bound; four: the same FMAs in a quarter of the time, issue-bound), or with
+    jitter = 1 work x a pseudo-random factor in [0.5, 1.5) per program and tile (programs drifting apart as the
     decode's do)."""
     Q: gl.constexpr = D // 4
     b = gl.program_id(0)
@@ -106,9 +109,16 @@ def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc
         if work > 0:
             draw = ((pid * 40503 + h * 9973 + i * 65599) >> 4) & 255
             x = gl.sum(seen, axis=0).to(gl.float32)
-            for _ in range(work + jitter * (work * draw // 256 - work // 2)):
+            y = x + 1.0
+            z = x + 2.0
+            w = x + 3.0
+            for _ in range((work + jitter * (work * draw // 256 - work // 2)) // CHAINS):
                 x = x * 0.999 + 1.0
-            seen += (x < 0.0).to(gl.int32)  # never: keeps the chain
+                if CHAINS == 4:
+                    y = y * 0.999 + 1.0
+                    z = z * 0.999 + 1.0
+                    w = w * 0.999 + 1.0
+            seen += (x + y + z + w < 0.0).to(gl.int32)  # never: keeps the chains
     gl.store(out_ptr + (b * gl.num_programs(1) + h) * NSPLIT + pid, gl.sum(seen, axis=0))
 
 
@@ -183,7 +193,8 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
                                   offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
     kernel, num_warps, options = shape_kernel(warps)
     names = kernel.arg_names
-    constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps)
+    constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
+                     **({} if warps.endswith("p") else {"CHAINS": 1}))
     typed = {name: mangle_type(desc) for name, desc in zip(("k_desc", "v_desc", "s_desc"), descriptors)
              if desc is not None}
     if descriptors[1] is None:  # head_dim 64: keys and values in one box
@@ -218,9 +229,10 @@ def shape_splits(splits: str, plan_splits: int, n_tiles: int) -> int:
     return max(1, min(count, n_tiles))
 
 
-def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int = 0, jitter: int = 0) -> float:
+def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int = 0, jitter: int = 0,
+               chains: int = 1) -> float:
     """ms per launch of a shape's copy kernel over the cell's blocks (every layer's cache copy in one CUDA graph);
-    work, jitter: copy_split_kernel's compute stand-in (one- and four-warp shapes only)."""
+    work, jitter, chains: copy_split_kernel's compute stand-in (one- and four-warp shapes only)."""
     case = cell.case
     layout = case.layout
     offsets = triton_ops._plane_offsets(layout)
@@ -231,6 +243,8 @@ def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int 
     consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
                   num_warps=num_warps, **options)
     stand_in = () if kernel is copy_split_ws_kernel else (work, jitter)
+    if kernel is copy_split_kernel:
+        consts["CHAINS"] = chains
 
     def launch(cache: torch.Tensor):
         keys, values, planes = tma_descriptors(cache, layout.head_dim, offsets["K_CODES"], offsets["V_CODES"],
@@ -252,6 +266,8 @@ def main() -> int:
                                                           "4p:8:eighth", "1:2:tiles")])
     parser.add_argument("--work", type=int, nargs="+", default=[0],
                         help="one- and four-warp shapes: FMAs of a compute stand-in after each tile lands (0 = none)")
+    parser.add_argument("--chains", type=int, nargs="+", default=[1], choices=(1, 4),
+                        help="the stand-in's FMAs in 1 dependent chain (latency-bound) or 4 (issue-bound)")
     parser.add_argument("--jitter", type=int, nargs="+", default=[0], choices=(0, 1),
                         help="1 = the stand-in's length varies per program and tile by a factor in [0.5, 1.5)")
     add_output_arguments(parser)
@@ -269,18 +285,20 @@ def main() -> int:
         stream_ms, stream_shape = floor_ms(nbytes, args.reps, device)
         print(f"{geometry} {length} B={batch}: {nbytes / 1e6:.1f} MB of regions, plan {cell.plan.num_splits} splits; "
               f"stream {stream_ms * 1000:.1f} us ({stream_shape})", flush=True)
-        for (warps, stages, splits), work, jitter in itertools.product(args.shapes, args.work, args.jitter):
-            if (warps.endswith("p") and work) or (jitter and not work):
-                continue  # no stand-in in the producer-fed kernel; jitter of nothing
+        for (warps, stages, splits), work, jitter, chains in itertools.product(args.shapes, args.work, args.jitter,
+                                                                              args.chains):
+            if (warps.endswith("p") and work) or ((jitter or chains > 1) and not work):
+                continue  # no stand-in in the producer-fed kernel; jitter or chains of nothing
             nsplit = shape_splits(splits, cell.plan.num_splits, length // TILE.value)
-            ms = time_shape(cell, warps, stages, nsplit, args.reps, work, jitter)
+            ms = time_shape(cell, warps, stages, nsplit, args.reps, work, jitter, chains)
             per_sm = batch * GEOMETRIES[geometry][1] * nsplit / sms  # a 4p CTA holds 8 warps: two per SM at most
             row = {"geometry": geometry, "context": length, "batch": batch, "warps": warps, "stages": stages,
-                   "splits": nsplit, "work": work, "jitter": jitter, "programs_per_sm": per_sm, "ms": ms,
+                   "splits": nsplit, "work": work, "jitter": jitter, "chains": chains, "programs_per_sm": per_sm,
+                   "ms": ms,
                    "GBps": nbytes / ms / 1e6, "stream_ms": stream_ms, "stream_over_copy": stream_ms / ms}
             rows.append(row)
             print(f"  {warps} warps x {stages} stages, {nsplit} splits ({per_sm:.1f} programs per SM), work {work} "
-                  f"jitter {jitter}: {ms * 1000:.1f} us, {nbytes / ms / 1e6:.0f} GB/s, stream / copies "
+                  f"jitter {jitter} chains {chains}: {ms * 1000:.1f} us, {nbytes / ms / 1e6:.0f} GB/s, stream / copies "
                   f"{stream_ms / ms:.2f}", flush=True)
         del cell
         torch.cuda.empty_cache()
