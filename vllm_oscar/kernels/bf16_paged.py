@@ -65,7 +65,7 @@ def bf16_decode_kernel(
         m_i = m_new
         v = tl.load(v_ptr + row[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
-    out = acc * tl.where(l_i > 0.0, 1.0 / l_i, 0.0)[:, None]
+    out = acc * tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)[:, None]
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     tl.store(part_ptr + b.to(tl.int64) * stride_pb + head[:, None] * stride_ph + pid * stride_ps + cols[None, :],
              out, mask=row_ok[:, None])

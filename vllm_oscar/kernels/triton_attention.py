@@ -428,7 +428,7 @@ def attention_kernel(
             acc0, acc1, acc2, acc3 = _exact_values(p, acc0, acc1, acc2, acc3, vn_ptr + nrow, ok, Q, MODE, NEW_T, EMU)
 
     # Finish: remove bias and plane factors, normalise.
-    inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)  # no 1 / 0 even unselected
     o0 = (acc0 / plane_factor(0, MODE) + zw0[:, None]) * inv_l[:, None]
     o1 = (acc1 / plane_factor(1, MODE) + zw1[:, None]) * inv_l[:, None]
     o2 = (acc2 / plane_factor(2, MODE) + zw2[:, None]) * inv_l[:, None]
