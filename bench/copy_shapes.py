@@ -242,8 +242,9 @@ def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int 
     kernel, num_warps, options = shape_kernel(warps)
     consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
                   num_warps=num_warps, **options)
-    stand_in = () if kernel is copy_split_ws_kernel else (work, jitter)
+    stand_in = ()  # the producer-fed kernel has no compute stand-in
     if kernel is copy_split_kernel:
+        stand_in = (work, jitter)
         consts["CHAINS"] = chains
 
     def launch(cache: torch.Tensor):
