@@ -12,7 +12,11 @@ line per geometry with the ranges the issue's targets name (4K, >= 32K; B = 1 an
 
 instead lists every cell the issue sets a target for (4K batch 1: not slower than the fastest SDPA; 4K batch >= 8:
 >= 2x; >= 32K, every batch: >= 5x) with its speed-up in each run and whether the target is met in all, some or none
-of them (repeats of one table, so that a cell on the line reads as such).
+of them (repeats of one table, so that a cell on the line reads as such). With --markdown the same as the table of
+docs/PERFORMANCE.md's status (the times the target asks for, how far each cell is from it), with --png PATH as a
+plot of every cell's speed-up over its target:
+
+    python bench/decode_markdown.py --targets --markdown --png docs/perf/targets.png RUN1.json RUN2.json RUN3.json
 """
 
 from __future__ import annotations
@@ -92,18 +96,31 @@ def cell_target(context: int, batch: int) -> Optional[float]:
     return None
 
 
+def target_readings(runs: list[list[dict]]) -> list[tuple[tuple, float, list[dict]]]:
+    """Per target cell present in the first run (in its order): (geometry, context, batch), the target, and the
+    cell's row in each run that has it (rows with a speed-up over the fastest SDPA only)."""
+    by_run = [{_key(r): r for r in rows if "speedup_vs_best_sdpa" in r} for rows in runs]
+    readings = []
+    for key in by_run[0]:
+        target = cell_target(key[1], key[2])
+        if target is not None:
+            readings.append((key, target, [run[key] for run in by_run if key in run]))
+    return readings
+
+
+def _verdict(values: list[float], target: float) -> str:
+    """"all" / "some" / "none": how many of a cell's speed-ups reach its target."""
+    met = sum(value >= target for value in values)
+    return "all" if met == len(values) else "some" if met else "none"
+
+
 def target_verdicts(runs: list[list[dict]]) -> list[tuple[tuple, float, list[float], str]]:
     """Per target cell present in the first run (in its order): (geometry, context, batch), the target, the
     speed-up over the fastest SDPA in each run that has the cell, and "all" / "some" / "none" of them meeting it."""
-    by_run = [{_key(r): r for r in rows if "speedup_vs_best_sdpa" in r} for rows in runs]
     verdicts = []
-    for key in by_run[0]:
-        target = cell_target(key[1], key[2])
-        if target is None:
-            continue
-        values = [run[key]["speedup_vs_best_sdpa"] for run in by_run if key in run]
-        met = sum(value >= target for value in values)
-        verdicts.append((key, target, values, "all" if met == len(values) else "some" if met else "none"))
+    for key, target, rows in target_readings(runs):
+        values = [r["speedup_vs_best_sdpa"] for r in rows]
+        verdicts.append((key, target, values, _verdict(values, target)))
     return verdicts
 
 
@@ -118,11 +135,84 @@ def targets_report(runs: list[list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def _span(values: list[float], digits: int) -> str:
+    """'low-high' of a cell's readings (one value where they agree at that precision)."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def targets_markdown(runs: list[list[dict]]) -> str:
+    """The target cells as a markdown table: per cell its target, the speed-ups over the fastest SDPA, OSCAR's and
+    the fastest SDPA's times (us, low-high over the runs), the OSCAR time the target asks for (the fastest SDPA's
+    time over the target, per run) and how much faster OSCAR would have to be at the median run (0% where met)."""
+    lines = ["| geometry | context | B | target | x best SDPA | OSCAR us | best SDPA us | OSCAR us for the target "
+             "| faster by | met in runs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for (geometry, context, batch), target, rows in target_readings(runs):
+        speedups = [r["speedup_vs_best_sdpa"] for r in rows]
+        oscar = [1e3 * r["oscar"]["ms"] for r in rows]
+        sdpa = [1e3 * r["best_sdpa"]["ms"] for r in rows]
+        needed = [t / target for t in sdpa]
+        short = sorted(o / n - 1.0 for o, n in zip(oscar, needed))[len(rows) // 2]
+        verdict = _verdict(speedups, target)
+        lines.append(f"| {geometry} | {context // 1024}K | {batch} | {target:.0f}x | {_span(speedups, 2)} "
+                     f"| {_span(oscar, 1)} | {_span(sdpa, 1)} | {_span(needed, 1)} "
+                     f"| {max(short, 0.0):.0%} | {'**' + verdict + '**' if verdict == 'all' else verdict} |")
+    return "\n".join(lines)
+
+
+def targets_plot(runs: list[list[dict]], path: str) -> None:
+    """Every target cell's speed-up over the fastest SDPA divided by its target (bars: the median run, whiskers:
+    the lowest and highest), one panel per geometry, grouped by context with one bar per batch; cells at or above
+    1 meet their target in that run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    readings = target_readings(runs)
+    geometries = list(dict.fromkeys(key[0] for key, _, _ in readings))
+    batches = sorted({key[2] for key, _, _ in readings})
+    fig, axes = plt.subplots(1, len(geometries), figsize=(7 * len(geometries), 4.5), squeeze=False, sharey=True)
+    width = 0.8 / len(batches)
+    for ax, geometry in zip(axes[0], geometries):
+        cells = [(key, target, rows) for key, target, rows in readings if key[0] == geometry]
+        contexts = sorted({key[1] for key, _, _ in cells})
+        for n, batch in enumerate(batches):
+            xs, mids, lows, highs = [], [], [], []
+            for (_, context, b), target, rows in cells:
+                if b != batch:
+                    continue
+                ratios = sorted(r["speedup_vs_best_sdpa"] / target for r in rows)
+                mid = ratios[len(ratios) // 2]
+                xs.append(contexts.index(context) + (n - (len(batches) - 1) / 2) * width)
+                mids.append(mid)
+                lows.append(mid - ratios[0])
+                highs.append(ratios[-1] - mid)
+            bars = ax.bar(xs, mids, width, yerr=[lows, highs], color=f"C{n}", capsize=2)
+            for bar, mid in zip(bars, mids):
+                if mid < 1.0:  # short of the target at the median run
+                    bar.set_hatch("//")
+                    bar.set_alpha(0.55)
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xticks(range(len(contexts)), [f"{c // 1024}K" for c in contexts])
+        ax.set_xlabel("context (target: 4K B=1 1x, 4K B>=8 2x, >=32K 5x over the fastest BF16 SDPA)")
+        ax.set_title(f"{geometry}: speed-up / target ({len(runs)} run(s); hatched: short at the median)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend([Patch(color=f"C{n}") for n in range(len(batches))], [f"B={b}" for b in batches], fontsize=8)
+    axes[0][0].set_ylabel("speed-up over the fastest SDPA / target")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", nargs="+", help="a `bench decode --json` file (several with --targets)")
     parser.add_argument("--targets", action="store_true",
                         help="list the cells the issue sets targets for, met in all / some / none of the reports")
+    parser.add_argument("--markdown", action="store_true", help="with --targets: a markdown table with times")
+    parser.add_argument("--png", help="with --targets: also plot every cell's speed-up over its target to this file")
     parser.add_argument("--compare", help="an older report: adds its speed-up over the fastest SDPA per case")
     parser.add_argument("--compare-label", default="the older report", help="the older report's name in the header")
     args = parser.parse_args()
@@ -130,8 +220,12 @@ def main() -> None:
     for path in args.report:
         with open(path) as f:
             runs.append(json.load(f)["decode"])
+    if (args.markdown or args.png) and not args.targets:
+        parser.error("--markdown and --png go with --targets")
     if args.targets:
-        print(targets_report(runs))
+        print(targets_markdown(runs) if args.markdown else targets_report(runs))
+        if args.png:
+            targets_plot(runs, args.png)
         return
     if len(runs) > 1:
         parser.error("several reports need --targets (the table renders one report)")
