@@ -55,7 +55,7 @@ WRITE_BLOCK_N: int = 16
 WRITE_BLOCK_K: int = 64
 WRITE_WINDOW_BLOCK_K: int = 32
 #: Output columns per window-copy program of a flagged launch (WriteConfig.window_columns; None = this). H200, the
-#: first launch alone at 1 new token, us warm (Qwen3-8B geometry, docs/PERFORMANCE.md "Session 40"): 128 columns 5.75,
+#: first launch alone at 1 new token, us warm (Qwen3-8B geometry, docs/perf/HISTORY.md "Session 40"): 128 columns 5.75,
 #: 64 3.73, 32 3.17, 16 3.29; served steps 20-25% faster than with 128 at 4K-128K batch 1 and 4K-64K batch 8.
 WRITE_WINDOW_BLOCK_C: int = 32
 #: An INT2-only write launch (a captured decode step's side-stream write) of at most this many new tokens runs as

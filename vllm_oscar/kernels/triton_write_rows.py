@@ -18,7 +18,7 @@ the write a ~11 us chain (docs/notes/kernels.md, sessions 38-40). Here a program
 Grid (N, Hkv, 2); axis 2: 0 = K, 1 = V. The window copies are not written here (a captured step's first launch
 writes them). INT2_MODE as oscar_write_kernel's (triton_write's module docstring), flag_ptr read first.
 Measured (H200, Qwen3-8B geometry, 1-16 tokens, FROM_ROTATED): 5.1 us a launch against 11.2-11.3 for the 16-row
-programs, the same bytes (docs/PERFORMANCE.md "Session 41").
+programs, the same bytes (docs/perf/HISTORY.md "Session 41").
 """
 
 from __future__ import annotations
