@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Offline probes (no GPU): what Gluon (Triton 3.6, sm_90) lets the warps of one CTA, and the CTAs of one cluster,
+do apart or together (docs/notes/kernels.md "Session 44"). `env -u TRITON_INTERPRET PYTHONPATH=/opt/tri36 python
+bench/cta_sharing_probe.py`.
+
+1. Warps staging their own tiles. Each of WARPS warps copies its own [LINES, 64] int16 slice of a two-stage ring by
+   cp.async (the warp axis is axis 0 of every layout, so no lane touches another warp's bytes), waits for its own
+   copies (cp.async.wait_group), syncs its own lanes (inline PTX `bar.warp.sync`, or `gl.thread_barrier()` to
+   compare) and reads the slice back; the probe prints the loop's copies, waits, barriers and shared loads in
+   order. Seen: with the warp sync, Triton's shared-memory barrier analysis still puts a CTA-wide `bar.sync 0` after
+   the wait_group (before the reads of what cp.async wrote) and before the next copies into the stage (after the
+   reads): warps that share a ring in Gluon-allocated shared memory move in lockstep once per tile whatever the
+   kernel asks, as V56's did. Independent warps would need their copies and reads in inline PTX on addresses Gluon
+   does not hand out (shared_memory_descriptor has no address).
+2. CTAs of a cluster combining values. A [CTAS, 64] fp32 tensor whose row c lives in CTA c of a cluster of CTAS
+   (`num_ctas`, block bases on axis 0), reduced over axis 0 (a merge of CTAS split partials), or first converted to a
+   layout replicated over the cluster's CTAs. Seen: both are refused by the compiler (the reduction's lowering
+   asserts "isReduceWithinCTA", the conversion fails to legalize), so a merge through distributed shared memory
+   needs inline PTX (mapa, ld.shared::cluster, barrier.cluster) and, again, shared addresses Gluon does not give.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+#: Warps per CTA (each its own slice of every stage), lines of 64 int16 per slice, ring stages.
+WARPS, LINES, STAGES = 4, 16, 2
+#: [WARPS, LINES, 64] int16: 16 bytes per lane, 8 lanes per line, warp w holding slice w.
+SLICES = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 4, 8], warps_per_cta=[WARPS, 1, 1],
+                          order=[2, 1, 0])
+PLAIN = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+
+
+@gluon.jit
+def _sync_lanes_of_warp():
+    gl.inline_asm_elementwise("bar.warp.sync -1; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _sync(WARP_SYNC: gl.constexpr):
+    if WARP_SYNC:
+        _sync_lanes_of_warp()
+    else:
+        gl.thread_barrier()
+
+
+@gluon.jit
+def staged_slices_kernel(src, out, n_tiles, WARP_SYNC: gl.constexpr, WARPS: gl.constexpr, LINES: gl.constexpr,
+                         STAGES: gl.constexpr, SLICES: gl.constexpr, PLAIN: gl.constexpr):
+    """Sum n_tiles tiles of [WARPS, LINES, 64] int16 from src (tile i at src + i * 4096, slice w at w * 997 lines)
+    into out, each warp staging and reading only its own slice."""
+    stages = gl.allocate_shared_memory(gl.int16, [STAGES, WARPS, LINES, 64], PLAIN)
+    w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, SLICES)))
+    r = gl.arange(0, LINES, layout=gl.SliceLayout(0, gl.SliceLayout(2, SLICES)))
+    c = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, SLICES)))
+    offs = (w[:, None, None] * 997 + r[None, :, None]) * 64 + c[None, None, :]
+    acc = gl.zeros([WARPS, LINES, 64], gl.int32, SLICES)
+    async_copy.async_copy_global_to_shared(stages.index(0), src + offs)
+    async_copy.commit_group()
+    for i in range(n_tiles):
+        async_copy.async_copy_global_to_shared(stages.index((i + 1) % STAGES), src + offs + (i + 1) * 4096)
+        async_copy.commit_group()
+        async_copy.wait_group(1)
+        _sync(WARP_SYNC)  # the warp's copies of tile i have landed for all its lanes
+        acc += stages.index(i % STAGES).load(SLICES).to(gl.int32)
+        _sync(WARP_SYNC)  # every lane has read tile i before the warp copies into its stage again
+    gl.store(out + offs, acc)
+
+
+def compile_ptx(warp_sync: bool) -> str:
+    """The PTX of staged_slices_kernel for sm_90 with the warp-level (True) or CTA-wide (False) syncs."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = staged_slices_kernel.arg_names
+    constants = dict(WARP_SYNC=warp_sync, WARPS=WARPS, LINES=LINES, STAGES=STAGES, SLICES=SLICES, PLAIN=PLAIN)
+    source = GluonASTSource(fn=staged_slices_kernel,
+                            signature={"src": "*i16", "out": "*i32", "n_tiles": "i32",
+                                       **{name: "constexpr" for name in constants}},
+                            constexprs={(names.index(k),): v for k, v in constants.items()},
+                            attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("src", "out")})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS}).asm["ptx"]
+
+
+def loop_events(ptx: str) -> list[str]:
+    """The loop body's copies, waits, barriers and shared loads, in order, one word each."""
+    lines = [line.strip() for line in ptx.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("$L__BB0_") and "%.lr.ph" in line)
+    events = []
+    for line in lines[start:]:
+        for pattern, name in ((r"^cp\.async\.commit", "commit"), (r"^cp\.async\.wait_group", "wait_group"),
+                              (r"^bar\.sync", "BAR.SYNC (CTA)"), (r"^bar\.warp\.sync", "bar.warp.sync"),
+                              (r"^ld\.shared", "ld.shared")):
+            if re.match(pattern, line) and (not events or events[-1] != name or name != "ld.shared"):
+                events.append(name)
+        if re.match(r"^@%p\d+ bra", line):
+            break
+    return events
+
+
+#: CTAs per cluster in probe 2 (a portable cluster size).
+CTAS = 8
+#: [CTAS, 64] fp32: row c in CTA c, 64 columns over the 32 lanes of the CTA's one warp.
+ROW_PER_CTA = gl.DistributedLinearLayout(reg_bases=[[0, 1]], lane_bases=[[0, 2], [0, 4], [0, 8], [0, 16], [0, 32]],
+                                         warp_bases=[], block_bases=[[1, 0], [2, 0], [4, 0]], shape=[CTAS, 64])
+#: The same tensor whole in every CTA of the cluster.
+EVERY_CTA = gl.DistributedLinearLayout(reg_bases=[[0, 1], [1, 0], [2, 0], [4, 0]],
+                                       lane_bases=[[0, 2], [0, 4], [0, 8], [0, 16], [0, 32]], warp_bases=[],
+                                       block_bases=[[0, 0], [0, 0], [0, 0]], shape=[CTAS, 64])
+
+
+@gluon.jit
+def cluster_merge_kernel(x_ptr, out_ptr, GATHER: gl.constexpr, ROW_PER_CTA: gl.constexpr,
+                         EVERY_CTA: gl.constexpr, CTAS: gl.constexpr):
+    """out[c] = sum over rows r of exp2(x[r, c] - max_r x[r, c]), row r held by CTA r (GATHER: converted to
+    EVERY_CTA first, else reduced where it lies)."""
+    r = gl.arange(0, CTAS, layout=gl.SliceLayout(1, ROW_PER_CTA))
+    c = gl.arange(0, 64, layout=gl.SliceLayout(0, ROW_PER_CTA))
+    x = gl.load(x_ptr + gl.program_id(0) * CTAS * 64 + r[:, None] * 64 + c[None, :])
+    if GATHER:
+        x = gl.convert_layout(x, EVERY_CTA)
+    m = gl.max(x, axis=0)
+    total = gl.sum(gl.exp2(x - m[None, :]), axis=0)
+    gl.store(out_ptr + gl.program_id(0) * 64 + gl.arange(0, 64, layout=total.type.layout), total)
+
+
+def compile_cluster_merge(gather: bool) -> None:
+    """Compile cluster_merge_kernel for a cluster of CTAS (raises, or aborts the process, where the compiler
+    refuses)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = cluster_merge_kernel.arg_names
+    constants = dict(GATHER=gather, ROW_PER_CTA=ROW_PER_CTA, EVERY_CTA=EVERY_CTA, CTAS=CTAS)
+    source = GluonASTSource(fn=cluster_merge_kernel,
+                            signature={"x_ptr": "*fp32", "out_ptr": "*fp32", **{n: "constexpr" for n in constants}},
+                            constexprs={(names.index(k),): v for k, v in constants.items()})
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_ctas": CTAS})
+
+
+def cluster_merge_verdict(gather: bool) -> str:
+    """'compiled', or the compiler's first error or assertion line: compile_cluster_merge in a child process (an
+    assertion in the compiler ends the process)."""
+    child = subprocess.run([sys.executable, __file__, "--cluster-case", "gather" if gather else "reduce"],
+                           capture_output=True, text=True)
+    if child.returncode == 0:
+        return "compiled"
+    found = [line for line in child.stderr.splitlines() if "Assertion" in line or "error:" in line]
+    first = found[0] if found else f"exit status {child.returncode}"
+    return "refused: " + (first.split("Assertion", 1)[-1] if "Assertion" in first else first.split("error:", 1)[-1]
+                          ).strip()
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, sm_90")
+    print(f"1. {WARPS} warps per CTA, each staging its own slice:")
+    for warp_sync in (True, False):
+        print(f"   {'warp-level sync' if warp_sync else 'CTA-wide sync  '}: loop = "
+              f"{' -> '.join(loop_events(compile_ptx(warp_sync)))}")
+    print(f"2. a cluster of {CTAS} CTAs, one row each:")
+    print(f"   reduced over the CTAs where it lies: {cluster_merge_verdict(False)}")
+    print(f"   gathered into every CTA first:       {cluster_merge_verdict(True)}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--cluster-case"]:
+        compile_cluster_merge(sys.argv[2] == "gather")
+    else:
+        main()
