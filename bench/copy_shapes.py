@@ -12,7 +12,10 @@ with `--cells` and `--shapes 1:2:plan` it gives the "copies alone" column of a c
 A shape is warps:stages:splits. warps: 1 or 4 (the program's warps issue its copies, gluon_decode's way: block ids
 from the block table one tile ahead, three TMA boxes per tile at head_dim 128 (two at 64) on one mbarrier per
 stage, one bar.sync of the warps per tile), or 4p (copy_split_ws_kernel: a warp-specialized producer warp issues
-them, the 4 warps wait on full barriers and release stages on empty ones). splits, per (request, KV head): a number,
+them, the 4 warps wait on full barriers and release stages on empty ones), or 1i / 4i (bench/copy_warps.py: CTAs of one
+or four warps that are each an independent split program, copying each tile's whole region by one bulk copy into
+their own ring through inline PTX, with no CTA-wide barrier; their checksums are compared once per shape with the
+one-warp TMA shape's and printed). splits, per (request, KV head): a number,
 ``plan`` (gluon_decode's split count of the cell), ``quarter`` / ``eighth`` (a quarter / an eighth of it: as many
 warps per SM as the plan with 4-warp CTAs, or half as many), or ``tiles`` (one tile per program, the streaming
 probes' shape: no ring at all). Each program walks its split of all the request's blocks (the window blocks too:
@@ -22,7 +25,7 @@ the bytes are those of the cell's blocks); after a stage lands its warps read th
 
     python bench/copy_shapes.py --cells qwen3-8b:131072:1 --shapes 1:2:plan --work 0 200 400 --jitter 0 1
 
---work N (one- and four-warp shapes) adds a stand-in for a tile's compute after each tile lands: N FMAs in one
+--work N (every shape but 4p) adds a stand-in for a tile's compute after each tile lands: N FMAs in one
 dependent chain (--chains 4: four independent chains, the same FMAs issued four times as densely), or with --jitter 1
 N times a pseudo-random factor in [0.5, 1.5) per program and tile. H200, Qwen3-8B
 128K B=1 (docs/notes/kernels.md "Session 43"): 19.8 us alone, 22.5 us at N = 200 and 25.7 with jitter at the same
@@ -41,6 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from copy_warps import copy_warps_kernel, ring_bytes  # noqa: E402
 from decode_floor import floor_ms  # noqa: E402
 from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
@@ -54,8 +58,9 @@ from vllm_oscar.kernels.benchmark import GEOMETRIES, time_graph  # noqa: E402
 from vllm_oscar.kernels.gluon_decode import (STAGED, TILE, _start_stage, _sync_warps, _view_as,  # noqa: E402
                                              tma_descriptors, tma_ring)
 
-#: Warp counts and ring depths a shape may take; "4p": four warps fed by a producer warp (copy_split_ws_kernel).
-SHAPE_WARPS = ("1", "4", "4p")
+#: Warp counts and ring depths a shape may take; "4p": four warps fed by a producer warp (copy_split_ws_kernel);
+#: "1i" / "4i": CTAs of one / four warps that are independent programs (bench/copy_warps.py).
+SHAPE_WARPS = ("1", "4", "4p", "1i", "4i")
 SHAPE_STAGES = (2, 3, 4, 6, 8)
 #: The producer warp's registers (warp_specialize's worker_num_regs; bench/ws_probe.py's 40 fits it).
 PRODUCER_REGISTERS: gl.constexpr = gl.constexpr(40)
@@ -175,9 +180,11 @@ def copy_split_ws_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_d
 
 def shape_kernel(warps: str) -> tuple:
     """(kernel, num_warps, launch options) of a shape's warps field: copy_split_ws_kernel for "4p" (4 warps and the
-    producer, registers capped at WS_MAX_REGISTERS)."""
+    producer, registers capped at WS_MAX_REGISTERS), copy_warps_kernel for "1i" / "4i"."""
     if warps.endswith("p"):
         return copy_split_ws_kernel, int(warps[:-1]), {"maxnreg": WS_MAX_REGISTERS}
+    if warps.endswith("i"):
+        return copy_warps_kernel, int(warps[:-1]), {}
     return copy_split_kernel, int(warps), {}
 
 
@@ -193,6 +200,16 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
                                   offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
     kernel, num_warps, options = shape_kernel(warps)
     names = kernel.arg_names
+    if kernel is copy_warps_kernel:
+        constants = warps_constants(layout, stages, num_warps, 1)
+        signature = {"bt_ptr": "*i32", "stride_bt": "i32", "n_tiles": "i32", "heads": "i32", "out_ptr": "*i32",
+                     "cache_ptr": "*u8", "NSPLIT": "i32", "work": "i32", "jitter": "i32",
+                     **{name: "constexpr" for name in constants}}
+        source = GluonASTSource(fn=kernel, signature={name: signature[name] for name in names},
+                                constexprs={(names.index(k),): v for k, v in constants.items()},
+                                attrs={(names.index(k),): [["tt.divisibility", 16]]
+                                       for k in ("bt_ptr", "out_ptr", "cache_ptr")})
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
                      **({} if warps.endswith("p") else {"CHAINS": 1}))
     typed = {name: mangle_type(desc) for name, desc in zip(("k_desc", "v_desc", "s_desc"), descriptors)
@@ -205,6 +222,12 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
                             constexprs={(names.index(k),): v for k, v in constants.items()},
                             attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("bt_ptr", "out_ptr")})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
+
+
+def warps_constants(layout: PageLayout, stages: int, warps: int, chains: int) -> dict:
+    """copy_warps_kernel's constexprs for a cache layout."""
+    return dict(STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps, CHAINS=chains,
+                PLANES=layout.plane_offset("k_scale"), SHARED=ring_bytes(warps, stages, layout.head_region_bytes))
 
 
 def parse_shape(text: str) -> tuple[str, int, str]:
@@ -229,17 +252,22 @@ def shape_splits(splits: str, plan_splits: int, n_tiles: int) -> int:
     return max(1, min(count, n_tiles))
 
 
-def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int = 0, jitter: int = 0,
-               chains: int = 1) -> float:
-    """ms per launch of a shape's copy kernel over the cell's blocks (every layer's cache copy in one CUDA graph);
-    work, jitter, chains: copy_split_kernel's compute stand-in (one- and four-warp shapes only)."""
+def shape_launches(cell, warps: str, stages: int, nsplit: int, out: torch.Tensor, work: int = 0, jitter: int = 0,
+                   chains: int = 1) -> list:
+    """One launch per layer's cache copy of a shape's copy kernel over the cell's blocks, each writing its per-program
+    checksums into out [B, Hkv, nsplit] int32; work, jitter, chains: the compute stand-in (all shapes but "4p")."""
     case = cell.case
     layout = case.layout
     offsets = triton_ops._plane_offsets(layout)
     batch, hkv = case.block_table.shape[0], case.caches[0].shape[1]
     n_tiles = cell.length // TILE.value
-    out = torch.empty(batch, hkv, nsplit, dtype=torch.int32, device=case.query.device)
     kernel, num_warps, options = shape_kernel(warps)
+    if kernel is copy_warps_kernel:
+        consts = dict(warps_constants(layout, stages, num_warps, chains), num_warps=num_warps)
+        ctas = -(-nsplit // num_warps)
+        return [lambda cache=cache: kernel[(batch, hkv, ctas)](
+            case.block_table, case.block_table.stride(0), n_tiles, hkv, out, cache, nsplit, work, jitter, **consts)
+            for cache in case.caches]
     consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
                   num_warps=num_warps, **options)
     stand_in = ()  # the producer-fed kernel has no compute stand-in
@@ -254,7 +282,33 @@ def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int 
             case.block_table, case.block_table.stride(0), n_tiles, hkv, out, keys, values, planes, nsplit, *stand_in,
             **consts)
 
-    return time_graph([launch(cache) for cache in case.caches], reps)
+    return [launch(cache) for cache in case.caches]
+
+
+def _checksums(cell, warps: str, stages: int, nsplit: int) -> torch.Tensor:
+    """The per-program checksums of one launch of a shape over the first layer's cache copy."""
+    case = cell.case
+    out = torch.full((case.block_table.shape[0], case.caches[0].shape[1], nsplit), -1, dtype=torch.int32,
+                     device=case.query.device)
+    shape_launches(cell, warps, stages, nsplit, out)[0]()
+    torch.cuda.synchronize()
+    return out
+
+
+def checksums_match(cell, warps: str, stages: int, nsplit: int) -> bool:
+    """Whether a shape's programs read the bytes gluon_decode's copies bring (the one-warp TMA shape, two stages):
+    equal checksums of the scale planes per program."""
+    return torch.equal(_checksums(cell, warps, stages, nsplit), _checksums(cell, "1", 2, nsplit))
+
+
+def time_shape(cell, warps: str, stages: int, nsplit: int, reps: int, work: int = 0, jitter: int = 0,
+               chains: int = 1) -> float:
+    """ms per launch of a shape's copy kernel over the cell's blocks (every layer's cache copy in one CUDA graph);
+    work, jitter, chains: the compute stand-in (all shapes but "4p")."""
+    case = cell.case
+    out = torch.empty(case.block_table.shape[0], case.caches[0].shape[1], nsplit, dtype=torch.int32,
+                      device=case.query.device)
+    return time_graph(shape_launches(cell, warps, stages, nsplit, out, work, jitter, chains), reps)
 
 
 def main() -> int:
@@ -266,7 +320,7 @@ def main() -> int:
                                                           "4:6:quarter", "4p:4:quarter", "4p:6:quarter",
                                                           "4p:8:eighth", "1:2:tiles")])
     parser.add_argument("--work", type=int, nargs="+", default=[0],
-                        help="one- and four-warp shapes: FMAs of a compute stand-in after each tile lands (0 = none)")
+                        help="every shape but 4p: FMAs of a compute stand-in after each tile lands (0 = none)")
     parser.add_argument("--chains", type=int, nargs="+", default=[1], choices=(1, 4),
                         help="the stand-in's FMAs in 1 dependent chain (latency-bound) or 4 (issue-bound)")
     parser.add_argument("--jitter", type=int, nargs="+", default=[0], choices=(0, 1),
@@ -286,16 +340,22 @@ def main() -> int:
         stream_ms, stream_shape = floor_ms(nbytes, args.reps, device)
         print(f"{geometry} {length} B={batch}: {nbytes / 1e6:.1f} MB of regions, plan {cell.plan.num_splits} splits; "
               f"stream {stream_ms * 1000:.1f} us ({stream_shape})", flush=True)
+        checked = {}  # (warps, stages, splits) of the independent-warp shapes -> checksums equal
         for (warps, stages, splits), work, jitter, chains in itertools.product(args.shapes, args.work, args.jitter,
                                                                               args.chains):
             if (warps.endswith("p") and work) or ((jitter or chains > 1) and not work):
                 continue  # no stand-in in the producer-fed kernel; jitter or chains of nothing
             nsplit = shape_splits(splits, cell.plan.num_splits, length // TILE.value)
+            if warps.endswith("i") and (warps, stages, nsplit) not in checked:
+                checked[(warps, stages, nsplit)] = checksums_match(cell, warps, stages, nsplit)
+                print(f"  {warps} warps x {stages} stages, {nsplit} splits: checksums "
+                      f"{'equal to' if checked[(warps, stages, nsplit)] else 'DIFFERENT from'} the TMA shape's",
+                      flush=True)
             ms = time_shape(cell, warps, stages, nsplit, args.reps, work, jitter, chains)
             per_sm = batch * GEOMETRIES[geometry][1] * nsplit / sms  # a 4p CTA holds 8 warps: two per SM at most
             row = {"geometry": geometry, "context": length, "batch": batch, "warps": warps, "stages": stages,
                    "splits": nsplit, "work": work, "jitter": jitter, "chains": chains, "programs_per_sm": per_sm,
-                   "ms": ms,
+                   "ms": ms, "checksums_match": checked.get((warps, stages, nsplit)),
                    "GBps": nbytes / ms / 1e6, "stream_ms": stream_ms, "stream_over_copy": stream_ms / ms}
             rows.append(row)
             print(f"  {warps} warps x {stages} stages, {nsplit} splits ({per_sm:.1f} programs per SM), work {work} "

@@ -1,7 +1,9 @@
 """bench/copy_shapes.py without a GPU: its copy kernels compile for sm_90 in the shapes it offers, issuing one TMA
 copy per box of a tile per loop trip (three at head_dim 128, two at 64: gluon_decode's boxes) with no local memory and
 a ring of the asked depth in shared memory; with a producer warp ("4p") only the producer's loop issues copies and
-the CTA's registers are capped so that two share an SM; its shapes parse and size the split counts as documented."""
+the CTA's registers are capped so that two share an SM; with independent warps ("1i" / "4i", bench/copy_warps.py) no
+CTA-wide barrier is left and each warp issues one bulk copy per tile; its shapes parse and size the split counts as
+documented."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from copy_shapes import parse_shape, shape_splits  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 
 SHAPES = ((128, "1", 2), (128, "4", 6), (64, "4", 4), (64, "1", 8), (128, "4p", 4), (64, "4p", 8))
+#: Shapes of independent warps (bench/copy_warps.py).
+WARP_SHAPES = ((128, "4i", 2), (128, "1i", 3), (64, "4i", 3))
 
 PROBE = r'''
 import json, sys
@@ -38,7 +42,10 @@ for dim, warps, stages in SHAPES:
     report[f"{dim}_{warps}_{stages}"] = dict(
         shared=kernel.metadata.shared, warps=kernel.metadata.num_warps, registers=int(registers),
         loop_tma=sorted({sum(op == "UTMALDG" for address, op in ops if lo <= address <= hi) for lo, hi in loops}),
-        kernel_tma=sum(op == "UTMALDG" for address, op in ops), local=sass.count("STL") + sass.count("LDL"))
+        kernel_tma=sum(op == "UTMALDG" for address, op in ops), local=sass.count("STL") + sass.count("LDL"),
+        barriers=sum(op.startswith("BAR") for address, op in ops),
+        reading_loop_bulk=[sum(op == "UBLKCP" for address, op in ops if lo <= address <= hi) for lo, hi in loops
+                           if any(op == "LDS" and lo <= address <= hi for address, op in ops)])
 print(json.dumps(report))
 '''
 
@@ -46,7 +53,8 @@ print(json.dumps(report))
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nSHAPES = {SHAPES!r}\n" + PROBE], env=env,
+    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nSHAPES = {SHAPES + WARP_SHAPES!r}\n" + PROBE],
+                         env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -69,10 +77,25 @@ def test_copy_kernel_issues_one_tma_copy_per_box_into_a_ring_of_the_asked_depth(
         assert report["warps"] == int(warps)
 
 
+@pytest.mark.parametrize("dim,warps,stages", WARP_SHAPES)
+def test_independent_warps_copy_without_cta_barriers(compiled: dict, dim: int, warps: str, stages: int) -> None:
+    """1i / 4i: no CTA-wide barrier anywhere, one bulk copy per trip of each loop that reads the landed tiles (one per
+    warp: the warp's lane 0 issues it), no local memory, and the shared memory copy_warps.ring_bytes sizes."""
+    from copy_warps import ring_bytes
+
+    report = compiled[f"{dim}_{warps}_{stages}"]
+    assert report["barriers"] == 0 and report["local"] == 0 and report["kernel_tma"] == 0
+    assert report["reading_loop_bulk"] and set(report["reading_loop_bulk"]) == {1}  # (Triton 3.9 versions the loop)
+    region = PageLayout(dim, dim, 64).head_region_bytes
+    assert report["shared"] == ring_bytes(int(warps[0]), stages, region) >= int(warps[0]) * stages * region
+    assert report["warps"] == int(warps[0])
+
+
 def test_shapes_parse_and_size_their_splits() -> None:
     assert parse_shape("4:6:quarter") == ("4", 6, "quarter") and parse_shape("4p:8:eighth") == ("4p", 8, "eighth")
     assert parse_shape("1:2:plan") == ("1", 2, "plan") and parse_shape("1:3:40") == ("1", 3, "40")
-    for bad in ("3:2:plan", "1p:2:plan", "1:5:plan", "1:2:half", "1:2"):
+    assert parse_shape("4i:3:quarter") == ("4i", 3, "quarter") and parse_shape("1i:2:plan") == ("1i", 2, "plan")
+    for bad in ("3:2:plan", "1p:2:plan", "2i:2:plan", "1:5:plan", "1:2:half", "1:2"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_shape(bad)
     assert shape_splits("plan", 128, 2048) == 128

@@ -1,0 +1,162 @@
+"""A copy kernel whose warps are independent split programs (bench/copy_shapes.py's shapes 1i and 4i).
+
+bench/cta_sharing_probe.py showed that warps sharing a ring in Gluon-allocated shared memory get CTA-wide barriers
+from Triton every tile, so V56's four programs per CTA ran in lockstep. Here each warp of a CTA is its own split
+program and touches shared memory only through inline PTX, which Triton's barrier analysis does not see: lane 0 of
+the warp starts one bulk copy (cp.async.bulk, 1D) of a tile's whole (block, KV head) region into the warp's own stage
+and arms the stage's mbarrier with its byte count, the warp's lanes wait on that mbarrier, read the tile's 512 bytes
+of scale planes (ld.shared) and sync only among themselves (bar.warp.sync) before lane 0 refills the stage. The shared
+memory is one Gluon allocation, touched by Gluon once (a store into bytes past every ring, which keeps it); the kernel
+is compiled with it as its only allocation, so at offset 0 of the dynamic shared memory (`global_smem`; that the
+kernel's shared memory is exactly ring_bytes, tests/test_copy_shapes.py, says there is no other). Per warp: STAGES
+regions, then STAGES mbarriers in 16-byte slots.
+
+The same job as copy_split_kernel (its arguments but the cache tensor instead of TMA descriptors, its checksum per
+program), so the two can be compared side by side: 1i (one warp per CTA) against copy_split_kernel's 1 says what the
+bulk copy itself costs, 4i against 1i what independent programs sharing a CTA cost or save (the launch of a quarter
+as many CTAs).
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+#: Bytes per mbarrier (8 used): 16 keeps every warp's ring, and so every bulk copy's destination, 16-byte aligned.
+BARRIER_SLOT: gl.constexpr = gl.constexpr(16)
+
+
+@gluon.jit
+def _lane_and_warp():
+    """(lane, warp) of the calling thread, int32 scalars."""
+    lane = gl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+    warp = gl.inline_asm_elementwise("{ .reg .u32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r", [],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+    return lane, warp
+
+
+@gluon.jit
+def _shared_base():
+    """The shared-window address of the dynamic shared memory (global_smem: Triton's name for it), int32."""
+    return gl.inline_asm_elementwise("mov.b32 $0, global_smem;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _init_barrier(bar, lane):
+    """Lane 0: mbarrier at shared address ``bar`` expecting one arrival, fenced for the copy engine; then the warp's
+    lanes synced. Returns 0 (for ordering)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.eq.s32 p, $2, 0; @p mbarrier.init.shared::cta.b64 [$1], 1; "
+        "@p fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta; bar.warp.sync -1; mov.u32 $0, 0; }",
+        "=r,r,r", [bar, lane], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _start_copy(dst, src, nbytes, bar, lane, live):
+    """Lane 0, where live != 0: arm mbarrier ``bar`` with nbytes and start the bulk copy of nbytes from global ``src``
+    (int64 address) to shared ``dst``. Returns 0."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p, q; setp.eq.s32 p, $5, 0; setp.ne.s32 q, $6, 0; and.pred p, p, q; "
+        "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$4], $3; "
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$2], $3, [$4]; "
+        "mov.u32 $0, 0; }",
+        "=r,r,l,r,r,r,r", [dst, src, nbytes, bar, lane, live], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_and_read(bar, phase, planes):
+    """Every lane: wait until mbarrier ``bar`` completes ``phase``, read its 16 bytes of the scale planes at shared
+    ``planes`` + 16 x lane, sync the warp's lanes; returns the sum of the 512 bytes over the warp's lanes (int32, the
+    same in every lane: copy_split_kernel's checksum of a tile)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred done; .reg .u32 a, b, c, d, lo, hi, at; "
+        "waiting: mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; @!done bra waiting; "
+        "mov.u32 at, %laneid; mad.lo.u32 at, at, 16, $3; ld.shared.v4.u32 {a, b, c, d}, [at]; "
+        "bar.warp.sync -1; "
+        "and.b32 lo, a, 0x00ff00ff; shr.u32 hi, a, 8; and.b32 hi, hi, 0x00ff00ff; add.u32 at, lo, hi; "
+        "and.b32 lo, b, 0x00ff00ff; shr.u32 hi, b, 8; and.b32 hi, hi, 0x00ff00ff; add.u32 at, at, lo; "
+        "add.u32 at, at, hi; "
+        "and.b32 lo, c, 0x00ff00ff; shr.u32 hi, c, 8; and.b32 hi, hi, 0x00ff00ff; add.u32 at, at, lo; "
+        "add.u32 at, at, hi; "
+        "and.b32 lo, d, 0x00ff00ff; shr.u32 hi, d, 8; and.b32 hi, hi, 0x00ff00ff; add.u32 at, at, lo; "
+        "add.u32 at, at, hi; "
+        "and.b32 lo, at, 0xffff; shr.u32 hi, at, 16; add.u32 at, lo, hi; "
+        "redux.sync.add.u32 $0, at, 0xffffffff; }",
+        "=r,r,r,r", [bar, phase, planes], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _store_lane0(ptr, value, lane):
+    """Lane 0: store int32 ``value`` at global ``ptr`` (int64 address). Returns 0."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.eq.s32 p, $3, 0; @p st.global.u32 [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [ptr, value, lane], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSPLIT, work, jitter,
+                      STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
+                      PLANES: gl.constexpr, SHARED: gl.constexpr):
+    """Grid (B, Hkv, cdiv(NSPLIT, WARPS)), WARPS warps per CTA: warp w of CTA c is split program p = c x WARPS + w
+    (none past NSPLIT) of (b, h) and copies tiles [lo, hi) of the request's n_tiles blocks (block ids in bt_ptr [B,
+    >= n_tiles] int32, row stride stride_bt) from cache_ptr [blocks, heads, REGION] uint8 through its own ring of
+    STAGES stages, reading each landed tile's scale planes (at byte PLANES of the region); work / jitter / CHAINS:
+    copy_split_kernel's compute stand-in. Stores the checksum of the plane bytes it read (as 32-bit words), [B, Hkv,
+    NSPLIT] int32 at out_ptr. SHARED: the bytes of the CTA's rings and mbarriers."""
+    ring = gl.allocate_shared_memory(gl.int8, [SHARED], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    # One Gluon store, into bytes past every warp's ring, keeps the allocation (and global_smem) in the kernel;
+    # every later access is inline PTX.
+    ring.slice(SHARED - 32 * WARPS, 32 * WARPS).store(
+        gl.zeros([32 * WARPS], gl.int8, gl.BlockedLayout([1], [32], [WARPS], [0])))
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    lane, warp = _lane_and_warp()
+    pid = gl.program_id(2) * WARPS + warp
+    per_split = gl.cdiv(n_tiles, NSPLIT)
+    lo = gl.minimum(pid * per_split, n_tiles)
+    hi = gl.minimum(lo + per_split, n_tiles)
+    base = _shared_base() + warp * (STAGES * (REGION + BARRIER_SLOT))
+    bars = base + STAGES * REGION
+    for s in gl.static_range(STAGES):
+        _init_barrier(bars + BARRIER_SLOT * s, lane)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
+    head_base = cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION
+    for s in gl.static_range(STAGES - 1):
+        blk = gl.load(bt_row + lo + s, mask=lo + s < hi, other=0)
+        _start_copy(base + s * REGION, head_base + blk.to(gl.int64) * heads * REGION, REGION, bars + BARRIER_SLOT * s,
+                    lane,
+                    (lo + s < hi).to(gl.int32))
+    seen = lane * 0
+    for i in range(lo, hi):
+        stage = (i - lo) % STAGES
+        refill = (stage + STAGES - 1) % STAGES  # read one tile ago, every lane synced since
+        ahead = i + STAGES - 1
+        blk = gl.load(bt_row + ahead, mask=ahead < hi, other=0)
+        _start_copy(base + refill * REGION, head_base + blk.to(gl.int64) * heads * REGION, REGION,
+                    bars + BARRIER_SLOT * refill, lane, (ahead < hi).to(gl.int32))
+        seen += _wait_and_read(bars + BARRIER_SLOT * stage, ((i - lo) // STAGES) % 2,
+                               base + stage * REGION + PLANES)
+        if work > 0:
+            draw = ((pid * 40503 + h * 9973 + i * 65599) >> 4) & 255
+            x = seen.to(gl.float32)
+            y = x + 1.0
+            z = x + 2.0
+            w = x + 3.0
+            for _ in range((work + jitter * (work * draw // 256 - work // 2)) // CHAINS):
+                x = x * 0.999 + 1.0
+                if CHAINS == 4:
+                    y = y * 0.999 + 1.0
+                    z = z * 0.999 + 1.0
+                    w = w * 0.999 + 1.0
+            seen += (x + y + z + w < 0.0).to(gl.int32)  # never: keeps the chains
+    if pid < NSPLIT:
+        slot = out_ptr.to(gl.int64, bitcast=True) + 4 * ((b * gl.num_programs(1) + h) * NSPLIT + pid).to(gl.int64)
+        _store_lane0(slot, seen, lane)
+
+
+def ring_bytes(warps: int, stages: int, region: int) -> int:
+    """copy_warps_kernel's SHARED: per warp, its stages' regions and their mbarriers, then 32 bytes per warp that
+    keep the allocation, rounded up to a power of two (the shape of a Gluon allocation must be one; the CTAs an SM
+    holds follow from this size)."""
+    return triton.next_power_of_2(warps * (stages * (region + BARRIER_SLOT.value) + 32))
