@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from copy_warps import copy_warps_kernel, ring_bytes  # noqa: E402
+from copy_warps import compute_stand_in, copy_warps_kernel, ring_bytes  # noqa: E402
 from decode_floor import floor_ms  # noqa: E402
 from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
@@ -79,10 +79,8 @@ def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc
     head h; the block ids in bt_ptr [B, >= n_tiles] int32, row stride stride_bt) through a ring of STAGES stages
     (gluon_decode's tma_ring and _start_stage; a launch of num_warps=WARPS) and stores the sum of the scale-plane
     bytes its lanes read, [B, Hkv, NSPLIT] int32 at out_ptr (contiguous), so that nothing is dead. work > 0: after
-    each tile lands, a stand-in for the tile's compute, ``work`` FMAs in CHAINS (1 or 4) independent dependent chains
-    (one chain: ~2-3 ns per FMA, latency-bound; four: the same FMAs in a quarter of the time, issue-bound), or with
-    jitter = 1 work x a pseudo-random factor in [0.5, 1.5) per program and tile (programs drifting apart as the
-    decode's do)."""
+    each tile lands, copy_warps.compute_stand_in (``work`` FMAs in CHAINS chains, jittered per program and tile with
+    jitter = 1)."""
     Q: gl.constexpr = D // 4
     b = gl.program_id(0)
     h = gl.program_id(1)
@@ -112,18 +110,7 @@ def copy_split_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_desc
         mbarrier.wait(bars.index(stage), ((i - lo) // STAGES) % 2)
         seen += _view_as(planes.index(stage), gl.uint8, [PLANE_BYTES], STAGED).load(LANES).to(gl.int32)
         if work > 0:
-            draw = ((pid * 40503 + h * 9973 + i * 65599) >> 4) & 255
-            x = gl.sum(seen, axis=0).to(gl.float32)
-            y = x + 1.0
-            z = x + 2.0
-            w = x + 3.0
-            for _ in range((work + jitter * (work * draw // 256 - work // 2)) // CHAINS):
-                x = x * 0.999 + 1.0
-                if CHAINS == 4:
-                    y = y * 0.999 + 1.0
-                    z = z * 0.999 + 1.0
-                    w = w * 0.999 + 1.0
-            seen += (x + y + z + w < 0.0).to(gl.int32)  # never: keeps the chains
+            seen += compute_stand_in(gl.sum(seen, axis=0).to(gl.float32), work, jitter, pid, h, i, CHAINS)
     gl.store(out_ptr + (b * gl.num_programs(1) + h) * NSPLIT + pid, gl.sum(seen, axis=0))
 
 

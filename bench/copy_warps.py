@@ -95,6 +95,26 @@ def _store_lane0(ptr, value, lane):
 
 
 @gluon.jit
+def compute_stand_in(x, work, jitter, pid, h, i, CHAINS: gl.constexpr):
+    """A stand-in for a tile's compute (program pid of KV head h at tile i, starting from the fp32 scalar x):
+    ``work`` FMAs in CHAINS (1 or 4) independent dependent chains (one chain: ~2-3 ns per FMA, latency-bound; four:
+    the same FMAs in a quarter of the time, issue-bound), or with jitter = 1 work x a pseudo-random factor in
+    [0.5, 1.5) per program and tile (programs drifting apart as the decode's do). Returns int32 0 (never 1), which
+    the caller adds to what it keeps so that the chains stay."""
+    draw = ((pid * 40503 + h * 9973 + i * 65599) >> 4) & 255
+    y = x + 1.0
+    z = x + 2.0
+    w = x + 3.0
+    for _ in range((work + jitter * (work * draw // 256 - work // 2)) // CHAINS):
+        x = x * 0.999 + 1.0
+        if CHAINS == 4:
+            y = y * 0.999 + 1.0
+            z = z * 0.999 + 1.0
+            w = w * 0.999 + 1.0
+    return (x + y + z + w < 0.0).to(gl.int32)
+
+
+@gluon.jit
 def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSPLIT, work, jitter,
                       STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
                       PLANES: gl.constexpr, SHARED: gl.constexpr):
@@ -138,18 +158,7 @@ def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSP
         seen += _wait_and_read(bars + BARRIER_SLOT * stage, ((i - lo) // STAGES) % 2,
                                base + stage * REGION + PLANES)
         if work > 0:
-            draw = ((pid * 40503 + h * 9973 + i * 65599) >> 4) & 255
-            x = seen.to(gl.float32)
-            y = x + 1.0
-            z = x + 2.0
-            w = x + 3.0
-            for _ in range((work + jitter * (work * draw // 256 - work // 2)) // CHAINS):
-                x = x * 0.999 + 1.0
-                if CHAINS == 4:
-                    y = y * 0.999 + 1.0
-                    z = z * 0.999 + 1.0
-                    w = w * 0.999 + 1.0
-            seen += (x + y + z + w < 0.0).to(gl.int32)  # never: keeps the chains
+            seen += compute_stand_in(seen.to(gl.float32), work, jitter, pid, h, i, CHAINS)
     if pid < NSPLIT:
         slot = out_ptr.to(gl.int64, bitcast=True) + 4 * ((b * gl.num_programs(1) + h) * NSPLIT + pid).to(gl.int64)
         _store_lane0(slot, seen, lane)
