@@ -187,27 +187,23 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
                                   offsets["K_CODES"], offsets["V_CODES"], offsets["K_SCALE"])
     kernel, num_warps, options = shape_kernel(warps)
     names = kernel.arg_names
+    aligned = ["bt_ptr", "out_ptr"]
     if kernel is copy_warps_kernel:
         constants = warps_constants(layout, stages, num_warps, 1)
-        signature = {"bt_ptr": "*i32", "stride_bt": "i32", "n_tiles": "i32", "heads": "i32", "out_ptr": "*i32",
-                     "cache_ptr": "*u8", "NSPLIT": "i32", "work": "i32", "jitter": "i32",
-                     **{name: "constexpr" for name in constants}}
-        source = GluonASTSource(fn=kernel, signature={name: signature[name] for name in names},
-                                constexprs={(names.index(k),): v for k, v in constants.items()},
-                                attrs={(names.index(k),): [["tt.divisibility", 16]]
-                                       for k in ("bt_ptr", "out_ptr", "cache_ptr")})
-        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-    constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
-                     **({} if warps.endswith("p") else {"CHAINS": 1}))
-    typed = {name: mangle_type(desc) for name, desc in zip(("k_desc", "v_desc", "s_desc"), descriptors)
-             if desc is not None}
-    if descriptors[1] is None:  # head_dim 64: keys and values in one box
-        constants["v_desc"] = None
+        typed = {"cache_ptr": "*u8"}
+        aligned.append("cache_ptr")
+    else:
+        constants = dict(D=head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
+                         **({} if warps.endswith("p") else {"CHAINS": 1}))
+        typed = {name: mangle_type(desc) for name, desc in zip(("k_desc", "v_desc", "s_desc"), descriptors)
+                 if desc is not None}
+        if descriptors[1] is None:  # head_dim 64: keys and values in one box
+            constants["v_desc"] = None
     signature = {"bt_ptr": "*i32", "stride_bt": "i32", "n_tiles": "i32", "heads": "i32", "out_ptr": "*i32",
                  **typed, "NSPLIT": "i32", "work": "i32", "jitter": "i32", **{name: "constexpr" for name in constants}}
     source = GluonASTSource(fn=kernel, signature={name: signature[name] for name in names},
                             constexprs={(names.index(k),): v for k, v in constants.items()},
-                            attrs={(names.index(k),): [["tt.divisibility", 16]] for k in ("bt_ptr", "out_ptr")})
+                            attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
 
 
