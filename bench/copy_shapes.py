@@ -15,7 +15,7 @@ stage, one bar.sync of the warps per tile), or 4p (copy_split_ws_kernel: a warp-
 them, the 4 warps wait on full barriers and release stages on empty ones), or 1i / 4i (bench/copy_warps.py: CTAs of one
 or four warps that are each an independent split program, copying each tile's whole region by one bulk copy into
 their own ring through inline PTX, with no CTA-wide barrier; their checksums are compared once per shape with the
-one-warp TMA shape's and printed). splits, per (request, KV head): a number,
+one-warp TMA shape's, printed, and any difference makes the script exit 1). splits, per (request, KV head): a number,
 ``plan`` (gluon_decode's split count of the cell), ``quarter`` / ``eighth`` (a quarter / an eighth of it: as many
 warps per SM as the plan with 4-warp CTAs, or half as many), or ``tiles`` (one tile per program, the streaming
 probes' shape: no ring at all). Each program walks its split of all the request's blocks (the window blocks too:
@@ -313,6 +313,7 @@ def main() -> int:
     device = cuda_device("bench/copy_shapes.py times TMA copies on a CUDA GPU; none is visible.")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
+    mismatched = []  # independent-warp shapes whose programs read other bytes than the TMA shape's
     for geometry, length, batch in args.cells:
         cell = gluon_case(geometry, length, batch, device)
         if cell is None:
@@ -331,6 +332,8 @@ def main() -> int:
             nsplit = shape_splits(splits, cell.plan.num_splits, length // TILE.value)
             if warps.endswith("i") and (warps, stages, nsplit) not in checked:
                 checked[(warps, stages, nsplit)] = checksums_match(cell, warps, stages, nsplit)
+                if not checked[(warps, stages, nsplit)]:
+                    mismatched.append(f"{geometry} {length} B={batch} {warps}:{stages} ({nsplit} splits)")
                 print(f"  {warps} warps x {stages} stages, {nsplit} splits: checksums "
                       f"{'equal to' if checked[(warps, stages, nsplit)] else 'DIFFERENT from'} the TMA shape's",
                       flush=True)
@@ -347,6 +350,9 @@ def main() -> int:
         del cell
         torch.cuda.empty_cache()
     write_rows(args.json, rows)
+    if mismatched:
+        print(f"checksums differ from the TMA shape's: {', '.join(mismatched)}", file=sys.stderr)
+        return 1
     return 0
 
 
