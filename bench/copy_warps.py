@@ -115,33 +115,20 @@ def compute_stand_in(x, work, jitter, pid, h, i, CHAINS: gl.constexpr):
 
 
 @gluon.jit
-def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSPLIT, work, jitter,
-                      STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
-                      PLANES: gl.constexpr, SHARED: gl.constexpr):
-    """Grid (B, Hkv, cdiv(NSPLIT, WARPS)), WARPS warps per CTA: warp w of CTA c is split program p = c x WARPS + w
-    (none past NSPLIT) of (b, h) and copies tiles [lo, hi) of the request's n_tiles blocks (block ids in bt_ptr [B,
-    >= n_tiles] int32, row stride stride_bt) from cache_ptr [blocks, heads, REGION] uint8 through its own ring of
-    STAGES stages, reading each landed tile's scale planes (at byte PLANES of the region); work / jitter / CHAINS:
-    copy_split_kernel's compute stand-in. Stores the checksum of the plane bytes it read (as 32-bit words), [B, Hkv,
-    NSPLIT] int32 at out_ptr. SHARED: the bytes of the CTA's rings and mbarriers."""
-    ring = gl.allocate_shared_memory(gl.int8, [SHARED], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    # One Gluon store, into bytes past every warp's ring, keeps the allocation (and global_smem) in the kernel;
-    # every later access is inline PTX.
-    ring.slice(SHARED - 32 * WARPS, 32 * WARPS).store(
-        gl.zeros([32 * WARPS], gl.int8, gl.BlockedLayout([1], [32], [WARPS], [0])))
-    b = gl.program_id(0)
-    h = gl.program_id(1)
-    lane, warp = _lane_and_warp()
-    pid = gl.program_id(2) * WARPS + warp
+def warp_split_checksum(bt_row, n_tiles, heads, head_base, NSPLIT, work, jitter, pid, h, lane, base,
+                        STAGES: gl.constexpr, REGION: gl.constexpr, CHAINS: gl.constexpr, PLANES: gl.constexpr):
+    """The calling warp as split program pid of a (request, KV head h) pair: copies tiles [lo, hi) of the request's
+    n_tiles blocks (block ids at bt_row, int32; the pair's regions at head_base + block x heads x REGION, int64
+    address) through its own ring at shared address ``base`` (STAGES regions, then STAGES mbarriers in
+    BARRIER_SLOT-byte slots), reading each landed tile's scale planes (at byte PLANES of the region); work / jitter /
+    CHAINS: compute_stand_in after each tile. Returns the checksum of the plane bytes it read (int32, the same in every
+    lane of the warp; 0 for an empty split)."""
     per_split = gl.cdiv(n_tiles, NSPLIT)
     lo = gl.minimum(pid * per_split, n_tiles)
     hi = gl.minimum(lo + per_split, n_tiles)
-    base = _shared_base() + warp * (STAGES * (REGION + BARRIER_SLOT))
     bars = base + STAGES * REGION
     for s in gl.static_range(STAGES):
         _init_barrier(bars + BARRIER_SLOT * s, lane)
-    bt_row = bt_ptr + b.to(gl.int64) * stride_bt
-    head_base = cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION
     for s in gl.static_range(STAGES - 1):
         blk = gl.load(bt_row + lo + s, mask=lo + s < hi, other=0)
         _start_copy(base + s * REGION, head_base + blk.to(gl.int64) * heads * REGION, REGION, bars + BARRIER_SLOT * s,
@@ -159,6 +146,36 @@ def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSP
                                base + stage * REGION + PLANES)
         if work > 0:
             seen += compute_stand_in(seen.to(gl.float32), work, jitter, pid, h, i, CHAINS)
+    return seen
+
+
+@gluon.jit
+def keep_raw_shared(SHARED: gl.constexpr, WARPS: gl.constexpr):
+    """The kernel's one Gluon allocation, SHARED bytes, at offset 0 of global_smem: one Gluon store into its last 32
+    x WARPS bytes keeps it in the kernel; every other access is inline PTX (see the module docstring)."""
+    raw = gl.allocate_shared_memory(gl.int8, [SHARED], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    raw.slice(SHARED - 32 * WARPS, 32 * WARPS).store(
+        gl.zeros([32 * WARPS], gl.int8, gl.BlockedLayout([1], [32], [WARPS], [0])))
+
+
+@gluon.jit
+def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSPLIT, work, jitter,
+                      STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
+                      PLANES: gl.constexpr, SHARED: gl.constexpr):
+    """Grid (B, Hkv, cdiv(NSPLIT, WARPS)), WARPS warps per CTA: warp w of CTA c is split program p = c x WARPS + w
+    (none past NSPLIT) of (b, h) and copies its split of the request's n_tiles blocks (block ids in bt_ptr [B,
+    >= n_tiles] int32, row stride stride_bt) from cache_ptr [blocks, heads, REGION] uint8 (warp_split_checksum).
+    Stores the checksum of the plane bytes it read (as 32-bit words), [B, Hkv, NSPLIT] int32 at out_ptr. SHARED: the
+    bytes of the CTA's rings and mbarriers (ring_bytes)."""
+    keep_raw_shared(SHARED, WARPS)
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    lane, warp = _lane_and_warp()
+    pid = gl.program_id(2) * WARPS + warp
+    base = _shared_base() + warp * (STAGES * (REGION + BARRIER_SLOT))
+    seen = warp_split_checksum(bt_ptr + b.to(gl.int64) * stride_bt, n_tiles, heads,
+                               cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION, NSPLIT, work, jitter,
+                               pid, h, lane, base, STAGES, REGION, CHAINS, PLANES)
     if pid < NSPLIT:
         slot = out_ptr.to(gl.int64, bitcast=True) + 4 * ((b * gl.num_programs(1) + h) * NSPLIT + pid).to(gl.int64)
         _store_lane0(slot, seen, lane)

@@ -1,0 +1,100 @@
+"""bench/cluster_merge.py without a GPU: its kernel compiles for sm_90 in each merge form with the synchronisation
+each form is built on and nothing else (no CTA-wide barrier in the copy loop, cluster barriers only where the form
+has them, one st.async per pushed element, no local memory, no shared memory of Gluon's beyond the bytes that keep
+the raw region), and its host-side sizes and layouts are what the kernel's addressing assumes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import cluster_merge  # noqa: E402
+
+#: (head_dim, GQA group, warps, CTAs per cluster, stages): Qwen3-8B's and SmolLM2's geometry, one- to eight-warp CTAs.
+SHAPES = ((128, 4, 8, 16, 2), (64, 3, 4, 16, 3), (128, 4, 1, 16, 2), (64, 3, 2, 8, 3))
+FORMS = ("global", "pull", "push")
+
+PROBE = r'''
+import collections, json, sys
+sys.path[:0] = [ROOT, ROOT + "/bench"]
+from cluster_merge import compile_offline
+from sass_decode import backward_branches, instructions, read_compiled
+report = {}
+for shape in SHAPES:
+    for form in FORMS:
+        kernel = compile_offline(*shape, form)
+        sass, registers, stack = read_compiled(kernel, None)
+        ops = instructions(sass)
+        loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+        counts = collections.Counter(op for address, op in ops)
+        report["_".join(map(str, shape)) + "_" + form] = dict(
+            shared=kernel.metadata.shared, warps=kernel.metadata.num_warps,
+            local=sass.count("STL") + sass.count("LDL"),
+            loop_barriers=sum(op.startswith("BAR") for address, op in ops for lo, hi in loops if lo <= address <= hi),
+            reading_loop_bulk=[sum(op == "UBLKCP" for address, op in ops if lo <= address <= hi) for lo, hi in loops
+                               if any(op == "LDS" and lo <= address <= hi for address, op in ops)],
+            cluster_arrive=counts["UCGABAR_ARV"], cluster_wait=counts["UCGABAR_WAIT"], pushes=counts["STAS"])
+print(json.dumps(report))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c",
+                          f"ROOT = {str(ROOT)!r}\nSHAPES = {SHAPES!r}\nFORMS = {FORMS!r}\n" + PROBE],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_synchronises_only_as_its_merge_form_says(compiled: dict, shape: tuple, form: str) -> None:
+    head_dim, group, warps, ctas, stages = shape
+    report = compiled["_".join(map(str, shape)) + "_" + form]
+    assert report["local"] == 0 and report["warps"] == warps
+    assert report["shared"] == 32 * warps  # Gluon's only allocation: the raw region starts right after it
+    assert report["loop_barriers"] == 0  # the warps' copy loops never wait for each other
+    assert report["reading_loop_bulk"] and set(report["reading_loop_bulk"]) == {1}  # (Triton 3.9 versions the loop)
+    barriers = {"global": 0, "pull": 2, "push": 1}[form]  # pull: before reading peers and before exit
+    assert report["cluster_arrive"] == report["cluster_wait"] == barriers
+    elements = -(-group * head_dim // 32) + -(-ctas * group // 32)  # per lane: its outputs, then every owner's lse
+    assert report["pushes"] == (elements if form == "push" else 0)
+
+
+@pytest.mark.parametrize("slots,chunk,warps", [(128, 32, 8), (64, 16, 4), (16, 16, 1), (16, 32, 2), (8, 64, 1)])
+def test_merge_layout_keeps_the_slots_in_one_warp(slots: int, chunk: int, warps: int) -> None:
+    """The merge reduces over the slots (axis 0) with no shared memory only if a warp holds all of them; the chunk
+    (axis 1) is spread over the warps, every column held somewhere."""
+    layout = cluster_merge.merge_layout(slots, chunk, warps)
+    assert list(layout.warps_per_cta) == [1, warps]
+    assert layout.size_per_thread[0] * layout.threads_per_warp[0] == slots
+    assert layout.size_per_thread[1] * layout.threads_per_warp[1] * warps >= chunk
+    assert layout.threads_per_warp[0] * layout.threads_per_warp[1] == 32
+
+
+def test_shared_bytes_hold_every_ring_slot_and_barrier() -> None:
+    region = 4608  # head_dim 128, blocks of 64
+    assert cluster_merge.slot_bytes("pull", 4, 128, 32) == 4 * (4 * 128 + 4)  # 2064, a multiple of 16
+    assert cluster_merge.slot_bytes("push", 4, 128, 32) == 144 and cluster_merge.slot_bytes("push", 3, 64, 16) == 80
+    rings = 8 * 2 * (region + 16)
+    assert cluster_merge.cluster_shared_bytes("global", 8, 2, region, 128, 0) == rings
+    assert cluster_merge.cluster_shared_bytes("pull", 8, 2, region, 128, 2064) == rings + 8 * 2064
+    assert cluster_merge.cluster_shared_bytes("push", 8, 2, region, 128, 144) == rings + 128 * 144 + 16
+
+
+def test_shapes_parse() -> None:
+    assert cluster_merge.parse_shape("8:16:2") == (8, 16, 2) and cluster_merge.parse_shape("1:128:3") == (1, 128, 3)
+    for bad in ("3:16:2", "8:0:2", "8:16:1", "8:16", "a:b:c"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cluster_merge.parse_shape(bad)
