@@ -34,7 +34,6 @@ script exit 1. Offline (no GPU), `compile_offline` gives the kernel's SASS (test
 from __future__ import annotations
 
 import argparse
-import ctypes
 import itertools
 import os
 import sys
@@ -44,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from copy_warps import (BARRIER_SLOT, _lane_and_warp, _shared_base, keep_raw_shared,  # noqa: E402
+from copy_warps import (BARRIER_SLOT, _lane_and_warp, raw_base, raw_launch, ring_bytes,  # noqa: E402
                         warp_split_checksum)
 from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
@@ -59,8 +58,6 @@ from vllm_oscar.kernels.gluon_decode import TILE  # noqa: E402
 MAX_CLUSTER = 16
 #: The modes whose launches leave merged outputs (all but "split").
 MERGING_MODES = ("launch", "pull", "push")
-#: CUfunction_attribute of the dynamic shared memory a kernel may take.
-CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 #: Tries of an mbarrier wait before the kernel traps (each try suspends the thread up to a hardware time limit:
 #: ~seconds in all, far past any launch here).
 WAIT_TRIES: gl.constexpr = gl.constexpr(1 << 20)
@@ -182,15 +179,15 @@ def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, w
                          part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                          out_ptr, stride_ob, stride_oh,
                          STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
-                         PLANES: gl.constexpr, SHARED: gl.constexpr, CTAS: gl.constexpr, GROUP: gl.constexpr,
+                         PLANES: gl.constexpr, CTAS: gl.constexpr, GROUP: gl.constexpr,
                          D: gl.constexpr, MERGE: gl.constexpr, MERGED: gl.constexpr, S_PAD: gl.constexpr,
                          CHUNK: gl.constexpr, SLOT_BYTES: gl.constexpr):
     """Grid (B x heads x CTAS,), WARPS warps per CTA; CTA x serves pair x // CTAS (request b, KV head h) as its
     (x % CTAS)-th CTA, warp w being split program p = (x % CTAS) x WARPS + w of NSPLIT (<= CTAS x WARPS), whose tiles
     it copies from cache_ptr [blocks, heads, REGION] uint8 (block table bt_ptr [B, >= n_tiles] int32, row stride
     stride_bt; copy_warps.warp_split_checksum). Its stand-in partial: GROUP x D fp32 outputs (element e = head x D +
-    channel) and GROUP log2-sum-exps. Shared memory past Gluon's KEEP bytes: each warp's ring, then the merge's bytes
-    (SHARED in all; the launch passes KEEP + SHARED, cluster_shared_bytes).
+    channel) and GROUP log2-sum-exps. Raw shared memory (copy_warps.raw_base; raw_launch adds cluster_shared_bytes of
+    it): each warp's ring, then the merge's bytes.
 
     MERGE (one of MERGE_FORMS' values):
     * "global": the partials to global memory, part [B, heads x GROUP, >= NSPLIT, D] fp32 (strides stride_pb /
@@ -206,8 +203,7 @@ def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, w
       mbarrier (arrived at the start, waited for after the split's work), each lane writes its partial's elements
       into the owning CTAs' slots by st.async, completing their mbarriers; CTA r waits on its own and merges locally.
     The merge's [S_PAD, CHUNK] tensors are in layout MERGED (the slots in one warp's lanes)."""
-    KEEP: gl.constexpr = 32 * WARPS
-    keep_raw_shared(KEEP, WARPS)
+    rings = raw_base(WARPS)
     if MERGE == "global":
         _launch_dependents()
     x = gl.program_id(0)
@@ -221,14 +217,14 @@ def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, w
     E: gl.constexpr = GROUP * D
     PER_CTA: gl.constexpr = (E + CTAS - 1) // CTAS  # merged elements per CTA
     STEPS: gl.constexpr = (E + 31) // 32  # of a warp's lanes over its partial's elements
-    merge_base = _shared_base() + KEEP + WARPS * RING
+    merge_base = rings + WARPS * RING
     if MERGE == "push":
         mine = gl.maximum(gl.minimum(PER_CTA, E - rank * PER_CTA), 0)  # elements this CTA merges
         _init_receiver(merge_base + S_PAD * SLOT_BYTES, NSPLIT * (mine + GROUP) * 4, (lane == 0) & (warp == 0))
         _cluster_arrive_relaxed()
     seen = warp_split_checksum(bt_ptr + b.to(gl.int64) * stride_bt, n_tiles, heads,
                                cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION, NSPLIT, work, jitter,
-                               pid, h, lane, _shared_base() + KEEP + warp * RING, STAGES, REGION, CHAINS, PLANES)
+                               pid, h, lane, rings + warp * RING, STAGES, REGION, CHAINS, PLANES)
     live = pid < NSPLIT
     if MERGE == "global":
         row = b.to(gl.int64) * stride_pb + pid.to(gl.int64) * stride_ps
@@ -295,12 +291,13 @@ def slot_bytes(merge: str, group: int, head_dim: int, chunk: int) -> int:
     return -(-4 * (values + group) // 16) * 16
 
 
-def cluster_shared_bytes(merge: str, warps: int, stages: int, region: int, slots: int, slot: int) -> int:
-    """cluster_split_kernel's SHARED: per warp, its ring (regions and mbarriers); then, for "pull", one slot per warp,
-    for "push", ``slots`` slots and an mbarrier. Not an allocation of Gluon's (whose shapes are powers of two: a 64
-    KB CTA would take 128), so exact."""
-    rings = warps * stages * (region + BARRIER_SLOT.value)
-    return rings + {"global": 0, "pull": warps * slot, "push": slots * slot + BARRIER_SLOT.value}[merge]
+def cluster_shared_bytes(constants: dict) -> int:
+    """cluster_split_kernel's raw shared memory for its constexprs: per warp, its ring (copy_warps.ring_bytes); then,
+    for "pull", one slot per warp, for "push", S_PAD slots and an mbarrier."""
+    slot, merge = constants["SLOT_BYTES"], constants["MERGE"]
+    rings = ring_bytes(constants["WARPS"], constants["STAGES"], constants["REGION"])
+    return rings + {"global": 0, "pull": constants["WARPS"] * slot,
+                    "push": constants["S_PAD"] * slot + BARRIER_SLOT.value}[merge]
 
 
 def merge_layout(slots: int, chunk: int, warps: int) -> gl.BlockedLayout:
@@ -320,40 +317,8 @@ def kernel_constants(cell, warps: int, ctas: int, stages: int, merge: str, chain
     chunk = triton.next_power_of_2(-(-group * dim // ctas))
     slot = slot_bytes(merge, group, dim, chunk)
     return dict(STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps, CHAINS=chains,
-                PLANES=layout.plane_offset("k_scale"),
-                SHARED=cluster_shared_bytes(merge, warps, stages, layout.head_region_bytes, slots, slot), CTAS=ctas,
-                GROUP=group, D=dim, MERGE=merge, MERGED=merge_layout(slots, chunk, warps), S_PAD=slots, CHUNK=chunk,
-                SLOT_BYTES=slot)
-
-
-def allow_shared(function: int, nbytes: int) -> None:
-    """Let a loaded kernel take nbytes of dynamic shared memory (above 48 KB the driver asks for it explicitly)."""
-    driver = ctypes.CDLL("libcuda.so.1")
-    status = driver.cuFuncSetAttribute(ctypes.c_void_p(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                       ctypes.c_int(nbytes))
-    if status != 0:
-        raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUresult {status}")
-
-
-def raw_launch(kernel, ctas: int, cluster: int, args: list, constants: dict):
-    """A launcher of cluster_split_kernel over ``ctas`` CTAs (grid x) in clusters of ``cluster`` along x (1: no
-    cluster), with the shared memory the kernel uses (Gluon's KEEP bytes + SHARED). The kernel is compiled for one
-    CTA per program (num_ctas 1: program_id is ctaid.x, and %cluster_ctarank = ctaid.x % cluster); Triton's
-    launcher, given num_ctas = cluster in the packed metadata, multiplies grid x by it and sets the cluster dimension
-    (16: non-portable, enabled). Returns a no-argument callable (graph-capturable: it launches on the current
-    stream)."""
-    values = args + [constants[name] for name in kernel.arg_names[len(args):]]
-    compiled = kernel.warmup(*args, grid=(ctas,), num_warps=constants["WARPS"], **constants)
-    compiled._init_handles()
-    shared = compiled.metadata.shared + constants["SHARED"]
-    allow_shared(compiled.function, shared)
-    packed = (compiled.metadata.num_warps, cluster, shared)
-
-    def launch() -> None:
-        stream = torch.cuda.current_stream().cuda_stream
-        compiled.run(ctas // cluster, 1, 1, stream, compiled.function, packed, None, None, None, *values)
-
-    return launch
+                PLANES=layout.plane_offset("k_scale"), CTAS=ctas, GROUP=group, D=dim, MERGE=merge,
+                MERGED=merge_layout(slots, chunk, warps), S_PAD=slots, CHUNK=chunk, SLOT_BYTES=slot)
 
 
 class Buffers:
@@ -383,7 +348,8 @@ def mode_launches(cell, warps: int, ctas: int, stages: int, mode: str, buffers: 
         args = [case.block_table, case.block_table.stride(0), cell.length // TILE.value, hkv, cache, nsplit, work,
                 jitter, part, part.stride(0), part.stride(1), part.stride(2), lse, lse.stride(0), lse.stride(1), out,
                 out.stride(0), out.stride(1)]
-        split = raw_launch(cluster_split_kernel, batch * hkv * ctas, ctas if in_cluster else 1, args, constants)
+        split = raw_launch(cluster_split_kernel, (batch * hkv * ctas, 1, 1), args, dict(constants, num_warps=warps),
+                           cluster_shared_bytes(constants), ctas if in_cluster else 1)
         if in_cluster:
             return split
 
@@ -408,7 +374,16 @@ def merge_error(cell, warps: int, ctas: int, stages: int, buffers: Buffers, mode
     weight = torch.exp2(lse - lse.amax(dim=-1, keepdim=True))
     reference = (part * weight[..., None]).sum(dim=2) / weight.sum(dim=2)[..., None]
     scale = part.abs().max().item()
-    return {mode: ((buffers.out[mode].double() - reference).abs().max() / scale).item() for mode in modes if mode in MERGING_MODES}
+    return {mode: ((buffers.out[mode].double() - reference).abs().max() / scale).item()
+            for mode in modes if mode in MERGING_MODES}
+
+
+def offline_cell(head_dim: int, group: int) -> types.SimpleNamespace:
+    """What kernel_constants reads of a cell, for one KV head of this head_dim and GQA group (CPU tensors, blocks of
+    gluon_decode's tile)."""
+    layout = PageLayout(head_dim, head_dim, TILE.value)
+    return types.SimpleNamespace(case=types.SimpleNamespace(
+        layout=layout, query=torch.empty(1, group, head_dim), caches=[torch.empty(1, 1, layout.head_region_bytes)]))
 
 
 def compile_offline(head_dim: int, group: int, warps: int, ctas: int, stages: int, merge: str):
@@ -417,10 +392,7 @@ def compile_offline(head_dim: int, group: int, warps: int, ctas: int, stages: in
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    layout = PageLayout(head_dim, head_dim, TILE.value)
-    cell = types.SimpleNamespace(case=types.SimpleNamespace(
-        layout=layout, query=torch.empty(1, group, head_dim), caches=[torch.empty(1, 1, layout.head_region_bytes)]))
-    constants = kernel_constants(cell, warps, ctas, stages, merge)
+    constants = kernel_constants(offline_cell(head_dim, group), warps, ctas, stages, merge)
     names = cluster_split_kernel.arg_names
     pointers = {"bt_ptr": "*i32", "cache_ptr": "*u8", "part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": "*fp32"}
     signature = {name: pointers.get(name, "i32") for name in names[:-len(constants)]}
@@ -470,7 +442,8 @@ def main() -> int:
             print(f"{geometry} {length} B={batch}: {NOT_GLUON}")
             continue
         hq, hkv, dim = GEOMETRIES[geometry]
-        decode_ms = float("nan") if args.check_only else time_graph([lambda i=i: cell.decode(i) for i in range(cell.layers)], args.reps)
+        decode_ms = float("nan") if args.check_only else time_graph(
+            [lambda i=i: cell.decode(i) for i in range(cell.layers)], args.reps)
         print(f"{geometry} {length} B={batch}: plan {cell.plan.num_splits} splits, shipped decode "
               f"{decode_ms * 1000:.1f} us", flush=True)
         rows.append({"geometry": geometry, "context": length, "batch": batch, "mode": "decode",

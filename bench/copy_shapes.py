@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from copy_warps import compute_stand_in, copy_warps_kernel, ring_bytes  # noqa: E402
+from copy_warps import compute_stand_in, copy_warps_kernel, raw_launch, ring_bytes  # noqa: E402
 from decode_floor import floor_ms  # noqa: E402
 from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
@@ -210,7 +210,7 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
 def warps_constants(layout: PageLayout, stages: int, warps: int, chains: int) -> dict:
     """copy_warps_kernel's constexprs for a cache layout."""
     return dict(STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps, CHAINS=chains,
-                PLANES=layout.plane_offset("k_scale"), SHARED=ring_bytes(warps, stages, layout.head_region_bytes))
+                PLANES=layout.plane_offset("k_scale"))
 
 
 def parse_shape(text: str) -> tuple[str, int, str]:
@@ -247,10 +247,10 @@ def shape_launches(cell, warps: str, stages: int, nsplit: int, out: torch.Tensor
     kernel, num_warps, options = shape_kernel(warps)
     if kernel is copy_warps_kernel:
         consts = dict(warps_constants(layout, stages, num_warps, chains), num_warps=num_warps)
-        ctas = -(-nsplit // num_warps)
-        return [lambda cache=cache: kernel[(batch, hkv, ctas)](
-            case.block_table, case.block_table.stride(0), n_tiles, hkv, out, cache, nsplit, work, jitter, **consts)
-            for cache in case.caches]
+        grid = (batch, hkv, -(-nsplit // num_warps))
+        return [raw_launch(kernel, grid, [case.block_table, case.block_table.stride(0), n_tiles, hkv, out, cache,
+                                          nsplit, work, jitter], consts,
+                           ring_bytes(num_warps, stages, layout.head_region_bytes)) for cache in case.caches]
     consts = dict(D=layout.head_dim, STAGES=stages, REGION=layout.head_region_bytes, WARPS=num_warps,
                   num_warps=num_warps, **options)
     stand_in = ()  # the producer-fed kernel has no compute stand-in

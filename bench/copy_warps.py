@@ -5,11 +5,13 @@ from Triton every tile, so V56's four programs per CTA ran in lockstep. Here eac
 program and touches shared memory only through inline PTX, which Triton's barrier analysis does not see: lane 0 of
 the warp starts one bulk copy (cp.async.bulk, 1D) of a tile's whole (block, KV head) region into the warp's own stage
 and arms the stage's mbarrier with its byte count, the warp's lanes wait on that mbarrier, read the tile's 512 bytes
-of scale planes (ld.shared) and sync only among themselves (bar.warp.sync) before lane 0 refills the stage. The shared
-memory is one Gluon allocation, touched by Gluon once (a store into bytes past every ring, which keeps it); the kernel
-is compiled with it as its only allocation, so at offset 0 of the dynamic shared memory (`global_smem`; that the
-kernel's shared memory is exactly ring_bytes, tests/test_copy_shapes.py, says there is no other). Per warp: STAGES
-regions, then STAGES mbarriers in 16-byte slots.
+of scale planes (ld.shared) and sync only among themselves (bar.warp.sync) before lane 0 refills the stage.
+
+The rings lie past everything Gluon allocates: the kernel's only Gluon allocation is KEEP_PER_WARP bytes per warp at
+offset 0 of the dynamic shared memory (`global_smem`), touched once by a Gluon store so that the kernel keeps it
+(tests/test_copy_shapes.py: the compiled kernel's shared memory is exactly that), and raw_launch launches it with
+those bytes plus the rings' (exact: no power-of-two allocation shape), which the kernel reaches by inline PTX at
+raw_base. Per warp: STAGES regions, then STAGES mbarriers in 16-byte slots.
 
 The same job as copy_split_kernel (its arguments but the cache tensor instead of TMA descriptors, its checksum per
 program), so the two can be compared side by side: 1i (one warp per CTA) against copy_split_kernel's 1 says what the
@@ -19,12 +21,19 @@ as many CTAs).
 
 from __future__ import annotations
 
-import triton
+import ctypes
+
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 #: Bytes per mbarrier (8 used): 16 keeps every warp's ring, and so every bulk copy's destination, 16-byte aligned.
 BARRIER_SLOT: gl.constexpr = gl.constexpr(16)
+#: Bytes per warp of the one Gluon allocation (keep_raw_shared): a power of two, as its shape must be, and a
+#: multiple of 16, so that the raw bytes after it start 16-byte aligned.
+KEEP_PER_WARP: gl.constexpr = gl.constexpr(32)
+#: CUfunction_attribute of the dynamic shared memory a kernel may take.
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 @gluon.jit
@@ -150,29 +159,31 @@ def warp_split_checksum(bt_row, n_tiles, heads, head_base, NSPLIT, work, jitter,
 
 
 @gluon.jit
-def keep_raw_shared(SHARED: gl.constexpr, WARPS: gl.constexpr):
-    """The kernel's one Gluon allocation, SHARED bytes, at offset 0 of global_smem: one Gluon store into its last 32
-    x WARPS bytes keeps it in the kernel; every other access is inline PTX (see the module docstring)."""
-    raw = gl.allocate_shared_memory(gl.int8, [SHARED], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    raw.slice(SHARED - 32 * WARPS, 32 * WARPS).store(
-        gl.zeros([32 * WARPS], gl.int8, gl.BlockedLayout([1], [32], [WARPS], [0])))
+def raw_base(WARPS: gl.constexpr):
+    """The kernel's one Gluon allocation, KEEP_PER_WARP x WARPS bytes at offset 0 of global_smem, kept by one Gluon
+    store; returns the shared address right after it (int32), where the raw bytes that raw_launch adds begin (see the
+    module docstring)."""
+    KEEP: gl.constexpr = KEEP_PER_WARP * WARPS
+    keep = gl.allocate_shared_memory(gl.int8, [KEEP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    keep.store(gl.zeros([KEEP], gl.int8, gl.BlockedLayout([1], [32], [WARPS], [0])))
+    return _shared_base() + KEEP
 
 
 @gluon.jit
 def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSPLIT, work, jitter,
                       STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
-                      PLANES: gl.constexpr, SHARED: gl.constexpr):
+                      PLANES: gl.constexpr):
     """Grid (B, Hkv, cdiv(NSPLIT, WARPS)), WARPS warps per CTA: warp w of CTA c is split program p = c x WARPS + w
     (none past NSPLIT) of (b, h) and copies its split of the request's n_tiles blocks (block ids in bt_ptr [B,
     >= n_tiles] int32, row stride stride_bt) from cache_ptr [blocks, heads, REGION] uint8 (warp_split_checksum).
-    Stores the checksum of the plane bytes it read (as 32-bit words), [B, Hkv, NSPLIT] int32 at out_ptr. SHARED: the
-    bytes of the CTA's rings and mbarriers (ring_bytes)."""
-    keep_raw_shared(SHARED, WARPS)
+    Stores the checksum of the plane bytes it read (as 32-bit words), [B, Hkv, NSPLIT] int32 at out_ptr. Launched by
+    raw_launch with ring_bytes of raw shared memory."""
+    rings = raw_base(WARPS)
     b = gl.program_id(0)
     h = gl.program_id(1)
     lane, warp = _lane_and_warp()
     pid = gl.program_id(2) * WARPS + warp
-    base = _shared_base() + warp * (STAGES * (REGION + BARRIER_SLOT))
+    base = rings + warp * (STAGES * (REGION + BARRIER_SLOT))
     seen = warp_split_checksum(bt_ptr + b.to(gl.int64) * stride_bt, n_tiles, heads,
                                cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION, NSPLIT, work, jitter,
                                pid, h, lane, base, STAGES, REGION, CHAINS, PLANES)
@@ -182,7 +193,36 @@ def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSP
 
 
 def ring_bytes(warps: int, stages: int, region: int) -> int:
-    """copy_warps_kernel's SHARED: per warp, its stages' regions and their mbarriers, then 32 bytes per warp that
-    keep the allocation, rounded up to a power of two (the shape of a Gluon allocation must be one; the CTAs an SM
-    holds follow from this size)."""
-    return triton.next_power_of_2(warps * (stages * (region + BARRIER_SLOT.value) + 32))
+    """copy_warps_kernel's raw shared memory: per warp, its stages' regions and their mbarriers."""
+    return warps * stages * (region + BARRIER_SLOT.value)
+
+
+def allow_shared(function: int, nbytes: int) -> None:
+    """Let a loaded kernel take nbytes of dynamic shared memory (above 48 KB the driver asks for it explicitly)."""
+    status = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(
+        ctypes.c_void_p(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(nbytes))
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUresult {status}")
+
+
+def raw_launch(kernel, grid: tuple[int, int, int], args: list, constants: dict, raw_bytes: int, cluster: int = 1):
+    """A launcher of a Gluon kernel that uses raw_base over ``grid`` CTAs, with raw_bytes of shared memory past its
+    own, in clusters of ``cluster`` CTAs along grid x (1: none; grid x a multiple of it). The kernel is compiled for
+    one CTA per program (num_ctas 1: program_id(0) is ctaid.x, and %cluster_ctarank = ctaid.x % cluster); Triton's
+    launcher, given num_ctas = cluster in the packed metadata, multiplies the grid x it is passed (grid x / cluster)
+    by it and sets the cluster dimension (16: non-portable, enabled). args: the kernel's leading non-constexpr
+    arguments; constants: its constexprs and num_warps. Returns a no-argument callable (graph-capturable: it
+    launches on the current stream)."""
+    values = args + [constants[name] for name in kernel.arg_names[len(args):]]  # the launcher skips constexprs
+    compiled = kernel.warmup(*args, grid=grid, **constants)
+    compiled._init_handles()
+    shared = compiled.metadata.shared + raw_bytes
+    allow_shared(compiled.function, shared)
+    packed = (compiled.metadata.num_warps, cluster, shared)
+    x, y, z = grid
+
+    def launch() -> None:
+        compiled.run(x // cluster, y, z, torch.cuda.current_stream().cuda_stream, compiled.function, packed, None,
+                     None, None, *values)
+
+    return launch

@@ -84,13 +84,13 @@ def test_merge_layout_keeps_the_slots_in_one_warp(slots: int, chunk: int, warps:
 
 
 def test_shared_bytes_hold_every_ring_slot_and_barrier() -> None:
-    region = 4608  # head_dim 128, blocks of 64
+    cell = cluster_merge.offline_cell(128, 4)  # Qwen3-8B: regions of 4608 bytes at blocks of 64
+    rings = 8 * 2 * (4608 + 16)
     assert cluster_merge.slot_bytes("pull", 4, 128, 32) == 4 * (4 * 128 + 4)  # 2064, a multiple of 16
     assert cluster_merge.slot_bytes("push", 4, 128, 32) == 144 and cluster_merge.slot_bytes("push", 3, 64, 16) == 80
-    rings = 8 * 2 * (region + 16)
-    assert cluster_merge.cluster_shared_bytes("global", 8, 2, region, 128, 0) == rings
-    assert cluster_merge.cluster_shared_bytes("pull", 8, 2, region, 128, 2064) == rings + 8 * 2064
-    assert cluster_merge.cluster_shared_bytes("push", 8, 2, region, 128, 144) == rings + 128 * 144 + 16
+    shared = {form: cluster_merge.cluster_shared_bytes(cluster_merge.kernel_constants(cell, 8, 16, 2, form))
+              for form in FORMS}
+    assert shared == {"global": rings, "pull": rings + 8 * 2064, "push": rings + 128 * 144 + 16}
 
 
 def test_shapes_parse() -> None:
