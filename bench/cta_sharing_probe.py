@@ -17,6 +17,13 @@ bench/cta_sharing_probe.py`.
    layout replicated over the cluster's CTAs. Seen: both are refused by the compiler (the reduction's lowering
    asserts "isReduceWithinCTA", the conversion fails to legalize), so a merge through distributed shared memory
    needs inline PTX (mapa, ld.shared::cluster, barrier.cluster) and, again, shared addresses Gluon does not give.
+3. Warps reading their own stages of a Gluon-allocated ring that only inline PTX writes. The ring is the kernel's
+   only Gluon allocation ([WARPS x STAGES, LINES, 64] int16, so at offset 0 of global_smem); lane 0 of each warp fills
+   the warp's stages by 1D bulk copies (bench/copy_warps.py's PTX, mbarriers in raw bytes past the ring), the lanes
+   wait on the stage's mbarrier by inline PTX and then read it with a Gluon load in a layout replicated over the
+   warps (V56's: each warp holds the whole slice). Seen: no bar.sync anywhere: Triton's barrier analysis sees only
+   reads of the ring, so the warps stay independent while the reads (and every layout the decode's staged tiles use)
+   are Gluon's own; only the copies and the waits need PTX.
 """
 
 from __future__ import annotations
@@ -30,6 +37,13 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from copy_warps import BARRIER_SLOT, _init_barrier, _lane_and_warp, _shared_base, _start_copy
+
+#: bar.sync of the CTA (thread_barrier in Triton 3.6, barrier later).
+_thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+#: cp.async into shared memory (async_copy_global_to_shared in Triton 3.6, async_load later).
+_copy_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
 
 #: Warps per CTA (each its own slice of every stage), lines of 64 int16 per slice, ring stages.
 WARPS, LINES, STAGES = 4, 16, 2
@@ -49,7 +63,7 @@ def _sync(WARP_SYNC: gl.constexpr):
     if WARP_SYNC:
         _sync_lanes_of_warp()
     else:
-        gl.thread_barrier()
+        _thread_barrier()
 
 
 @gluon.jit
@@ -63,10 +77,10 @@ def staged_slices_kernel(src, out, n_tiles, WARP_SYNC: gl.constexpr, WARPS: gl.c
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, SLICES)))
     offs = (w[:, None, None] * 997 + r[None, :, None]) * 64 + c[None, None, :]
     acc = gl.zeros([WARPS, LINES, 64], gl.int32, SLICES)
-    async_copy.async_copy_global_to_shared(stages.index(0), src + offs)
+    _copy_async(stages.index(0), src + offs)
     async_copy.commit_group()
     for i in range(n_tiles):
-        async_copy.async_copy_global_to_shared(stages.index((i + 1) % STAGES), src + offs + (i + 1) * 4096)
+        _copy_async(stages.index((i + 1) % STAGES), src + offs + (i + 1) * 4096)
         async_copy.commit_group()
         async_copy.wait_group(1)
         _sync(WARP_SYNC)  # the warp's copies of tile i have landed for all its lanes
@@ -157,6 +171,78 @@ def cluster_merge_verdict(gather: bool) -> str:
                           ).strip()
 
 
+#: [LINES, 64] int16, the whole slice in every warp (warp bases 0), 16 bytes per lane and load.
+REPLICATED = gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0]],
+                                        lane_bases=[[0, 8], [0, 16], [0, 32], [4, 0], [8, 0]],
+                                        warp_bases=[[0, 0]] * (WARPS.bit_length() - 1), block_bases=[],
+                                        shape=[LINES, 64])
+#: The ring as [WARPS x STAGES, LINES, 64]: one row per (warp, stage), unswizzled (a 1D bulk copy lands bytes as they
+#: are in memory).
+RING_ROWS = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+
+
+@gluon.jit
+def _wait_stage(bar, phase):
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred done; waiting: mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; @!done bra waiting; "
+        "mov.u32 $0, 0; }", "=r,r,r", [bar, phase], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def ptx_filled_ring_kernel(src, n_tiles, WARPS: gl.constexpr, LINES: gl.constexpr, STAGES: gl.constexpr,
+                           REPLICATED: gl.constexpr, RING_ROWS: gl.constexpr):
+    """Each warp sums n_tiles slices of [LINES, 64] int16 (its own, at src + warp x 1000 slices) copied into its own
+    stages of a Gluon ring by inline-PTX bulk copies and read back by Gluon loads; the sum goes nowhere but keeps the
+    loads (offline probe only)."""
+    SLICE: gl.constexpr = LINES * 64 * 2
+    ring = gl.allocate_shared_memory(gl.int16, [WARPS * STAGES, LINES, 64], RING_ROWS)
+    lane, warp = _lane_and_warp()
+    mine = _shared_base() + warp * (STAGES * SLICE)
+    bars = _shared_base() + WARPS * STAGES * SLICE + warp * (STAGES * BARRIER_SLOT)
+    for s in gl.static_range(STAGES):
+        _init_barrier(bars + BARRIER_SLOT * s, lane)
+    first = src.to(gl.int64, bitcast=True) + warp.to(gl.int64) * (1000 * SLICE)
+    _start_copy(mine, first, SLICE, bars, lane, 1)
+    total = gl.zeros([LINES, 64], gl.int32, REPLICATED)
+    for i in range(n_tiles):
+        ahead = (i + 1) % STAGES
+        _start_copy(mine + ahead * SLICE, first + (i + 1) * SLICE, SLICE, bars + BARRIER_SLOT * ahead, lane,
+                    (i + 1 < n_tiles).to(gl.int32))
+        total += _wait_stage(bars + BARRIER_SLOT * (i % STAGES), (i // STAGES) % 2)
+        total += ring.index(warp * STAGES + i % STAGES).load(REPLICATED).to(gl.int32)
+        gl.inline_asm_elementwise("bar.warp.sync -1; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.ge.s32 p, $1, 0; mov.u32 $0, 0; }", "=r,r",
+                              [gl.sum(gl.sum(total, axis=1), axis=0)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+def ptx_filled_ring_ptx() -> tuple[str, int]:
+    """(PTX, shared bytes of Gluon's) of ptx_filled_ring_kernel for sm_90."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = ptx_filled_ring_kernel.arg_names
+    constants = dict(WARPS=WARPS, LINES=LINES, STAGES=STAGES, REPLICATED=REPLICATED, RING_ROWS=RING_ROWS)
+    source = GluonASTSource(fn=ptx_filled_ring_kernel,
+                            signature={"src": "*i16", "n_tiles": "i32", **{name: "constexpr" for name in constants}},
+                            constexprs={(names.index(k),): v for k, v in constants.items()},
+                            attrs={(names.index("src"),): [["tt.divisibility", 16]]})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
+    return kernel.asm["ptx"], kernel.metadata.shared
+
+
+def ptx_events(ptx: str) -> list[str]:
+    """The kernel's bulk copies, mbarrier waits, CTA and warp barriers and shared loads in PTX order, one word each
+    (repeats of a shared load merged)."""
+    events = []
+    for line in (line.strip() for line in ptx.splitlines()):
+        for pattern, name in ((r"cp\.async\.bulk\.", "bulk copy"), (r"mbarrier\.try_wait", "wait"),
+                              (r"^(bar|barrier)\.sync", "BAR.SYNC (CTA)"), (r"^ld\.shared", "ld.shared"),
+                              (r"bar\.warp\.sync", "bar.warp.sync")):  # inline PTX: one line per asm block
+            if re.search(pattern, line) and (not events or events[-1] != name or name != "ld.shared"):
+                events.append(name)
+    return events
+
+
 def main() -> None:
     print(f"triton {triton.__version__}, sm_90")
     print(f"1. {WARPS} warps per CTA, each staging its own slice:")
@@ -166,6 +252,9 @@ def main() -> None:
     print(f"2. a cluster of {CTAS} CTAs, one row each:")
     print(f"   reduced over the CTAs where it lies: {cluster_merge_verdict(False)}")
     print(f"   gathered into every CTA first:       {cluster_merge_verdict(True)}")
+    ptx, shared = ptx_filled_ring_ptx()
+    print(f"3. {WARPS} warps reading their own stages of a Gluon ring ({shared} B) that inline-PTX bulk copies fill:")
+    print(f"   {' -> '.join(ptx_events(ptx))}")
 
 
 if __name__ == "__main__":

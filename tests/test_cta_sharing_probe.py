@@ -1,0 +1,39 @@
+"""bench/cta_sharing_probe.py without a GPU (Triton's sm_90 compile): the two facts the independent-warp designs
+rest on. Warps that stage their own slices of a ring with cp.async (Gluon's copies) still get CTA-wide barriers in
+their loop whatever they sync themselves, while warps whose stages only inline-PTX bulk copies write, read by Gluon
+loads in a layout replicated over the warps, get none: copy, wait, read, and only warp-level syncs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+PROBE = r'''
+import json, sys
+sys.path[:0] = [ROOT, ROOT + "/bench"]
+import cta_sharing_probe as probe
+ptx, shared = probe.ptx_filled_ring_ptx()
+print(json.dumps({"cp_async_loop": probe.loop_events(probe.compile_ptx(True)), "ptx_ring": probe.ptx_events(ptx),
+                  "ptx_ring_shared": shared}))
+'''
+
+
+def test_only_ptx_filled_stages_leave_the_warps_independent() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + PROBE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    # Gluon's own copies: two CTA-wide barriers per trip even though the kernel syncs only each warp's lanes.
+    assert report["cp_async_loop"].count("BAR.SYNC (CTA)") == 2 and "bar.warp.sync" in report["cp_async_loop"]
+    # PTX copies into a Gluon ring read by Gluon loads: no CTA-wide barrier at all; each trip issues the next copy,
+    # waits for its stage, reads it, then syncs the warp's lanes.
+    events = report["ptx_ring"]
+    assert "BAR.SYNC (CTA)" not in events
+    assert events[-4:] == ["bulk copy", "wait", "ld.shared", "bar.warp.sync"]
+    assert report["ptx_ring_shared"] == 4 * 2 * 16 * 64 * 2  # the ring alone: WARPS x STAGES slices of 2 KB
