@@ -8,15 +8,11 @@ documented."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import pathlib
-import subprocess
 import sys
 
 import pytest
+from offline_probe import ROOT, run_probe
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import copy_shapes  # noqa: E402
@@ -52,12 +48,7 @@ print(json.dumps(report))
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nSHAPES = {SHAPES + WARP_SHAPES!r}\n" + PROBE],
-                         env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_probe(PROBE, SHAPES=SHAPES + WARP_SHAPES)
 
 
 @pytest.mark.parametrize("dim,warps,stages", SHAPES)

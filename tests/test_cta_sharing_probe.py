@@ -5,13 +5,7 @@ loads in a layout replicated over the warps, get none: copy, wait, read, and onl
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from offline_probe import run_probe
 
 PROBE = r'''
 import json, sys
@@ -24,11 +18,7 @@ print(json.dumps({"cp_async_loop": probe.loop_events(probe.compile_ptx(True)), "
 
 
 def test_only_ptx_filled_stages_leave_the_warps_independent() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + PROBE], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = run_probe(PROBE, timeout=600)
     # Gluon's own copies: two CTA-wide barriers per trip even though the kernel syncs only each warp's lanes.
     assert report["cp_async_loop"].count("BAR.SYNC (CTA)") == 2 and "bar.warp.sync" in report["cp_async_loop"]
     # PTX copies into a Gluon ring read by Gluon loads: no CTA-wide barrier at all; each trip issues the next copy,

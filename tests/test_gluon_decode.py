@@ -9,19 +9,12 @@ head_dim 128 runs it) and against int2_split_kernel's split programs (bench/gluo
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 import torch
+from offline_probe import run_probe
 
 from vllm_oscar.kernels import triton_ops
 from vllm_oscar.kernels.layout import PageLayout
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 PROBE = r'''
 import json, re, sys
@@ -90,11 +83,7 @@ print(json.dumps(report))
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + PROBE], env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_probe(PROBE)
 
 
 @pytest.mark.parametrize("dim", [128, 64])

@@ -10,13 +10,7 @@ rest of the suite sets."""
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from offline_probe import run_probe
 
 PROBE = r'''
 import json, sys
@@ -65,11 +59,7 @@ print(json.dumps(report))
 
 
 def test_decode_launch_chain_waits_before_reading_and_triggers_first() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + PROBE], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = run_probe(PROBE, timeout=600)
     for kernel in ("merge", "rotate"):  # each waits (PTX) before its first global load
         wait_at, first_read = report[f"{kernel}_True"][:2]
         assert 0 <= wait_at < first_read, (kernel, report)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import ast
 import collections
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from offline_probe import run_probe
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
@@ -60,12 +59,7 @@ print(json.dumps({"plain": plain, "instrumented": loop_opcodes()}))
 def test_instrumented_tile_loop_is_the_kernels_own() -> None:
     """Without --first-tile the stamps stay out of the tile loop (the start stamp parked in shared memory): the
     instrumented kernel's loop has the plain kernel's instructions, no local-memory spill among them."""
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", f"ROOT = {root!r}\n" + LOOP_PROBE], env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    loops = json.loads(run.stdout.strip().splitlines()[-1])
+    loops = run_probe(LOOP_PROBE)
     assert "STL" not in loops["instrumented"] and "LDL" not in loops["instrumented"]
     assert collections.Counter(loops["instrumented"]) == collections.Counter(loops["plain"])
 
