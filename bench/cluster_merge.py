@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from copy_warps import (BARRIER_SLOT, _lane_and_warp, raw_base, raw_launch, ring_bytes,  # noqa: E402
                         warp_split_checksum)
-from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
+from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, finish, gluon_case  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
@@ -472,11 +472,7 @@ def main() -> int:
                 print(f"    work {work} jitter {jitter} chains {chains} {mode:8s}: {ms * 1000:.1f} us", flush=True)
         del cell
         torch.cuda.empty_cache()
-    write_rows(args.json, rows)
-    if failed:
-        print(f"merged outputs differ from the float64 merge: {'; '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return finish(args.json, rows, failed, "merged outputs differ from the float64 merge")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from copy_warps import compute_stand_in, copy_warps_kernel, raw_launch, ring_bytes  # noqa: E402
 from decode_floor import floor_ms  # noqa: E402
-from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
+from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, finish, gluon_case  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
@@ -349,11 +349,7 @@ def main() -> int:
                   f"{stream_ms / ms:.2f}", flush=True)
         del cell
         torch.cuda.empty_cache()
-    write_rows(args.json, rows)
-    if mismatched:
-        print(f"checksums differ from the TMA shape's: {', '.join(mismatched)}", file=sys.stderr)
-        return 1
-    return 0
+    return finish(args.json, rows, mismatched, "checksums differ from the TMA shape's")
 
 
 if __name__ == "__main__":

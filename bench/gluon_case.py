@@ -94,6 +94,16 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="OUT", help="also write the rows to this JSON file")
 
 
+def finish(path: Optional[str], rows: list[dict], failures: list[str], failure: str) -> int:
+    """The script's exit status after writing its rows (write_rows): 0, or 1 with ``failure`` and the failed cases
+    on stderr where there are any."""
+    write_rows(path, rows)
+    if failures:
+        print(f"{failure}: {'; '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cuda_device(refusal: str) -> torch.device:
     """The CUDA device, or exit with ``refusal`` (what the script times and that no GPU is visible)."""
     if not torch.cuda.is_available():
