@@ -2,7 +2,7 @@
 times gluon_decode's kernel by parts, docs/notes/kernels.md "Session 24"; bench/cta_launch_probe.py times launches
 of tiny grids, "Session 27"; bench/merge_tail.py times the decode merge's tail, "Session 29"; bench/split_timeline.py
 records gluon_decode's programs' timelines, "Session 30"; bench/copy_shapes.py times TMA copies by program shape,
-"Session 35")."""
+"Session 35"; bench/cluster_merge.py merges split partials in thread-block clusters, "Session 45")."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
     ("split_timeline.py", ["--cells", "qwen3-8b:131072:1"],
      "times gluon_decode's programs on a CUDA GPU; none is visible"),
     ("copy_shapes.py", ["--shapes", "4:6:quarter"], "times TMA copies on a CUDA GPU; none is visible"),
+    ("cluster_merge.py", ["--check-only", "--shapes", "8:16:2"],
+     "launches thread-block clusters on a CUDA GPU; none is visible"),
 ])
 def test_refuses_without_a_gpu_and_says_why(script: str, args: list[str], message: str) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
