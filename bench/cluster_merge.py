@@ -58,9 +58,9 @@ from vllm_oscar.kernels.gluon_decode import TILE  # noqa: E402
 MAX_CLUSTER = 16
 #: The modes whose launches leave merged outputs (all but "split").
 MERGING_MODES = ("launch", "pull", "push")
-#: Tries of an mbarrier wait before the kernel traps (each try suspends the thread up to a hardware time limit:
-#: ~seconds in all, far past any launch here).
-WAIT_TRIES: gl.constexpr = gl.constexpr(1 << 20)
+#: Tries of an mbarrier wait before the kernel traps: at >= ~50 ns a try (more where try_wait suspends the thread)
+#: >= ~3 ms, far past the ~0.1 ms that the slowest split of a cluster can keep its peers waiting here.
+WAIT_TRIES: gl.constexpr = gl.constexpr(1 << 16)
 #: Largest |merged - float64 merge| accepted, relative to the largest |partial| (fp32 sums of <= 256 terms).
 MERGE_TOLERANCE = 1e-5
 
@@ -155,11 +155,12 @@ def _push_f32(address, value, bar, rank, live):
 
 @gluon.jit
 def _wait_phase(bar):
-    """Every thread: wait until the mbarrier at shared ``bar`` completes its phase 0, or trap after WAIT_TRIES
-    tries (a push lost or miscounted ends the launch with an error instead of hanging the GPU). Returns 0."""
+    """Every thread: wait until the mbarrier at shared ``bar`` completes its phase 0, acquiring at cluster scope what
+    the peers' pushes wrote, or trap after WAIT_TRIES tries (a push lost or miscounted ends the launch with an error
+    instead of hanging the GPU). Returns 0."""
     return gl.inline_asm_elementwise(
         "{ .reg .pred done; .reg .u32 n; mov.u32 n, 0; "
-        "waiting: mbarrier.try_wait.parity.shared::cta.b64 done, [$1], 0; @done bra landed; "
+        "waiting: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [$1], 0; @done bra landed; "
         "add.u32 n, n, 1; setp.lt.u32 done, n, $2; @done bra waiting; trap; landed: mov.u32 $0, 0; }",
         "=r,r,r", [bar, WAIT_TRIES], dtype=gl.int32, is_pure=False, pack=1)
 
