@@ -24,21 +24,34 @@ bench/cta_sharing_probe.py`.
    warps (V56's: each warp holds the whole slice). Seen: no bar.sync anywhere: Triton's barrier analysis sees only
    reads of the ring, so the warps stay independent while the reads (and every layout the decode's staged tiles use)
    are Gluon's own; only the copies and the waits need PTX.
+4. What such a ring costs the decode's staged reads without gluon_decode's swizzle: a 1D bulk copy lands a tile's
+   code lines as stored, so `_staged_tile`'s read layouts would meet them in an unswizzled buffer. Gluon's
+   bank_conflicts (excess shared-memory wavefronts per access) for each staged read, swizzled as gluon_decode stages
+   them and plain. Seen: 0 swizzled; plain, key codes 3 (head_dim 128) and 7 (64), V codes 3 (both): 4-8x the
+   shared-memory traffic of those reads. So independent warps should keep the swizzle: per-lane cp.async by PTX into
+   the swizzled addresses, or TMA tensor copies by PTX, not one bulk copy per region.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
 import subprocess
 import sys
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from copy_warps import BARRIER_SLOT, _init_barrier, _lane_and_warp, _shared_base, _start_copy
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
+
+from copy_warps import BARRIER_SLOT, _init_barrier, _lane_and_warp, _shared_base, _start_copy  # noqa: E402
+
+from vllm_oscar.kernels import gluon_decode as gd  # noqa: E402
 
 #: bar.sync of the CTA (thread_barrier in Triton 3.6, barrier later).
 _thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
@@ -243,6 +256,50 @@ def ptx_events(ptx: str) -> list[str]:
     return events
 
 
+#: Unswizzled 2D buffers (a 1D bulk copy's landing).
+PLAIN_2D = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+
+
+@gluon.jit
+def staged_reads_kernel(PLAIN_2D: gl.constexpr):
+    """Compile-time only: static_prints, per staged read of gluon_decode, "BANK <read> <swizzled> <plain>": the bank
+    conflicts of reading its stage buffer (as gluon_decode lays it out) and an unswizzled one into its layout."""
+    keys = gl.allocate_shared_memory(gl.uint8, [16, 128], gd.STAGED_KEYS)
+    keys_plain = gl.allocate_shared_memory(gl.uint8, [16, 128], PLAIN_2D)
+    values = gl.allocate_shared_memory(gl.int16, [16, 64], gd.STAGED_V_128)
+    values_plain = gl.allocate_shared_memory(gl.int16, [16, 64], PLAIN_2D)
+    keys_64 = gl.allocate_shared_memory(gl.uint8, [8, 128], gd.STAGED_KEYS)
+    keys_64_plain = gl.allocate_shared_memory(gl.uint8, [8, 128], PLAIN_2D)
+    values_64 = gl.allocate_shared_memory(gl.int16, [8, 64], gd.STAGED_V_64)
+    values_64_plain = gl.allocate_shared_memory(gl.int16, [8, 64], PLAIN_2D)
+    read = keys.load(gd.STAGED_CODES_128)
+    gl.static_print("BANK key_codes_128", gl.bank_conflicts(read.type, keys.type),
+                    gl.bank_conflicts(read.type, keys_plain.type))
+    read = values.load(gd.STAGED_PAIRS_128)
+    gl.static_print("BANK v_codes_128", gl.bank_conflicts(read.type, values.type),
+                    gl.bank_conflicts(read.type, values_plain.type))
+    read = keys_64.load(gd.STAGED_CODES_64)
+    gl.static_print("BANK key_codes_64", gl.bank_conflicts(read.type, keys_64.type),
+                    gl.bank_conflicts(read.type, keys_64_plain.type))
+    read = values_64.load(gd.STAGED_PAIRS_64)
+    gl.static_print("BANK v_codes_64", gl.bank_conflicts(read.type, values_64.type),
+                    gl.bank_conflicts(read.type, values_64_plain.type))
+
+
+def staged_read_conflicts() -> dict[str, tuple[int, int]]:
+    """{read: (bank conflicts swizzled, plain)} of staged_reads_kernel, from its compile-time prints."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    source = GluonASTSource(fn=staged_reads_kernel, signature={"PLAIN_2D": "constexpr"},
+                            constexprs={(0,): PLAIN_2D})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), triton.knobs.compilation.scope():
+        triton.knobs.compilation.always_compile = True  # the prints come from tracing, which a cached kernel skips
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    found = (line.split() for line in printed.getvalue().splitlines() if line.startswith("BANK "))
+    return {name: (int(swizzled), int(plain)) for _, name, swizzled, plain in found}
+
+
 def main() -> None:
     print(f"triton {triton.__version__}, sm_90")
     print(f"1. {WARPS} warps per CTA, each staging its own slice:")
@@ -255,6 +312,9 @@ def main() -> None:
     ptx, shared = ptx_filled_ring_ptx()
     print(f"3. {WARPS} warps reading their own stages of a Gluon ring ({shared} B) that inline-PTX bulk copies fill:")
     print(f"   {' -> '.join(ptx_events(ptx))}")
+    print("4. bank conflicts of gluon_decode's staged reads, swizzled as staged / unswizzled:")
+    for read, (swizzled, plain) in staged_read_conflicts().items():
+        print(f"   {read}: {swizzled} / {plain}")
 
 
 if __name__ == "__main__":
