@@ -10,14 +10,16 @@ with `--cells` and `--shapes 1:2:plan` it gives the "copies alone" column of a c
         --shapes 1:2:plan 1:4:plan 4:6:quarter 4p:6:quarter 4p:8:eighth [--json OUT]
 
 A shape is warps:stages:splits. warps: 1 or 4 (the program's warps issue its copies, gluon_decode's way: block ids
-from the block table one tile ahead, three TMA boxes per tile at head_dim 128 (two at 64) on one mbarrier per
-stage, one bar.sync of the warps per tile), or 4p (copy_split_ws_kernel: a warp-specialized producer warp issues
-them, the 4 warps wait on full barriers and release stages on empty ones), or 1i / 4i (bench/copy_warps.py: CTAs of one
-or four warps that are each an independent split program, copying each tile's whole region by one bulk copy into
-their own ring through inline PTX, with no CTA-wide barrier; their checksums are compared once per shape with the
-one-warp TMA shape's, printed, and any difference makes the script exit 1). splits, per (request, KV head): a number,
-``plan`` (gluon_decode's split count of the cell), ``quarter`` / ``eighth`` (a quarter / an eighth of it: as many
-warps per SM as the plan with 4-warp CTAs, or half as many), or ``tiles`` (one tile per program, the streaming
+from the block table one tile ahead, three TMA boxes per tile at head_dim 128 (two at 64) on one mbarrier per stage,
+one bar.sync of the warps per tile), or 4p (copy_split_ws_kernel: a warp-specialized producer warp issues them, the
+4 warps wait on full barriers and release stages on empty ones), or 1i / 4i (bench/copy_warps.py: CTAs of one or
+four warps that are each an independent split program, copying each tile's whole region by one bulk copy into their
+own ring through inline PTX, with no CTA-wide barrier), or 1c / 4c (the same warps copying by per-lane cp.async into
+the swizzled code lines that gluon_decode's staged reads need, 9 chunks of 16 bytes per lane and tile at head_dim
+128, waiting on their own groups: 2-4 stages); the independent-warp shapes' checksums are compared once per shape
+with the one-warp TMA shape's, printed, and any difference makes the script exit 1). splits, per (request, KV head):
+a number, ``plan`` (gluon_decode's split count of the cell), ``quarter`` / ``eighth`` (a quarter / an eighth of it:
+as many warps per SM as the plan with 4-warp CTAs, or half as many), or ``tiles`` (one tile per program, the streaming
 probes' shape: no ring at all). Each program walks its split of all the request's blocks (the window blocks too:
 the bytes are those of the cell's blocks); after a stage lands its warps read the tile's 512 bytes of scale planes
 (the copies are what is timed). Timed as CUDA-graph replays over as many cache copies as `bench decode` uses
@@ -59,8 +61,12 @@ from vllm_oscar.kernels.gluon_decode import (STAGED, TILE, _start_stage, _sync_w
                                              tma_descriptors, tma_ring)
 
 #: Warp counts and ring depths a shape may take; "4p": four warps fed by a producer warp (copy_split_ws_kernel);
-#: "1i" / "4i": CTAs of one / four warps that are independent programs (bench/copy_warps.py).
-SHAPE_WARPS = ("1", "4", "4p", "1i", "4i")
+#: "1i" / "4i": CTAs of one / four warps that are independent programs (bench/copy_warps.py), copying by one bulk
+#: copy per tile; "1c" / "4c": the same with per-lane cp.async into swizzled code lines.
+SHAPE_WARPS = ("1", "4", "4p", "1i", "4i", "1c", "4c")
+#: The independent-warp shapes' warps fields, and those whose copies are per-lane cp.async.
+INDEPENDENT_WARPS = ("1i", "4i", "1c", "4c")
+LANE_COPIES = ("1c", "4c")
 SHAPE_STAGES = (2, 3, 4, 6, 8)
 #: The producer warp's registers (warp_specialize's worker_num_regs; bench/ws_probe.py's 40 fits it).
 PRODUCER_REGISTERS: gl.constexpr = gl.constexpr(40)
@@ -167,10 +173,10 @@ def copy_split_ws_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, k_desc, v_d
 
 def shape_kernel(warps: str) -> tuple:
     """(kernel, num_warps, launch options) of a shape's warps field: copy_split_ws_kernel for "4p" (4 warps and the
-    producer, registers capped at WS_MAX_REGISTERS), copy_warps_kernel for "1i" / "4i"."""
+    producer, registers capped at WS_MAX_REGISTERS), copy_warps_kernel for the INDEPENDENT_WARPS shapes."""
     if warps.endswith("p"):
         return copy_split_ws_kernel, int(warps[:-1]), {"maxnreg": WS_MAX_REGISTERS}
-    if warps.endswith("i"):
+    if warps in INDEPENDENT_WARPS:
         return copy_warps_kernel, int(warps[:-1]), {}
     return copy_split_kernel, int(warps), {}
 
@@ -189,7 +195,7 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
     names = kernel.arg_names
     aligned = ["bt_ptr", "out_ptr"]
     if kernel is copy_warps_kernel:
-        constants = warps_constants(layout, stages, num_warps, 1)
+        constants = warps_constants(layout, stages, num_warps, 1, warps in LANE_COPIES)
         typed = {"cache_ptr": "*u8"}
         aligned.append("cache_ptr")
     else:
@@ -207,10 +213,11 @@ def compile_copy_kernel(head_dim: int, warps: str, stages: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **options})
 
 
-def warps_constants(layout: PageLayout, stages: int, warps: int, chains: int) -> dict:
-    """copy_warps_kernel's constexprs for a cache layout."""
+def warps_constants(layout: PageLayout, stages: int, warps: int, chains: int, lane_copies: bool) -> dict:
+    """copy_warps_kernel's constexprs for a cache layout (lane_copies: the "c" shapes' per-lane swizzled cp.async)."""
     return dict(STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps, CHAINS=chains,
-                PLANES=layout.plane_offset("k_scale"))
+                PLANES=layout.plane_offset("k_scale"), LANE_COPIES=lane_copies, CODES=layout.plane_offset("v_codes"),
+                V_PHASE=2 if layout.head_dim == 128 else 1)
 
 
 def parse_shape(text: str) -> tuple[str, int, str]:
@@ -222,6 +229,8 @@ def parse_shape(text: str) -> tuple[str, int, str]:
         raise argparse.ArgumentTypeError(f"--shapes takes warps:stages:splits (e.g. 4:6:quarter); got {text!r}")
     if shape[0] not in SHAPE_WARPS or shape[1] not in SHAPE_STAGES:
         raise argparse.ArgumentTypeError(f"{text!r}: warps in {SHAPE_WARPS}, stages in {SHAPE_STAGES}")
+    if shape[0] in LANE_COPIES and shape[1] > 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: per-lane cp.async shapes take 2-4 stages")
     if not (splits.isdigit() or splits in RELATIVE_SPLITS or splits == "tiles"):
         raise argparse.ArgumentTypeError(f"{text!r}: splits is a number, 'tiles' or one of {sorted(RELATIVE_SPLITS)}")
     return shape
@@ -246,7 +255,7 @@ def shape_launches(cell, warps: str, stages: int, nsplit: int, out: torch.Tensor
     n_tiles = cell.length // TILE.value
     kernel, num_warps, options = shape_kernel(warps)
     if kernel is copy_warps_kernel:
-        consts = dict(warps_constants(layout, stages, num_warps, chains), num_warps=num_warps)
+        consts = dict(warps_constants(layout, stages, num_warps, chains, warps in LANE_COPIES), num_warps=num_warps)
         grid = (batch, hkv, -(-nsplit // num_warps))
         return [raw_launch(kernel, grid, [case.block_table, case.block_table.stride(0), n_tiles, hkv, out, cache,
                                           nsplit, work, jitter], consts,
@@ -330,7 +339,7 @@ def main() -> int:
             if (warps.endswith("p") and work) or ((jitter or chains > 1) and not work):
                 continue  # no stand-in in the producer-fed kernel; jitter or chains of nothing
             nsplit = shape_splits(splits, cell.plan.num_splits, length // TILE.value)
-            if warps.endswith("i") and (warps, stages, nsplit) not in checked:
+            if warps in INDEPENDENT_WARPS and (warps, stages, nsplit) not in checked:
                 checked[(warps, stages, nsplit)] = checksums_match(cell, warps, stages, nsplit)
                 if not checked[(warps, stages, nsplit)]:
                     mismatched.append(f"{geometry} {length} B={batch} {warps}:{stages} ({nsplit} splits)")

@@ -74,14 +74,38 @@ def _start_copy(dst, src, nbytes, bar, lane, live):
 
 
 @gluon.jit
-def _wait_and_read(bar, phase, planes):
-    """Every lane: wait until mbarrier ``bar`` completes ``phase``, read its 16 bytes of the scale planes at shared
-    ``planes`` + 16 x lane, sync the warp's lanes; returns the sum of the 512 bytes over the warp's lanes (int32, the
-    same in every lane: copy_split_kernel's checksum of a tile)."""
+def _wait_landed(bar, phase):
+    """Every lane: wait until mbarrier ``bar`` completes ``phase`` (a bulk copy's bytes have landed). Returns 0."""
     return gl.inline_asm_elementwise(
-        "{ .reg .pred done; .reg .u32 a, b, c, d, lo, hi, at; "
-        "waiting: mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; @!done bra waiting; "
-        "mov.u32 at, %laneid; mad.lo.u32 at, at, 16, $3; ld.shared.v4.u32 {a, b, c, d}, [at]; "
+        "{ .reg .pred done; waiting: mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; @!done bra waiting; "
+        "mov.u32 $0, 0; }", "=r,r,r", [bar, phase], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_groups(PENDING: gl.constexpr):
+    """Every lane: wait until at most PENDING (1-3: rings of 2-4 stages) of its newest cp.async groups are in
+    flight, then sync the warp's lanes (so that every lane sees every lane's landed chunks). Returns 0."""
+    gl.static_assert((PENDING >= 1) & (PENDING <= 3), "rings of 2-4 stages")
+    if PENDING == 1:
+        done = gl.inline_asm_elementwise("cp.async.wait_group 1; bar.warp.sync -1; mov.u32 $0, 0;", "=r", [],
+                                         dtype=gl.int32, is_pure=False, pack=1)
+    elif PENDING == 2:
+        done = gl.inline_asm_elementwise("cp.async.wait_group 2; bar.warp.sync -1; mov.u32 $0, 0;", "=r", [],
+                                         dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        done = gl.inline_asm_elementwise("cp.async.wait_group 3; bar.warp.sync -1; mov.u32 $0, 0;", "=r", [],
+                                         dtype=gl.int32, is_pure=False, pack=1)
+    return done
+
+
+@gluon.jit
+def _read_planes(planes):
+    """Every lane, once the stage has landed: read its 16 bytes of the scale planes at shared ``planes`` + 16 x lane,
+    sync the warp's lanes; returns the sum of the 512 bytes over the warp's lanes (int32, the same in every lane:
+    copy_split_kernel's checksum of a tile)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .u32 a, b, c, d, lo, hi, at; "
+        "mov.u32 at, %laneid; mad.lo.u32 at, at, 16, $1; ld.shared.v4.u32 {a, b, c, d}, [at]; "
         "bar.warp.sync -1; "
         "and.b32 lo, a, 0x00ff00ff; shr.u32 hi, a, 8; and.b32 hi, hi, 0x00ff00ff; add.u32 at, lo, hi; "
         "and.b32 lo, b, 0x00ff00ff; shr.u32 hi, b, 8; and.b32 hi, hi, 0x00ff00ff; add.u32 at, at, lo; "
@@ -92,7 +116,29 @@ def _wait_and_read(bar, phase, planes):
         "add.u32 at, at, hi; "
         "and.b32 lo, at, 0xffff; shr.u32 hi, at, 16; add.u32 at, lo, hi; "
         "redux.sync.add.u32 $0, at, 0xffffffff; }",
-        "=r,r,r,r", [bar, phase, planes], dtype=gl.int32, is_pure=False, pack=1)
+        "=r,r", [planes], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _start_lane_copies(dst, src, live, lane, REGION: gl.constexpr, CODES: gl.constexpr, V_PHASE: gl.constexpr):
+    """Every lane, where live != 0: cp.async of its 16-byte chunks (lane + 32 k) of the REGION bytes at global ``src``
+    (int64) into the stage at shared ``dst``, the key and V code lines (CODES bytes each, lines of 128 bytes, 8
+    chunks) swizzled as gluon_decode's cp.async stages hold them (chunk c of line l at c ^ (l % 8) for the key codes
+    (STAGED_KEYS), c ^ ((l // V_PHASE) % 8) for the V codes (STAGED_V_128: V_PHASE 2; STAGED_V_64: 1)), the scale
+    planes as stored; then one commit of the lane's group (empty where not live). Returns 0."""
+    for k in gl.static_range((REGION // 16 + 31) // 32):
+        at = 16 * (lane + 32 * k)
+        in_v = (at >= CODES) & (at < 2 * CODES)
+        part = gl.where(in_v, at - CODES, at)  # offset inside the key or V code lines
+        line = part // 128
+        phase = gl.where(in_v, (line // V_PHASE) % 8, line % 8)
+        to = gl.where(at < 2 * CODES, at - part + line * 128 + (((part % 128) // 16) ^ phase) * 16, at)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.cg.shared.global [$1], [$2], 16; mov.u32 $0, 0; }",
+            "=r,r,l,r", [dst + to, src + at, ((at < REGION) & (live != 0)).to(gl.int32)], dtype=gl.int32,
+            is_pure=False, pack=1)
+    return gl.inline_asm_elementwise("cp.async.commit_group; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                                     is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -124,14 +170,29 @@ def compute_stand_in(x, work, jitter, pid, h, i, CHAINS: gl.constexpr):
 
 
 @gluon.jit
+def _start_tile(dst, src, bar, lane, live, REGION: gl.constexpr, LANE_COPIES: gl.constexpr, CODES: gl.constexpr,
+                V_PHASE: gl.constexpr):
+    """Start copying one tile's region (global ``src``, int64) into a stage at shared ``dst``: one bulk copy by lane 0
+    on mbarrier ``bar``, or with LANE_COPIES every lane's swizzled cp.async chunks as one group
+    (_start_lane_copies)."""
+    if LANE_COPIES:
+        _start_lane_copies(dst, src, live, lane, REGION, CODES, V_PHASE)
+    else:
+        _start_copy(dst, src, REGION, bar, lane, live)
+
+
+@gluon.jit
 def warp_split_checksum(bt_row, n_tiles, heads, head_base, NSPLIT, work, jitter, pid, h, lane, base,
-                        STAGES: gl.constexpr, REGION: gl.constexpr, CHAINS: gl.constexpr, PLANES: gl.constexpr):
+                        STAGES: gl.constexpr, REGION: gl.constexpr, CHAINS: gl.constexpr, PLANES: gl.constexpr,
+                        LANE_COPIES: gl.constexpr = False, CODES: gl.constexpr = 0, V_PHASE: gl.constexpr = 1):
     """The calling warp as split program pid of a (request, KV head h) pair: copies tiles [lo, hi) of the request's
     n_tiles blocks (block ids at bt_row, int32; the pair's regions at head_base + block x heads x REGION, int64
     address) through its own ring at shared address ``base`` (STAGES regions, then STAGES mbarriers in
     BARRIER_SLOT-byte slots), reading each landed tile's scale planes (at byte PLANES of the region); work / jitter /
-    CHAINS: compute_stand_in after each tile. Returns the checksum of the plane bytes it read (int32, the same in every
-    lane of the warp; 0 for an empty split)."""
+    CHAINS: compute_stand_in after each tile. The copies: one bulk copy per tile, or with LANE_COPIES every lane's
+    cp.async chunks into the swizzled code lines of gluon_decode's cp.async stages (CODES bytes of key codes, then
+    of V codes; V_PHASE: STAGED_V_128's 2 lines per swizzle phase, or STAGED_V_64's 1). Returns the checksum of the
+    plane bytes it read (int32, the same in every lane of the warp; 0 for an empty split)."""
     per_split = gl.cdiv(n_tiles, NSPLIT)
     lo = gl.minimum(pid * per_split, n_tiles)
     hi = gl.minimum(lo + per_split, n_tiles)
@@ -140,19 +201,22 @@ def warp_split_checksum(bt_row, n_tiles, heads, head_base, NSPLIT, work, jitter,
         _init_barrier(bars + BARRIER_SLOT * s, lane)
     for s in gl.static_range(STAGES - 1):
         blk = gl.load(bt_row + lo + s, mask=lo + s < hi, other=0)
-        _start_copy(base + s * REGION, head_base + blk.to(gl.int64) * heads * REGION, REGION, bars + BARRIER_SLOT * s,
-                    lane,
-                    (lo + s < hi).to(gl.int32))
+        _start_tile(base + s * REGION, head_base + blk.to(gl.int64) * heads * REGION, bars + BARRIER_SLOT * s, lane,
+                    (lo + s < hi).to(gl.int32), REGION, LANE_COPIES, CODES, V_PHASE)
     seen = lane * 0
     for i in range(lo, hi):
         stage = (i - lo) % STAGES
         refill = (stage + STAGES - 1) % STAGES  # read one tile ago, every lane synced since
         ahead = i + STAGES - 1
         blk = gl.load(bt_row + ahead, mask=ahead < hi, other=0)
-        _start_copy(base + refill * REGION, head_base + blk.to(gl.int64) * heads * REGION, REGION,
-                    bars + BARRIER_SLOT * refill, lane, (ahead < hi).to(gl.int32))
-        seen += _wait_and_read(bars + BARRIER_SLOT * stage, ((i - lo) // STAGES) % 2,
-                               base + stage * REGION + PLANES)
+        _start_tile(base + refill * REGION, head_base + blk.to(gl.int64) * heads * REGION,
+                    bars + BARRIER_SLOT * refill, lane, (ahead < hi).to(gl.int32), REGION, LANE_COPIES, CODES,
+                    V_PHASE)
+        if LANE_COPIES:
+            _wait_groups(STAGES - 1)
+        else:
+            _wait_landed(bars + BARRIER_SLOT * stage, ((i - lo) // STAGES) % 2)
+        seen += _read_planes(base + stage * REGION + PLANES)
         if work > 0:
             seen += compute_stand_in(seen.to(gl.float32), work, jitter, pid, h, i, CHAINS)
     return seen
@@ -172,10 +236,11 @@ def raw_base(WARPS: gl.constexpr):
 @gluon.jit
 def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSPLIT, work, jitter,
                       STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
-                      PLANES: gl.constexpr):
+                      PLANES: gl.constexpr, LANE_COPIES: gl.constexpr, CODES: gl.constexpr, V_PHASE: gl.constexpr):
     """Grid (B, Hkv, cdiv(NSPLIT, WARPS)), WARPS warps per CTA: warp w of CTA c is split program p = c x WARPS + w
     (none past NSPLIT) of (b, h) and copies its split of the request's n_tiles blocks (block ids in bt_ptr [B,
-    >= n_tiles] int32, row stride stride_bt) from cache_ptr [blocks, heads, REGION] uint8 (warp_split_checksum).
+    >= n_tiles] int32, row stride stride_bt) from cache_ptr [blocks, heads, REGION] uint8 (warp_split_checksum, whose
+    LANE_COPIES / CODES / V_PHASE choose and shape the copies).
     Stores the checksum of the plane bytes it read (as 32-bit words), [B, Hkv, NSPLIT] int32 at out_ptr. Launched by
     raw_launch with ring_bytes of raw shared memory."""
     rings = raw_base(WARPS)
@@ -186,7 +251,7 @@ def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSP
     base = rings + warp * (STAGES * (REGION + BARRIER_SLOT))
     seen = warp_split_checksum(bt_ptr + b.to(gl.int64) * stride_bt, n_tiles, heads,
                                cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION, NSPLIT, work, jitter,
-                               pid, h, lane, base, STAGES, REGION, CHAINS, PLANES)
+                               pid, h, lane, base, STAGES, REGION, CHAINS, PLANES, LANE_COPIES, CODES, V_PHASE)
     if pid < NSPLIT:
         slot = out_ptr.to(gl.int64, bitcast=True) + 4 * ((b * gl.num_programs(1) + h) * NSPLIT + pid).to(gl.int64)
         _store_lane0(slot, seen, lane)

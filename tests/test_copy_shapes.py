@@ -22,7 +22,7 @@ from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 
 SHAPES = ((128, "1", 2), (128, "4", 6), (64, "4", 4), (64, "1", 8), (128, "4p", 4), (64, "4p", 8))
 #: Shapes of independent warps (bench/copy_warps.py).
-WARP_SHAPES = ((128, "4i", 2), (128, "1i", 3), (64, "4i", 3))
+WARP_SHAPES = ((128, "4i", 2), (128, "1i", 3), (64, "4i", 3), (128, "4c", 2), (64, "1c", 3), (128, "1c", 4))
 
 PROBE = r'''
 import json, sys
@@ -41,7 +41,9 @@ for dim, warps, stages in SHAPES:
         kernel_tma=sum(op == "UTMALDG" for address, op in ops), local=sass.count("STL") + sass.count("LDL"),
         barriers=sum(op.startswith("BAR") for address, op in ops),
         reading_loop_bulk=[sum(op == "UBLKCP" for address, op in ops if lo <= address <= hi) for lo, hi in loops
-                           if any(op == "LDS" and lo <= address <= hi for address, op in ops)])
+                           if any(op == "LDS" and lo <= address <= hi for address, op in ops)],
+        reading_loop_lane_copies=[sum(op == "LDGSTS" for address, op in ops if lo <= address <= hi)
+                                  for lo, hi in loops if any(op == "LDS" and lo <= address <= hi for address, op in ops)])
 print(json.dumps(report))
 '''
 
@@ -70,14 +72,18 @@ def test_copy_kernel_issues_one_tma_copy_per_box_into_a_ring_of_the_asked_depth(
 
 @pytest.mark.parametrize("dim,warps,stages", WARP_SHAPES)
 def test_independent_warps_copy_without_cta_barriers(compiled: dict, dim: int, warps: str, stages: int) -> None:
-    """1i / 4i: no CTA-wide barrier anywhere, one bulk copy per trip of each loop that reads the landed tiles (one per
-    warp: the warp's lane 0 issues it), no local memory, and no shared memory of Gluon's but the bytes that keep the
-    raw region (the rings, which raw_launch adds, start right after them)."""
+    """1i / 4i / 1c / 4c: no CTA-wide barrier anywhere; per trip of each loop that reads the landed tiles one bulk
+    copy (i: the warp's lane 0 issues it) or each lane's share of the region's 16-byte chunks by cp.async (c: 9 at
+    head_dim 128, 5 at 64) and nothing else; no local memory, and no shared memory of Gluon's but the bytes that keep
+    the raw region (the rings, which raw_launch adds, start right after them)."""
     from copy_warps import KEEP_PER_WARP, ring_bytes
 
     report = compiled[f"{dim}_{warps}_{stages}"]
     assert report["barriers"] == 0 and report["local"] == 0 and report["kernel_tma"] == 0
-    assert report["reading_loop_bulk"] and set(report["reading_loop_bulk"]) == {1}  # (Triton 3.9 versions the loop)
+    bulk, lanes = report["reading_loop_bulk"], report["reading_loop_lane_copies"]
+    assert bulk and lanes  # (Triton 3.9 versions the loop: every version counted)
+    chunks = -(-PageLayout(dim, dim, 64).head_region_bytes // 16 // 32)
+    assert (set(bulk), set(lanes)) == (({0}, {chunks}) if warps.endswith("c") else ({1}, {0}))
     assert report["shared"] == KEEP_PER_WARP.value * int(warps[0]) and report["warps"] == int(warps[0])
     region = PageLayout(dim, dim, 64).head_region_bytes
     assert ring_bytes(int(warps[0]), stages, region) == int(warps[0]) * stages * (region + 16)  # + the mbarriers
