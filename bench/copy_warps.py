@@ -21,9 +21,14 @@ as many CTAs).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import io
+import json
 
 import torch
+import triton
+from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -255,6 +260,53 @@ def copy_warps_kernel(bt_ptr, stride_bt, n_tiles, heads, out_ptr, cache_ptr, NSP
     if pid < NSPLIT:
         slot = out_ptr.to(gl.int64, bitcast=True) + 4 * ((b * gl.num_programs(1) + h) * NSPLIT + pid).to(gl.int64)
         _store_lane0(slot, seen, lane)
+
+
+def lane_copy_destination(at: int, codes: int, v_phase: int) -> int:
+    """Where _start_lane_copies puts the 16-byte chunk at byte ``at`` of a region (its arithmetic, in Python, for
+    tests/test_copy_shapes.py to hold against Gluon's own layouts of the staged code lines)."""
+    in_v = codes <= at < 2 * codes
+    part = at - codes if in_v else at
+    line = part // 128
+    phase = (line // v_phase) % 8 if in_v else line % 8
+    return at - part + line * 128 + (((part % 128) // 16) ^ phase) * 16 if at < 2 * codes else at
+
+
+def printed_when_compiled(kernel, constants: dict) -> list[str]:
+    """The lines a Gluon kernel taking only constexprs prints while it is traced (gl.static_print), compiled for
+    sm_90 without a GPU and without Triton's cache (a cached kernel is not traced again)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = kernel.arg_names
+    source = GluonASTSource(fn=kernel, signature={name: "constexpr" for name in names},
+                            constexprs={(names.index(k),): v for k, v in constants.items()})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), triton.knobs.compilation.scope():
+        triton.knobs.compilation.always_compile = True
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    return printed.getvalue().splitlines()
+
+
+@gluon.jit
+def _staged_line_layouts(KEYS: gl.constexpr, V_128: gl.constexpr, V_64: gl.constexpr):
+    """Prints (gl.static_print) the shared linear layouts of gluon_decode's staged code lines."""
+    gl.static_print("LAYOUT keys_128", gl.to_linear_layout(KEYS, [16, 128]))
+    gl.static_print("LAYOUT v_128", gl.to_linear_layout(V_128, [16, 64]))
+    gl.static_print("LAYOUT keys_64", gl.to_linear_layout(KEYS, [8, 128]))
+    gl.static_print("LAYOUT v_64", gl.to_linear_layout(V_64, [8, 64]))
+
+
+def staged_line_layouts() -> dict[str, list[list[int]]]:
+    """{part: offset bases} of gluon_decode's staged code lines (key codes as [lines, 128] uint8, V codes as [lines,
+    64] int16, at head_dim 128 and 64): bit i of an element's offset in the stage XORs its (line, column) with base
+    i (Gluon's SharedLinearLayout)."""
+    from vllm_oscar.kernels import gluon_decode
+
+    lines = printed_when_compiled(_staged_line_layouts, dict(KEYS=gluon_decode.STAGED_KEYS,
+                                                             V_128=gluon_decode.STAGED_V_128,
+                                                             V_64=gluon_decode.STAGED_V_64))
+    return {line.split()[1]: json.loads(line.split("offset_bases=")[1].split(", block_bases")[0])
+            for line in lines if line.startswith("LAYOUT ")}
 
 
 def ring_bytes(warps: int, stages: int, region: int) -> int:

@@ -34,8 +34,6 @@ bench/cta_sharing_probe.py`.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import subprocess
@@ -49,7 +47,8 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 
-from copy_warps import BARRIER_SLOT, _init_barrier, _lane_and_warp, _shared_base, _start_copy  # noqa: E402
+from copy_warps import (BARRIER_SLOT, _init_barrier, _lane_and_warp, _shared_base, _start_copy,  # noqa: E402
+                        printed_when_compiled)
 
 from vllm_oscar.kernels import gluon_decode as gd  # noqa: E402
 
@@ -288,15 +287,8 @@ def staged_reads_kernel(PLAIN_2D: gl.constexpr):
 
 def staged_read_conflicts() -> dict[str, tuple[int, int]]:
     """{read: (bank conflicts swizzled, plain)} of staged_reads_kernel, from its compile-time prints."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    source = GluonASTSource(fn=staged_reads_kernel, signature={"PLAIN_2D": "constexpr"},
-                            constexprs={(0,): PLAIN_2D})
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), triton.knobs.compilation.scope():
-        triton.knobs.compilation.always_compile = True  # the prints come from tracing, which a cached kernel skips
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
-    found = (line.split() for line in printed.getvalue().splitlines() if line.startswith("BANK "))
+    found = (line.split() for line in printed_when_compiled(staged_reads_kernel, dict(PLAIN_2D=PLAIN_2D))
+             if line.startswith("BANK "))
     return {name: (int(swizzled), int(plain)) for _, name, swizzled, plain in found}
 
 

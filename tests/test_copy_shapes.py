@@ -89,11 +89,49 @@ def test_independent_warps_copy_without_cta_barriers(compiled: dict, dim: int, w
     assert ring_bytes(int(warps[0]), stages, region) == int(warps[0]) * stages * (region + 16)  # + the mbarriers
 
 
+LAYOUTS_PROBE = r'''
+import json, sys
+sys.path[:0] = [ROOT, ROOT + "/bench"]
+import triton
+from copy_warps import staged_line_layouts
+# Triton 3.6's to_linear_layout takes distributed layouts only (the device's Triton; CI's is newer).
+old = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
+print(json.dumps({"triton": triton.__version__} if old else staged_line_layouts()))
+'''
+
+
+@pytest.mark.parametrize("dim", [128, 64])
+def test_lane_copies_land_where_the_staged_layouts_read(dim: int) -> None:
+    """The "c" shapes' per-lane destinations (copy_warps.lane_copy_destination) agree with Gluon's own shared layouts
+    of gluon_decode's staged code lines: for every byte of the key and V code lines, the element a staged layout
+    keeps at that byte's swizzled place is the element stored there in the cache's region."""
+    from copy_warps import lane_copy_destination
+
+    bases = run_probe(LAYOUTS_PROBE)
+    if "triton" in bases:
+        pytest.skip(f"Triton {bases['triton']} cannot linearise shared layouts (3.7 on can)")
+    layout = PageLayout(dim, dim, 64)
+    codes = layout.plane_offset("v_codes")
+    for name, start, element in ((f"keys_{dim}", 0, 1), (f"v_{dim}", codes, 2)):
+        columns = 128 // element  # elements per 128-byte line
+        for at in range(start, start + codes, 16):  # every chunk of the part
+            to = lane_copy_destination(at, codes, 2 if dim == 128 else 1) - start
+            for byte in range(0, 16, element):  # each element of the chunk: where the layout keeps it
+                offset = (to + byte) // element
+                row = col = 0
+                for bit, (r, c) in enumerate(bases[name]):
+                    if offset >> bit & 1:
+                        row, col = row ^ r, col ^ c
+                source = (at - start + byte) // element
+                assert (row, col) == (source // columns, source % columns), (name, at, byte)
+
+
 def test_shapes_parse_and_size_their_splits() -> None:
     assert parse_shape("4:6:quarter") == ("4", 6, "quarter") and parse_shape("4p:8:eighth") == ("4p", 8, "eighth")
     assert parse_shape("1:2:plan") == ("1", 2, "plan") and parse_shape("1:3:40") == ("1", 3, "40")
     assert parse_shape("4i:3:quarter") == ("4i", 3, "quarter") and parse_shape("1i:2:plan") == ("1i", 2, "plan")
-    for bad in ("3:2:plan", "1p:2:plan", "2i:2:plan", "1:5:plan", "1:2:half", "1:2"):
+    assert parse_shape("4c:4:plan") == ("4c", 4, "plan")
+    for bad in ("3:2:plan", "1p:2:plan", "2i:2:plan", "1:5:plan", "1:2:half", "1:2", "4c:6:plan"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_shape(bad)
     assert shape_splits("plan", 128, 2048) == 128
