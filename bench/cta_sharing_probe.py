@@ -48,7 +48,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 
 from copy_warps import (BARRIER_SLOT, _init_barrier, _lane_and_warp, _shared_base, _start_copy,  # noqa: E402
-                        printed_when_compiled)
+                        _wait_landed, printed_when_compiled)
 
 from vllm_oscar.kernels import gluon_decode as gd  # noqa: E402
 
@@ -194,13 +194,6 @@ RING_ROWS = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
 
 
 @gluon.jit
-def _wait_stage(bar, phase):
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred done; waiting: mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; @!done bra waiting; "
-        "mov.u32 $0, 0; }", "=r,r,r", [bar, phase], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def ptx_filled_ring_kernel(src, n_tiles, WARPS: gl.constexpr, LINES: gl.constexpr, STAGES: gl.constexpr,
                            REPLICATED: gl.constexpr, RING_ROWS: gl.constexpr):
     """Each warp sums n_tiles slices of [LINES, 64] int16 (its own, at src + warp x 1000 slices) copied into its own
@@ -220,7 +213,7 @@ def ptx_filled_ring_kernel(src, n_tiles, WARPS: gl.constexpr, LINES: gl.constexp
         ahead = (i + 1) % STAGES
         _start_copy(mine + ahead * SLICE, first + (i + 1) * SLICE, SLICE, bars + BARRIER_SLOT * ahead, lane,
                     (i + 1 < n_tiles).to(gl.int32))
-        total += _wait_stage(bars + BARRIER_SLOT * (i % STAGES), (i // STAGES) % 2)
+        total += _wait_landed(bars + BARRIER_SLOT * (i % STAGES), (i // STAGES) % 2)
         total += ring.index(warp * STAGES + i % STAGES).load(REPLICATED).to(gl.int32)
         gl.inline_asm_elementwise("bar.warp.sync -1; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)
@@ -260,29 +253,28 @@ PLAIN_2D = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
 
 
 @gluon.jit
+def _print_conflicts(NAME: gl.constexpr, read, staged, plain):
+    """static_print "BANK NAME <swizzled> <plain>": the bank conflicts of reading ``staged`` and ``plain`` (the same
+    shape, unswizzled) into ``read``'s layout."""
+    gl.static_print("BANK", NAME, gl.bank_conflicts(read.type, staged.type), gl.bank_conflicts(read.type, plain.type))
+
+
+@gluon.jit
 def staged_reads_kernel(PLAIN_2D: gl.constexpr):
-    """Compile-time only: static_prints, per staged read of gluon_decode, "BANK <read> <swizzled> <plain>": the bank
-    conflicts of reading its stage buffer (as gluon_decode lays it out) and an unswizzled one into its layout."""
+    """Compile-time only: _print_conflicts of each staged read of gluon_decode, its stage buffer as gluon_decode lays
+    it out against an unswizzled one."""
     keys = gl.allocate_shared_memory(gl.uint8, [16, 128], gd.STAGED_KEYS)
-    keys_plain = gl.allocate_shared_memory(gl.uint8, [16, 128], PLAIN_2D)
+    _print_conflicts("key_codes_128", keys.load(gd.STAGED_CODES_128), keys,
+                     gl.allocate_shared_memory(gl.uint8, [16, 128], PLAIN_2D))
     values = gl.allocate_shared_memory(gl.int16, [16, 64], gd.STAGED_V_128)
-    values_plain = gl.allocate_shared_memory(gl.int16, [16, 64], PLAIN_2D)
-    keys_64 = gl.allocate_shared_memory(gl.uint8, [8, 128], gd.STAGED_KEYS)
-    keys_64_plain = gl.allocate_shared_memory(gl.uint8, [8, 128], PLAIN_2D)
-    values_64 = gl.allocate_shared_memory(gl.int16, [8, 64], gd.STAGED_V_64)
-    values_64_plain = gl.allocate_shared_memory(gl.int16, [8, 64], PLAIN_2D)
-    read = keys.load(gd.STAGED_CODES_128)
-    gl.static_print("BANK key_codes_128", gl.bank_conflicts(read.type, keys.type),
-                    gl.bank_conflicts(read.type, keys_plain.type))
-    read = values.load(gd.STAGED_PAIRS_128)
-    gl.static_print("BANK v_codes_128", gl.bank_conflicts(read.type, values.type),
-                    gl.bank_conflicts(read.type, values_plain.type))
-    read = keys_64.load(gd.STAGED_CODES_64)
-    gl.static_print("BANK key_codes_64", gl.bank_conflicts(read.type, keys_64.type),
-                    gl.bank_conflicts(read.type, keys_64_plain.type))
-    read = values_64.load(gd.STAGED_PAIRS_64)
-    gl.static_print("BANK v_codes_64", gl.bank_conflicts(read.type, values_64.type),
-                    gl.bank_conflicts(read.type, values_64_plain.type))
+    _print_conflicts("v_codes_128", values.load(gd.STAGED_PAIRS_128), values,
+                     gl.allocate_shared_memory(gl.int16, [16, 64], PLAIN_2D))
+    keys = gl.allocate_shared_memory(gl.uint8, [8, 128], gd.STAGED_KEYS)
+    _print_conflicts("key_codes_64", keys.load(gd.STAGED_CODES_64), keys,
+                     gl.allocate_shared_memory(gl.uint8, [8, 128], PLAIN_2D))
+    values = gl.allocate_shared_memory(gl.int16, [8, 64], gd.STAGED_V_64)
+    _print_conflicts("v_codes_64", values.load(gd.STAGED_PAIRS_64), values,
+                     gl.allocate_shared_memory(gl.int16, [8, 64], PLAIN_2D))
 
 
 def staged_read_conflicts() -> dict[str, tuple[int, int]]:
