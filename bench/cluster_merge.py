@@ -180,6 +180,7 @@ def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, w
                          part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                          out_ptr, stride_ob, stride_oh,
                          STAGES: gl.constexpr, REGION: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr,
+                         LANE_COPIES: gl.constexpr, CODES: gl.constexpr, V_PHASE: gl.constexpr,
                          PLANES: gl.constexpr, CTAS: gl.constexpr, GROUP: gl.constexpr,
                          D: gl.constexpr, MERGE: gl.constexpr, MERGED: gl.constexpr, S_PAD: gl.constexpr,
                          CHUNK: gl.constexpr, SLOT_BYTES: gl.constexpr):
@@ -225,7 +226,8 @@ def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, w
         _cluster_arrive_relaxed()
     seen = warp_split_checksum(bt_ptr + b.to(gl.int64) * stride_bt, n_tiles, heads,
                                cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION, NSPLIT, work, jitter,
-                               pid, h, lane, rings + warp * RING, STAGES, REGION, CHAINS, PLANES)
+                               pid, h, lane, rings + warp * RING, STAGES, REGION, CHAINS, PLANES, LANE_COPIES, CODES,
+                               V_PHASE)
     live = pid < NSPLIT
     if MERGE == "global":
         row = b.to(gl.int64) * stride_pb + pid.to(gl.int64) * stride_ps
@@ -309,8 +311,10 @@ def merge_layout(slots: int, chunk: int, warps: int) -> gl.BlockedLayout:
                             threads_per_warp=[lanes, 32 // lanes], warps_per_cta=[1, warps], order=[0, 1])
 
 
-def kernel_constants(cell, warps: int, ctas: int, stages: int, merge: str, chains: int = 1) -> dict:
-    """cluster_split_kernel's constexprs for a cell, a shape and a merge form."""
+def kernel_constants(cell, warps: int, ctas: int, stages: int, merge: str, chains: int = 1,
+                     lane_copies: bool = False) -> dict:
+    """cluster_split_kernel's constexprs for a cell, a shape and a merge form (lane_copies: the split programs copy
+    by per-lane cp.async into swizzled lines, copy_warps.warp_split_checksum, instead of one bulk copy per tile)."""
     layout = cell.case.layout
     dim = layout.head_dim
     group = cell.case.query.shape[1] // cell.case.caches[0].shape[1]
@@ -318,7 +322,8 @@ def kernel_constants(cell, warps: int, ctas: int, stages: int, merge: str, chain
     chunk = triton.next_power_of_2(-(-group * dim // ctas))
     slot = slot_bytes(merge, group, dim, chunk)
     return dict(STAGES=stages, REGION=layout.head_region_bytes, WARPS=warps, CHAINS=chains,
-                PLANES=layout.plane_offset("k_scale"), CTAS=ctas, GROUP=group, D=dim, MERGE=merge,
+                PLANES=layout.plane_offset("k_scale"), LANE_COPIES=lane_copies, CODES=layout.plane_offset("v_codes"),
+                V_PHASE=2 if dim == 128 else 1, CTAS=ctas, GROUP=group, D=dim, MERGE=merge,
                 MERGED=merge_layout(slots, chunk, warps), S_PAD=slots, CHUNK=chunk, SLOT_BYTES=slot)
 
 
@@ -334,12 +339,12 @@ class Buffers:
 
 
 def mode_launches(cell, warps: int, ctas: int, stages: int, mode: str, buffers: Buffers, work: int = 0,
-                  jitter: int = 0, chains: int = 1) -> list:
+                  jitter: int = 0, chains: int = 1, lane_copies: bool = False) -> list:
     """One callable per layer's cache copy running ``mode`` (module docstring) for a shape over the cell's blocks."""
     case = cell.case
     batch, hkv = case.block_table.shape[0], case.caches[0].shape[1]
     nsplit = warps * ctas
-    constants = kernel_constants(cell, warps, ctas, stages, MERGE_FORMS[mode], chains)
+    constants = kernel_constants(cell, warps, ctas, stages, MERGE_FORMS[mode], chains, lane_copies)
     in_cluster = MERGE_FORMS[mode] != "global"
     out = buffers.out.get(mode, buffers.out["launch"])
     part, lse = buffers.part, buffers.lse
@@ -364,12 +369,13 @@ def mode_launches(cell, warps: int, ctas: int, stages: int, mode: str, buffers: 
     return [launches(cache) for cache in case.caches]
 
 
-def merge_error(cell, warps: int, ctas: int, stages: int, buffers: Buffers, modes: tuple[str, ...]) -> dict:
+def merge_error(cell, warps: int, ctas: int, stages: int, buffers: Buffers, modes: tuple[str, ...],
+                lane_copies: bool = False) -> dict:
     """One launch of each of ``modes`` (in order: "split" first) over the first layer's cache copy, each merged
     output compared with a float64 merge of the partials the split-only mode stores (the same stand-in values):
     {mode: max |out - reference| / max |partial|} for the modes that merge."""
     for mode in modes:
-        mode_launches(cell, warps, ctas, stages, mode, buffers)[0]()
+        mode_launches(cell, warps, ctas, stages, mode, buffers, lane_copies=lane_copies)[0]()
     torch.cuda.synchronize()
     part, lse = buffers.part.double(), buffers.lse.double()
     weight = torch.exp2(lse - lse.amax(dim=-1, keepdim=True))
@@ -387,13 +393,14 @@ def offline_cell(head_dim: int, group: int) -> types.SimpleNamespace:
         layout=layout, query=torch.empty(1, group, head_dim), caches=[torch.empty(1, 1, layout.head_region_bytes)]))
 
 
-def compile_offline(head_dim: int, group: int, warps: int, ctas: int, stages: int, merge: str):
+def compile_offline(head_dim: int, group: int, warps: int, ctas: int, stages: int, merge: str,
+                    lane_copies: bool = False):
     """cluster_split_kernel's CompiledKernel for sm_90 without a GPU (the constexprs kernel_constants gives a cell of
     this head_dim and GQA group)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    constants = kernel_constants(offline_cell(head_dim, group), warps, ctas, stages, merge)
+    constants = kernel_constants(offline_cell(head_dim, group), warps, ctas, stages, merge, lane_copies=lane_copies)
     names = cluster_split_kernel.arg_names
     pointers = {"bt_ptr": "*i32", "cache_ptr": "*u8", "part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": "*fp32"}
     signature = {name: pointers.get(name, "i32") for name in names[:-len(constants)]}
@@ -429,6 +436,9 @@ def main() -> int:
                         help="the stand-in's FMAs in 1 dependent chain (latency-bound) or 4 (issue-bound)")
     parser.add_argument("--jitter", type=int, nargs="+", default=[0, 1], choices=(0, 1),
                         help="1 = the stand-in's length varies per program and tile by a factor in [0.5, 1.5)")
+    parser.add_argument("--lane-copies", action="store_true",
+                        help="split programs copy by per-lane cp.async into swizzled code lines (copy_shapes' 'c' "
+                             "shapes, the form a decode reading staged tiles needs) instead of one bulk copy per tile")
     parser.add_argument("--check-only", action="store_true",
                         help="only compare each shape's merged outputs with the float64 merge (exit 1 on a "
                              "difference), no timing: a first, short run under `timeout`")
@@ -452,7 +462,7 @@ def main() -> int:
         for warps, ctas, stages in args.shapes:
             buffers = Buffers(batch, hq, warps * ctas, dim, device)
             modes = tuple(MERGE_FORMS) if ctas <= MAX_CLUSTER else ("split", "launch")  # no cluster of > 16
-            errors = merge_error(cell, warps, ctas, stages, buffers, modes)
+            errors = merge_error(cell, warps, ctas, stages, buffers, modes, args.lane_copies)
             bad = {mode: err for mode, err in errors.items() if not err <= MERGE_TOLERANCE}
             if bad:
                 failed.append(f"{geometry} {length} B={batch} {warps}:{ctas}:{stages} {bad}")
@@ -465,11 +475,12 @@ def main() -> int:
                     itertools.product(args.work, args.jitter, args.chains), modes):
                 if (jitter or chains > 1) and not work:
                     continue  # jitter or chains of nothing
-                ms = time_graph(mode_launches(cell, warps, ctas, stages, mode, buffers, work, jitter, chains),
-                                args.reps)
+                ms = time_graph(mode_launches(cell, warps, ctas, stages, mode, buffers, work, jitter, chains,
+                                              args.lane_copies), args.reps)
                 rows.append({"geometry": geometry, "context": length, "batch": batch, "mode": mode, "warps": warps,
                              "ctas": ctas, "stages": stages, "splits": warps * ctas, "work": work, "jitter": jitter,
-                             "chains": chains, "ms": ms, "merge_error": errors.get(mode)})
+                             "chains": chains, "lane_copies": args.lane_copies, "ms": ms,
+                             "merge_error": errors.get(mode)})
                 print(f"    work {work} jitter {jitter} chains {chains} {mode:8s}: {ms * 1000:.1f} us", flush=True)
         del cell
         torch.cuda.empty_cache()

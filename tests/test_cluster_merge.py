@@ -39,6 +39,16 @@ for shape in SHAPES:
             reading_loop_bulk=[sum(op == "UBLKCP" for address, op in ops if lo <= address <= hi) for lo, hi in loops
                                if any(op == "LDS" and lo <= address <= hi for address, op in ops)],
             cluster_arrive=counts["UCGABAR_ARV"], cluster_wait=counts["UCGABAR_WAIT"], pushes=counts["STAS"])
+for dim, group in ((128, 4), (64, 3)):  # --lane-copies: the split programs' per-lane cp.async
+    sass, registers, stack = read_compiled(compile_offline(dim, group, 4, 16, 2, "push", lane_copies=True), None)
+    ops = instructions(sass)
+    loops = [(lo, hi) for lo, hi, is_loop in backward_branches(sass) if is_loop]
+    report[f"lanes_{dim}"] = dict(
+        local=sass.count("STL") + sass.count("LDL"),
+        loop_barriers=sum(op.startswith("BAR") for address, op in ops for lo, hi in loops if lo <= address <= hi),
+        reading_loop_copies=[[sum(op == name for address, op in ops if lo <= address <= hi)
+                              for name in ("LDGSTS", "UBLKCP")] for lo, hi in loops
+                             if any(op == "LDS" and lo <= address <= hi for address, op in ops)])
 print(json.dumps(report))
 '''
 
@@ -61,6 +71,15 @@ def test_kernel_synchronises_only_as_its_merge_form_says(compiled: dict, shape: 
     assert report["cluster_arrive"] == report["cluster_wait"] == barriers
     elements = -(-group * head_dim // 32) + -(-ctas * group // 32)  # per lane: its outputs, then every owner's lse
     assert report["pushes"] == (elements if form == "push" else 0)
+
+
+@pytest.mark.parametrize("dim", [128, 64])
+def test_lane_copies_option_copies_by_lane(compiled: dict, dim: int) -> None:
+    """--lane-copies: each reading loop's trip issues every lane's share of the region's 16-byte chunks by cp.async
+    (9 at head_dim 128, 5 at 64) and no bulk copy, still without a CTA-wide barrier or local memory."""
+    report = compiled[f"lanes_{dim}"]
+    assert report["local"] == 0 and report["loop_barriers"] == 0 and report["reading_loop_copies"]
+    assert all(copies == [9 if dim == 128 else 5, 0] for copies in report["reading_loop_copies"])
 
 
 @pytest.mark.parametrize("slots,chunk,warps", [(128, 32, 8), (64, 16, 4), (16, 16, 1), (16, 32, 2), (8, 64, 1)])
