@@ -10,8 +10,9 @@ their partials meeting in distributed shared memory. Gluon 3.6 lowers none of th
 it is inline PTX, and the kernel, compiled for one CTA per program, is launched with a cluster dimension through
 Triton's own launcher (raw_launch).
 
-Each split program's work is bench/copy_warps.py's: copy its tiles of the cell's blocks, read their scale planes,
-optionally a compute stand-in (--work / --jitter / --chains as in bench/copy_shapes.py); its partial (GROUP x D
+Each split program's work is bench/copy_warps.py's: copy its tiles of the cell's blocks (one bulk copy per tile, or
+with --lane-copies per-lane cp.async into swizzled lines), read their scale planes, optionally a compute stand-in
+(--work / --jitter / --chains as in bench/copy_shapes.py); its partial (GROUP x D
 values and GROUP log-sum-exps) is a deterministic function of what it read, so that the merge has real data. Per
 cell and shape (warps:ctas:stages; splits per pair = warps x ctas) four modes, CUDA-graph replays over every layer's
 cache copy:
