@@ -12,10 +12,9 @@ Triton's own launcher (raw_launch).
 
 Each split program's work is bench/copy_warps.py's: copy its tiles of the cell's blocks (one bulk copy per tile, or
 with --lane-copies per-lane cp.async into swizzled lines), read their scale planes, optionally a compute stand-in
-(--work / --jitter / --chains as in bench/copy_shapes.py); its partial (GROUP x D
-values and GROUP log-sum-exps) is a deterministic function of what it read, so that the merge has real data. Per
-cell and shape (warps:ctas:stages; splits per pair = warps x ctas) four modes, CUDA-graph replays over every layer's
-cache copy:
+(--work / --jitter / --chains as in bench/copy_shapes.py); its partial (GROUP x D values and GROUP log-sum-exps) is
+a deterministic function of what it read, so that the merge has real data. Per cell and shape (warps:ctas:stages;
+splits per pair = warps x ctas) four modes, CUDA-graph replays over every layer's cache copy:
 
 * ``split``: the split kernel alone, partials stored to global memory (what the merge's cost is measured on top of);
 * ``launch``: the same kernel, then the shipped merge (triton_ops' merge launch, programmatic dependent launch);
