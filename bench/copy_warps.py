@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 
 #: Bytes per mbarrier (8 used): 16 keeps every warp's ring, and so every bulk copy's destination, 16-byte aligned.
 BARRIER_SLOT: gl.constexpr = gl.constexpr(16)
-#: Bytes per warp of the one Gluon allocation (keep_raw_shared): a power of two, as its shape must be, and a
+#: Bytes per warp of the one Gluon allocation (raw_base): a power of two, as its shape must be, and a
 #: multiple of 16, so that the raw bytes after it start 16-byte aligned.
 KEEP_PER_WARP: gl.constexpr = gl.constexpr(32)
 #: CUfunction_attribute of the dynamic shared memory a kernel may take.
