@@ -43,8 +43,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from copy_warps import (BARRIER_SLOT, _lane_and_warp, raw_base, raw_launch, ring_bytes,  # noqa: E402
-                        warp_split_checksum)
+from copy_warps import (BARRIER_SLOT, _lane_and_warp, add_stand_in_arguments, raw_base, raw_launch,  # noqa: E402
+                        ring_bytes, warp_split_checksum)
 from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, finish, gluon_case  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
@@ -430,12 +430,7 @@ def main() -> int:
                                                                    parse_cell("smollm2-135m:131072:8")])
     parser.add_argument("--shapes", type=parse_shape, nargs="+",
                         default=[parse_shape(s) for s in ("8:16:2", "4:16:3", "4:8:3", "2:16:3")])
-    parser.add_argument("--work", type=int, nargs="+", default=[0, 200],
-                        help="FMAs of the compute stand-in after each tile lands (0 = none)")
-    parser.add_argument("--chains", type=int, nargs="+", default=[4], choices=(1, 4),
-                        help="the stand-in's FMAs in 1 dependent chain (latency-bound) or 4 (issue-bound)")
-    parser.add_argument("--jitter", type=int, nargs="+", default=[0, 1], choices=(0, 1),
-                        help="1 = the stand-in's length varies per program and tile by a factor in [0.5, 1.5)")
+    add_stand_in_arguments(parser, [0, 200], [4], [0, 1])
     parser.add_argument("--lane-copies", action="store_true",
                         help="split programs copy by per-lane cp.async into swizzled code lines (copy_shapes' 'c' "
                              "shapes, the form a decode reading staged tiles needs) instead of one bulk copy per tile")

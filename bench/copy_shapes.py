@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from copy_warps import compute_stand_in, copy_warps_kernel, raw_launch, ring_bytes  # noqa: E402
+from copy_warps import (add_stand_in_arguments, compute_stand_in, copy_warps_kernel, raw_launch,  # noqa: E402
+                        ring_bytes)
 from decode_floor import floor_ms  # noqa: E402
 from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, finish, gluon_case  # noqa: E402
 from split_timeline import parse_cell  # noqa: E402
@@ -311,12 +312,7 @@ def main() -> int:
                         default=[parse_shape(s) for s in ("1:2:plan", "1:3:plan", "1:4:plan", "4:4:quarter",
                                                           "4:6:quarter", "4p:4:quarter", "4p:6:quarter",
                                                           "4p:8:eighth", "1:2:tiles")])
-    parser.add_argument("--work", type=int, nargs="+", default=[0],
-                        help="every shape but 4p: FMAs of a compute stand-in after each tile lands (0 = none)")
-    parser.add_argument("--chains", type=int, nargs="+", default=[1], choices=(1, 4),
-                        help="the stand-in's FMAs in 1 dependent chain (latency-bound) or 4 (issue-bound)")
-    parser.add_argument("--jitter", type=int, nargs="+", default=[0], choices=(0, 1),
-                        help="1 = the stand-in's length varies per program and tile by a factor in [0.5, 1.5)")
+    add_stand_in_arguments(parser, [0], [1], [0], note="every shape but 4p: ")
     add_output_arguments(parser)
     args = parser.parse_args()
     device = cuda_device("bench/copy_shapes.py times TMA copies on a CUDA GPU; none is visible.")

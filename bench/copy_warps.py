@@ -272,6 +272,17 @@ def lane_copy_destination(at: int, codes: int, v_phase: int) -> int:
     return at - part + line * 128 + (((part % 128) // 16) ^ phase) * 16 if at < 2 * codes else at
 
 
+def add_stand_in_arguments(parser, work: list[int], chains: list[int], jitter: list[int], note: str = "") -> None:
+    """--work / --chains / --jitter: the values of compute_stand_in's work, CHAINS and jitter a script sweeps (with
+    these defaults); note: what the help of --work adds (which shapes take the stand-in)."""
+    parser.add_argument("--work", type=int, nargs="+", default=work,
+                        help=f"{note}FMAs of a compute stand-in after each tile lands (0 = none)")
+    parser.add_argument("--chains", type=int, nargs="+", default=chains, choices=(1, 4),
+                        help="the stand-in's FMAs in 1 dependent chain (latency-bound) or 4 (issue-bound)")
+    parser.add_argument("--jitter", type=int, nargs="+", default=jitter, choices=(0, 1),
+                        help="1 = the stand-in's length varies per program and tile by a factor in [0.5, 1.5)")
+
+
 def printed_when_compiled(kernel, constants: dict) -> list[str]:
     """The lines a Gluon kernel taking only constexprs prints while it is traced (gl.static_print), compiled for
     sm_90 without a GPU and without Triton's cache (a cached kernel is not traced again)."""
