@@ -38,6 +38,7 @@ import itertools
 import os
 import sys
 import types
+from typing import Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -339,8 +340,9 @@ class Buffers:
 
 
 def mode_launches(cell, warps: int, ctas: int, stages: int, mode: str, buffers: Buffers, work: int = 0,
-                  jitter: int = 0, chains: int = 1, lane_copies: bool = False) -> list:
-    """One callable per layer's cache copy running ``mode`` (module docstring) for a shape over the cell's blocks."""
+                  jitter: int = 0, chains: int = 1, lane_copies: bool = False, layers: Optional[int] = None) -> list:
+    """One callable per layer's cache copy (the first ``layers`` of them; all by default) running ``mode`` (module
+    docstring) for a shape over the cell's blocks."""
     case = cell.case
     batch, hkv = case.block_table.shape[0], case.caches[0].shape[1]
     nsplit = warps * ctas
@@ -366,7 +368,7 @@ def mode_launches(cell, warps: int, ctas: int, stages: int, mode: str, buffers: 
 
         return split_and_merge
 
-    return [launches(cache) for cache in case.caches]
+    return [launches(cache) for cache in case.caches[:layers]]
 
 
 def merge_error(cell, warps: int, ctas: int, stages: int, buffers: Buffers, modes: tuple[str, ...],
@@ -375,7 +377,7 @@ def merge_error(cell, warps: int, ctas: int, stages: int, buffers: Buffers, mode
     output compared with a float64 merge of the partials the split-only mode stores (the same stand-in values):
     {mode: max |out - reference| / max |partial|} for the modes that merge."""
     for mode in modes:
-        mode_launches(cell, warps, ctas, stages, mode, buffers, lane_copies=lane_copies)[0]()
+        mode_launches(cell, warps, ctas, stages, mode, buffers, lane_copies=lane_copies, layers=1)[0]()
     torch.cuda.synchronize()
     part, lse = buffers.part.double(), buffers.lse.double()
     weight = torch.exp2(lse - lse.amax(dim=-1, keepdim=True))
