@@ -269,21 +269,24 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
                   dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=2),
                   dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=3),
                   dict(unpack=UNPACK_PTX, cuda_graph=True))
-#: The "cluster" check (opt-in, not in the default --only: AttentionConfig.gluon_cluster_merge is untimed and its
-#: PTX unchecked on a GPU before session 47's call): gluon_decode's merge inside a cluster, unstaged and staged
-#: (cp.async and TMA), with fp16 V operands, and with one split per pair, on the quick cases.
+#: The "cluster" check (opt-in, not in the default --only: AttentionConfig.gluon_cluster_merge and gluon_window_tiles
+#: are untimed and unchecked on a GPU before session 47's call): gluon_decode's merge inside a cluster, unstaged and
+#: staged (cp.async and TMA), with fp16 V operands, with one split per pair, with two window tiles per window
+#: program; and window programs of 2 and 3 tiles with the merge launch, on the quick cases.
 CLUSTER_VARIANTS = (dict(unpack=UNPACK_PTX, gluon_cluster_merge=True),
                     dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_copy_stages=0),
                     dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_copy_stages=2, gluon_copy_tma=True),
                     dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_f16_values=True),
                     dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, num_splits=1),
-                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, cuda_graph=True))
+                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, cuda_graph=True),
+                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_window_tiles=2),
+                    dict(unpack=UNPACK_PTX, gluon_window_tiles=2), dict(unpack=UNPACK_PTX, gluon_window_tiles=3))
 
 
 #: The launch knobs oscar_decode refuses (ValueError "<knob>=<value> needs ...") where they do not apply: TMA tile
 #: loads need one group per row and whole tiles (not G < D), staging and fp16 V operands need gluon_decode's kernel.
 VARIANTS_REFUSED = ("gluon_copy_stages=", "tma_stages=", "gluon_f16_values=", "gluon_window_prefetch=",
-                    "gluon_copy_tma=", "gluon_cluster_merge=")
+                    "gluon_copy_tma=", "gluon_cluster_merge=", "gluon_window_tiles=")
 
 
 def check_decode(report: list, quick: bool = False, with_knob: str | None = None, case: str | None = None,

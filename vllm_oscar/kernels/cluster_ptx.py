@@ -33,8 +33,10 @@ def lane_id():
 @gluon.jit
 def shared_base():
     """The shared-window address of the kernel's dynamic shared memory (global_smem: Triton's name for it), int32.
-    Triton declares global_smem only in kernels that allocate shared memory: see declared_shared_base."""
-    return gl.inline_asm_elementwise("mov.b32 $0, global_smem;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+    Triton declares global_smem only in kernels that allocate shared memory: see declared_shared_base. Not pure, so
+    that a kernel asking for it again after a loop gets it anew (one instruction) instead of a register held
+    across the loop."""
+    return gl.inline_asm_elementwise("mov.b32 $0, global_smem;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

@@ -786,7 +786,7 @@ def int2_split_gluon_kernel(
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
     F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False, COPY_TMA: gl.constexpr = False,
-    CLUSTER: gl.constexpr = 0, merge_smem=0,
+    CLUSTER: gl.constexpr = 0, WINDOW_TILES: gl.constexpr = 1, merge_smem=0,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
@@ -801,7 +801,11 @@ def int2_split_gluon_kernel(
     partials meet in the cluster's shared memory (_push_partial, _merge_owned: CLUSTER slots of MAX_GROUP (D /
     CLUSTER + 1) floats and an mbarrier per CTA, at byte merge_smem of the dynamic shared memory, past Gluon's own)
     and part_ptr is the decode's output [B, Hq, D] (stride_pb / stride_ph; stride_ps, lse_ptr and its strides
-    unused): no merge launch. merge_smem is unused without CLUSTER."""
+    unused): no merge launch. merge_smem is unused without CLUSTER.
+
+    WINDOW_TILES > 1 (AttentionConfig.gluon_window_tiles): window program NSPLIT + w takes window tiles w WINDOW_TILES
+    .. (w + 1) WINDOW_TILES - 1 one after another (online softmax across them), so a pair has cdiv(window tiles,
+    WINDOW_TILES) window programs (with CLUSTER: room for more splits in the cluster)."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -815,8 +819,7 @@ def int2_split_gluon_kernel(
         pid = gl.program_id(0) % CLUSTER
         b = gl.program_id(1)
         DC: gl.constexpr = D // CLUSTER
-        merge_base = cluster_ptx.declared_shared_base() + merge_smem
-        bar = merge_base + 4 * CLUSTER * MAX_GROUP * (DC + 1)  # after the CLUSTER slots
+        bar = cluster_ptx.declared_shared_base() + merge_smem + 4 * CLUSTER * MAX_GROUP * (DC + 1)  # past the slots
         cluster_ptx.init_receiver(bar, CLUSTER * GROUP * (DC + 1) * 4, cluster_ptx.lane_id() == 0)
         cluster_ptx.cluster_arrive_relaxed()
     else:
@@ -900,46 +903,59 @@ def int2_split_gluon_kernel(
                 if (i - lo) % FOLD == FOLD - 1:
                     acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
     else:
-        tile = pid - NSPLIT
-        in_sink = tile < NSINK
-        part_lo = gl.where(in_sink, 0, tail_start)
-        part_hi = gl.where(in_sink, head_end, length)
-        t0 = (part_lo // TILE + gl.where(in_sink, tile, tile - NSINK)) * TILE
-        if t0 < part_hi:
-            mrow = gl.arange(0, TILE, layout=ROWS)
-            s = t0 + 8 * (mrow % 8) + 2 * (mrow // 16) + (mrow // 8) % 2  # ROW_POS
-            ok = (s >= part_lo) & (s < part_hi)
-            wblk = gl.load(wbt_ptr + b.to(gl.int64) * stride_bt + t0 // BS)
-            copy = ok & (wblk >= 0) & ((s < sink_end) | (s >= int2_end))  # window positions with a BF16 copy
-            no_copy = ok & ~copy  # INT2: window positions without a copy, and the INT2 edges of the range
-            w_head = gl.maximum(wblk, 0).to(gl.int64) * stride_w0 + h * stride_w2
-            logits = gl.full([TILE, 4], float("-inf"), gl.float32, layout=FOLDED)
-            any_copy = gl.max(copy.to(gl.int32), axis=0) > 0
-            any_int2 = gl.max(no_copy.to(gl.int32), axis=0) > 0
-            if WINDOW_PREFETCH:
-                if any_copy:  # the V rows are read last, after the logits
-                    _prefetch_window_rows(wv_ptr + w_head, stride_w1, D)
-            if any_copy:
-                x_copy = _window_logits(wk_ptr + w_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D, GROUP)
-                logits = gl.where(copy[:, None], x_copy * qk_scale, logits)
-            base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
-            if any_int2:
-                q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
-                                                          GROUP)
-                codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
-                                                           V_SCALE, V_ZERO, F16_VALUES)
-                x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
-                logits = gl.where(no_copy[:, None], x * l_scale[None, :], logits)
-            m_i = gl.max(logits, axis=0)
-            l_acc = gl.exp2(logits - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-            if any_int2:
-                codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
-                                                           V_SCALE, V_ZERO, F16_VALUES)
-                sums, acc = _tile_values(gl.where(no_copy[:, None], l_acc, 0.0), vs, vz, pairs, sums, acc, ones, Q,
-                                         F16_VALUES)
-            if any_copy:  # BF16 values enter acc scaled like the INT2 codes (the epilogue divides by F_P)
-                acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], l_acc, 0.0), D) \
-                    * _row_factor(D, F16_VALUES)[:, None]
+        for k in gl.static_range(WINDOW_TILES):  # this program's window tiles, one after another
+            tile = (pid - NSPLIT) * WINDOW_TILES + k
+            in_sink = tile < NSINK
+            part_lo = gl.where(in_sink, 0, tail_start)
+            part_hi = gl.where(in_sink, head_end, length)
+            t0 = (part_lo // TILE + gl.where(in_sink, tile, tile - NSINK)) * TILE
+            if t0 < part_hi:
+                mrow = gl.arange(0, TILE, layout=ROWS)
+                s = t0 + 8 * (mrow % 8) + 2 * (mrow // 16) + (mrow // 8) % 2  # ROW_POS
+                ok = (s >= part_lo) & (s < part_hi)
+                wblk = gl.load(wbt_ptr + b.to(gl.int64) * stride_bt + t0 // BS)
+                copy = ok & (wblk >= 0) & ((s < sink_end) | (s >= int2_end))  # window positions with a BF16 copy
+                no_copy = ok & ~copy  # INT2: window positions without a copy, and the INT2 edges of the range
+                w_head = gl.maximum(wblk, 0).to(gl.int64) * stride_w0 + h * stride_w2
+                logits = gl.full([TILE, 4], float("-inf"), gl.float32, layout=FOLDED)
+                any_copy = gl.max(copy.to(gl.int32), axis=0) > 0
+                any_int2 = gl.max(no_copy.to(gl.int32), axis=0) > 0
+                if WINDOW_PREFETCH:
+                    if any_copy:  # the V rows are read last, after the logits
+                        _prefetch_window_rows(wv_ptr + w_head, stride_w1, D)
+                if any_copy:
+                    x_copy = _window_logits(wk_ptr + w_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D, GROUP)
+                    logits = gl.where(copy[:, None], x_copy * qk_scale, logits)
+                base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
+                if any_int2:
+                    q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
+                                                              GROUP)
+                    codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
+                                                               V_SCALE, V_ZERO, F16_VALUES)
+                    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
+                    logits = gl.where(no_copy[:, None], x * l_scale[None, :], logits)
+                if WINDOW_TILES == 1:
+                    m_i = gl.max(logits, axis=0)
+                    l_acc = gl.exp2(logits - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+                    p = l_acc
+                else:  # the tiles before this one rescaled to the new running max
+                    m_new = gl.maximum(m_i, gl.max(logits, axis=0))
+                    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = gl.exp2(m_i - m_safe)
+                    p = gl.exp2(logits - m_safe[None, :])
+                    l_acc = l_acc * alpha[None, :] + p
+                    alpha_c = _per_column(alpha)
+                    acc *= alpha_c[None, :]
+                    sums *= alpha_c[None, :]
+                    m_i = m_new
+                if any_int2:
+                    codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
+                                                               V_SCALE, V_ZERO, F16_VALUES)
+                    sums, acc = _tile_values(gl.where(no_copy[:, None], p, 0.0), vs, vz, pairs, sums, acc, ones, Q,
+                                             F16_VALUES)
+                if any_copy:  # BF16 values enter acc scaled like the INT2 codes (the epilogue divides by F_P)
+                    acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], p, 0.0), D) \
+                        * _row_factor(D, F16_VALUES)[:, None]
 
     acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j: head j's output times F_P l_j
     COLS: gl.constexpr = gl.SliceLayout(0, MMA)
@@ -958,6 +974,8 @@ def int2_split_gluon_kernel(
     if CLUSTER > 0:
         lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         cluster_ptx.cluster_wait()  # every CTA's mbarrier initialised
+        merge_base = cluster_ptx.shared_base() + merge_smem  # again: nothing of it held across the split loop
+        bar = merge_base + 4 * CLUSTER * MAX_GROUP * (DC + 1)
         _push_partial(out, lse, chan, merge_base + 4 * MAX_GROUP * (DC + 1) * pid, bar, GROUP, D, CLUSTER)
         cluster_ptx.wait_phase(bar)
         _merge_owned(part_ptr, stride_pb, stride_ph, b, h, pid, merge_base, GROUP, D, CLUSTER)

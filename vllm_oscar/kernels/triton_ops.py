@@ -474,7 +474,10 @@ class AttentionConfig:
     its distributed shared memory (gluon_decode's CLUSTER), so there is no merge launch; the split count is cut to
     what fits one cluster beside the pair's window programs (cluster_split_count). Runs gluon_decode's kernel
     wherever it applies; needs compute capability >= 9.0 and a Triton whose launcher cluster_launch was written for,
-    else raises.
+    else raises; gluon_window_tiles (opt-in, not yet timed): each of gluon_decode's window programs takes this many
+    window tiles one after another (gluon_decode's WINDOW_TILES), so a pair has cdiv(window tiles, this) window
+    programs: with gluon_cluster_merge, room for that many more splits in the cluster (6 window tiles at the default
+    windows: 10 splits at 1, 13 at 2); > 1 runs gluon_decode wherever it applies, else raises.
     """
 
     block_t: Optional[int] = None
@@ -508,6 +511,7 @@ class AttentionConfig:
     gluon_copy_tma: Optional[bool] = None
     beside_write: bool = False
     gluon_cluster_merge: bool = False
+    gluon_window_tiles: int = 1
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -1266,6 +1270,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
         gluon_splits = gluon_ok and (config.gluon_splits or bool(config.gluon_copy_stages)
                                      or bool(config.gluon_f16_values) or config.gluon_cluster_merge
+                                     or config.gluon_window_tiles > 1
                                      or gluon_pays(config, tma_stages, max_seq_len, layout.head_dim))
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
@@ -1295,6 +1300,13 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     else:
         window_t = block_t
     nsink, windows = window_tile_counts(sink, recent, block_t, window_t, split_int2 and full_tiles)
+    if config.gluon_window_tiles < 1:
+        raise ValueError(f"gluon_window_tiles={config.gluon_window_tiles}: window tiles per window program, >= 1.")
+    if config.gluon_window_tiles > 1 and not gluon_splits:
+        raise ValueError(f"gluon_window_tiles={config.gluon_window_tiles} shapes gluon_decode's window programs, which "
+                         f"this launch does not run (it needs {gluon_missing}). Leave gluon_window_tiles at 1.")
+    if gluon_splits:  # from here on, windows counts window programs
+        windows = cdiv(windows, config.gluon_window_tiles)
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
     split_tiles = int2_split_tiles(max_seq_len, sink, recent, block_t, full_tiles) if split_int2 else None
@@ -1360,6 +1372,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values, COPY_TMA=gluon_tma,
+                            WINDOW_TILES=config.gluon_window_tiles,
                             WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device),
                                                                  measured),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
