@@ -819,7 +819,8 @@ def int2_split_gluon_kernel(
         pid = gl.program_id(0) % CLUSTER
         b = gl.program_id(1)
         DC: gl.constexpr = D // CLUSTER
-        bar = cluster_ptx.declared_shared_base() + merge_smem + 4 * CLUSTER * MAX_GROUP * (DC + 1)  # past the slots
+        SLOT_BYTES: gl.constexpr = 4 * MAX_GROUP * (DC + 1)  # one program's partial in a merging CTA
+        bar = cluster_ptx.declared_shared_base() + merge_smem + CLUSTER * SLOT_BYTES  # past the slots
         cluster_ptx.init_receiver(bar, CLUSTER * GROUP * (DC + 1) * 4, cluster_ptx.lane_id() == 0)
         cluster_ptx.cluster_arrive_relaxed()
     else:
@@ -975,8 +976,8 @@ def int2_split_gluon_kernel(
         lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         cluster_ptx.cluster_wait()  # every CTA's mbarrier initialised
         merge_base = cluster_ptx.shared_base() + merge_smem  # again: nothing of it held across the split loop
-        bar = merge_base + 4 * CLUSTER * MAX_GROUP * (DC + 1)
-        _push_partial(out, lse, chan, merge_base + 4 * MAX_GROUP * (DC + 1) * pid, bar, GROUP, D, CLUSTER)
+        bar = merge_base + CLUSTER * SLOT_BYTES
+        _push_partial(out, lse, chan, merge_base + SLOT_BYTES * pid, bar, GROUP, D, CLUSTER)
         cluster_ptx.wait_phase(bar)
         _merge_owned(part_ptr, stride_pb, stride_ph, b, h, pid, merge_base, GROUP, D, CLUSTER)
     else:
