@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("eval", "quality of OSCAR vs BF16 and baselines on held-out text, with exact bits"),
     "calibrate": ("calibrate", "calibrate OSCAR rotations for a model (or import RotationZoo files)"),
     "info": ("info", "summary of a rotation file"),
+    "env": ("env", "what this machine gives OSCAR (versions, plugin, GPUs, plan tables, rotations) and its problems"),
     "bench": ("bench", "OSCAR decode benchmark on a CUDA GPU: vs BF16 SDPA and paged BF16 Triton"),
 }
 

@@ -1,0 +1,84 @@
+"""`vllm-oscar env` (vllm_oscar.environment): the facts it reports against independent sources, and each problem it
+must find (a plugin vLLM cannot see, vLLM failing to import, a bad plan table, a damaged shipped rotation file)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+
+import pytest
+import torch
+
+from vllm_oscar import environment
+from vllm_oscar.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _no_plan_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_OSCAR_DECODE_PLANS", raising=False)
+
+
+def test_report_matches_this_machine(tmp_path) -> None:
+    from vllm_oscar.calibration.files import load_rotation_file, shipped_rotation_dirs
+
+    out = tmp_path / "env.json"
+    assert main(["env", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["versions"]["torch"] == importlib.metadata.version("torch")
+    assert data["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
+    assert data["plugin"] == "vllm_oscar:register"
+    assert data["vllm_import"] == "ok"
+    assert data["problems"] == []
+    assert len(data["devices"]) == torch.cuda.device_count()
+    if not torch.cuda.is_available():
+        assert data["kernels"].startswith("CPU")
+    shipped = sorted(p for d in shipped_rotation_dirs() for p in d.glob("*.safetensors"))
+    assert shipped, "the checkout ships at least one rotation file"
+    assert data["rotation_files"] == {str(p): load_rotation_file(p).identity.describe() for p in shipped}
+    assert "NVIDIA_H200.json" in data["shipped_plan_tables"]
+
+
+def test_missing_plugin_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: [])
+    report = environment.collect()
+    assert report.plugin is None
+    assert any("no 'oscar' plugin" in p.what and "pip install" in p.fix for p in report.problems)
+
+
+def test_vllm_import_failure_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.import_module
+
+    def failing(name: str, *args, **kwargs):
+        if name == "vllm":
+            raise ImportError("planted failure")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", failing)
+    report = environment.collect()
+    assert "planted failure" in report.vllm_import
+    problem = next(p for p in report.problems if p.what.startswith("import vllm fails"))
+    assert "planted failure" in problem.what and problem.fix
+
+
+def test_bad_plan_table_is_a_problem(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the table is checked against the device instead (tests/test_measured_plans.py)")
+    table = tmp_path / "plans.json"
+    table.write_text("{not json")
+    monkeypatch.setenv("VLLM_OSCAR_DECODE_PLANS", str(table))
+    assert main(["env"]) == 1
+    text = capsys.readouterr().out
+    assert "problems (1):" in text and str(table) in text and "not valid JSON" in text
+    assert f"VLLM_OSCAR_DECODE_PLANS={table}" in text
+
+
+def test_damaged_rotation_file_is_a_problem(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_oscar.calibration import files
+
+    damaged = tmp_path / "Broken.safetensors"
+    damaged.write_bytes(b"\x00" * 64)
+    monkeypatch.setattr(files, "shipped_rotation_dirs", lambda: [tmp_path])
+    report = environment.collect()
+    assert report.rotation_files == {}
+    assert any(str(damaged) in p.what and "reinstall" in p.fix for p in report.problems)
