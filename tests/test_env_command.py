@@ -7,9 +7,12 @@ import importlib
 import importlib.metadata
 import json
 
+from pathlib import Path
+
 import pytest
 import torch
 
+import vllm_oscar
 from vllm_oscar import environment
 from vllm_oscar.cli import main
 
@@ -28,6 +31,7 @@ def test_report_matches_this_machine(tmp_path) -> None:
     assert data["versions"]["torch"] == importlib.metadata.version("torch")
     assert data["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert data["plugin"] == "vllm_oscar:register"
+    assert data["package_dir"] == str(Path(vllm_oscar.__file__).resolve().parent)
     assert data["vllm_import"] == "ok"
     assert data["problems"] == []
     assert len(data["devices"]) == torch.cuda.device_count()
@@ -82,3 +86,23 @@ def test_damaged_rotation_file_is_a_problem(tmp_path, monkeypatch: pytest.Monkey
     report = environment.collect()
     assert report.rotation_files == {}
     assert any(str(damaged) in p.what and "reinstall" in p.fix for p in report.problems)
+
+
+def test_another_copy_elsewhere_is_a_problem(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = tmp_path / "vllm_oscar"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # what a fresh process started elsewhere imports first
+    report = environment.collect()
+    assert report.package_dir_elsewhere == str(other.resolve())
+    assert any(str(other.resolve()) in p.what and "pip install -e" in p.fix for p in report.problems)
+
+
+def test_no_import_elsewhere_is_a_problem(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tmp_path / "vllm_oscar"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('planted: not installed')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    report = environment.collect()
+    assert report.package_dir_elsewhere.startswith("error: ") and "planted" in report.package_dir_elsewhere
+    assert any("cannot be imported" in p.what and "planted" in p.what for p in report.problems)

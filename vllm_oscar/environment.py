@@ -11,6 +11,9 @@ import dataclasses
 import importlib
 import importlib.metadata
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -64,6 +67,8 @@ class EnvironmentReport:
     versions: dict[str, Optional[str]]
     python: str
     plugin: Optional[str]  # the vllm.general_plugins entry point of this package, None if vLLM cannot find it
+    package_dir: str  # where this process imports vllm_oscar from
+    package_dir_elsewhere: str  # where a process started in another directory imports it from (or its error)
     vllm_import: str  # "ok" or the import error
     triton_gluon: str  # "ok" or why gluon_decode cannot be imported
     kernels: str  # what OSCAR's kernels run on here
@@ -98,6 +103,31 @@ def _check_plugin(entry: Optional[str], problems: list[Problem]) -> None:
         problems.append(Problem(f"the '{PLUGIN_NAME}' plugin points at {entry}, not {PLUGIN_TARGET}: another "
                                 f"package took the name, or an old install is left.",
                                 "pip uninstall the other package, then reinstall vllm-oscar."))
+
+
+def _package_dir_elsewhere() -> str:
+    """The folder a fresh Python started outside the current directory (as vLLM's console script or a worker
+    launched elsewhere) imports vllm_oscar from, with this process's environment; or its import error."""
+    probe = "import os, vllm_oscar; print(os.path.dirname(os.path.abspath(vllm_oscar.__file__)))"
+    with tempfile.TemporaryDirectory() as neutral:
+        result = subprocess.run([sys.executable, "-c", probe], cwd=neutral, capture_output=True, text=True,
+                                check=False)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        return "error: " + (lines[-1] if lines else f"exit status {result.returncode}")
+    return result.stdout.strip()
+
+
+def _check_package_dir(here: str, elsewhere: str, problems: list[Problem]) -> None:
+    checkout = str(Path(here).parent)
+    if elsewhere.startswith("error: "):
+        problems.append(Problem(f"outside the current directory vllm_oscar cannot be imported ({elsewhere[7:]}): "
+                                f"vLLM's console script and workers started elsewhere will not find it.",
+                                f"pip install -e {checkout}"))
+    elif Path(elsewhere).resolve() != Path(here).resolve():
+        problems.append(Problem(f"this process imports vllm_oscar from {here}, a process started elsewhere from "
+                                f"{elsewhere}: two copies, and vLLM may load the other one.",
+                                f"pip install -e {checkout} (or run from a directory without a vllm_oscar folder)."))
 
 
 def _check_vllm(versions: dict[str, Optional[str]], problems: list[Problem]) -> str:
@@ -201,6 +231,9 @@ def collect() -> EnvironmentReport:
     versions = {name: _version(name) for name in DISTRIBUTIONS}
     plugin = _plugin_entry()
     _check_plugin(plugin, problems)
+    here = str(Path(__file__).resolve().parent)
+    elsewhere = _package_dir_elsewhere()
+    _check_package_dir(here, elsewhere, problems)
     vllm_import = _check_vllm(versions, problems)
     gluon, gluon_minimum = _gluon_state()
     devices = [_device_report(index, gluon_minimum, problems) for index in range(torch.cuda.device_count())]
@@ -214,7 +247,7 @@ def collect() -> EnvironmentReport:
     setting = os.environ.get(TABLE_ENV)
     if not devices:
         _check_plan_setting(setting, problems)
-    return EnvironmentReport(versions, platform.python_version(), plugin, vllm_import, gluon, kernels, devices,
+    return EnvironmentReport(versions, platform.python_version(), plugin, here, elsewhere, vllm_import, gluon, kernels, devices,
                              setting, _shipped_plan_tables(), _rotation_files(problems), _variables(), problems)
 
 
@@ -224,6 +257,7 @@ def report_lines(report: EnvironmentReport) -> list[str]:
     lines += [f"  {name:<13} {version or '-'}" for name, version in report.versions.items()]
     lines += [f"  {'python':<13} {report.python}",
               f"vLLM plugin:   {report.plugin or 'not found'}",
+              f"vllm_oscar:    {report.package_dir} (elsewhere: {report.package_dir_elsewhere})",
               f"import vllm:   {report.vllm_import}",
               f"Gluon kernels: {report.triton_gluon}",
               f"kernels:       {report.kernels}"]
