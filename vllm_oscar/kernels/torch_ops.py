@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from vllm_oscar.kernels.checks import (
     check_attention_common,
@@ -25,7 +26,7 @@ from vllm_oscar.kernels.checks import (
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
-from vllm_oscar.config import REFIT_SCALE_FLOOR, RefitIterations, refit_pair
+from vllm_oscar.config import REFIT_SCALE_FLOOR, TORCH_QUERY_CHUNK, RefitIterations, refit_pair
 from vllm_oscar.quant import QuantizedRows, dequantize, pack_codes, quantize_rows, unpack_codes
 
 
@@ -148,7 +149,8 @@ def _prefix_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both readings of a request's first ``length`` cached positions.
 
-    Returns (k_int2, v_int2, k_bf16, v_bf16 : [Hkv, length, D] fp32, has_copy [length] bool).
+    Returns (k_int2, v_int2 : [Hkv, length, D] fp32, every position; k_copy, v_copy : [Hkv, W, D] fp32, the BF16
+    copies of the W positions whose logical block has a window block; copy_positions [W] int64, ascending).
     """
     bs = layout.block_size
     num_blocks = -(-length // bs)
@@ -156,15 +158,13 @@ def _prefix_rows(
     window_blocks = window_block_table[request, :num_blocks].long()
     k_int2 = _dequantized(views, "k", blocks, length, layout)
     v_int2 = _dequantized(views, "v", blocks, length, layout)
-    has_copy = (window_blocks >= 0).repeat_interleave(bs)[:length]
-    picked = window_blocks.clamp(min=0)
-    hkv, dim = k_int2.shape[0], layout.head_dim
+    copy_positions = (window_blocks >= 0).repeat_interleave(bs)[:length].nonzero().squeeze(1)
+    rows = window_blocks[copy_positions // bs] * bs + copy_positions % bs  # rows of the flattened window store
 
-    def flat(store: torch.Tensor) -> torch.Tensor:  # [nb, bs, Hkv, D] -> [Hkv, length, D]
-        rows = store[picked].reshape(num_blocks * bs, hkv, dim)[:length]
-        return rows.transpose(0, 1).to(torch.float32)
+    def copies(store: torch.Tensor) -> torch.Tensor:  # [nwb, bs, Hkv, D] -> [Hkv, W, D]
+        return store.flatten(0, 1)[rows].transpose(0, 1).to(torch.float32)
 
-    return k_int2, v_int2, flat(window_k), flat(window_v), has_copy
+    return k_int2, v_int2, copies(window_k), copies(window_v), copy_positions
 
 
 def _attend(
@@ -179,37 +179,71 @@ def _attend(
 ) -> torch.Tensor:
     """Attention of queries [T, Hq, D] at ``positions`` [T] over cached rows and new rows.
 
-    prefix: _prefix_rows output for positions [0, P) (P may be 0); a query sees the cached
-    positions s <= its position. new_k/new_v: [T, Hkv, D] rows at positions P..P+T-1,
-    attended causally in full precision (None in decode and when the chunk is cached).
+    prefix: _prefix_rows output for positions [0, P) (P may be 0); a query at position t sees the cached
+    positions s <= t, each read once: its BF16 copy where it has one and is in t's windows (s < sink or
+    s > t - recent), its INT2 reading otherwise. new_k/new_v: [T, Hkv, D] rows at positions P..P+T-1, attended
+    causally in full precision (None in decode and when the chunk is cached).
+
+    Per chunk of TORCH_QUERY_CHUNK queries, one scaled_dot_product_attention runs over [INT2 rows | BF16 copies |
+    new rows] up to the chunk's last position, with a mask that picks exactly one reading of every visible position
+    (float32 throughout).
     Returns [T, Hq, D] float32.
     """
-    k_int2, v_int2, k_bf16, v_bf16, has_copy = prefix
+    k_int2, v_int2, k_copy, v_copy, copy_positions = prefix
     t, hq, d = query.shape
     hkv, length = k_int2.shape[0], k_int2.shape[1]
-    q = query.to(torch.float32).reshape(t, hkv, hq // hkv, d)
-    s = torch.arange(length, device=query.device)
-    window = (s[None, :] < sink) | (s[None, :] > positions[:, None] - recent)  # [T, P]
-    use_bf16 = (window & has_copy[None, :])[:, None, None, :]  # [T, 1, 1, P]
-    logits = torch.where(
-        use_bf16,
-        torch.einsum("thgd,hsd->thgs", q, k_bf16),
-        torch.einsum("thgd,hsd->thgs", q, k_int2),
-    )
-    visible = (s[None, :] <= positions[:, None])[:, None, None, :]
-    logits = logits.masked_fill(~visible, float("-inf"))
-    if new_k is not None:
-        own = torch.einsum("thgd,jhd->thgj", q, new_k.to(torch.float32))
-        causal = torch.ones(t, t, dtype=torch.bool, device=query.device).tril()
-        own = own.masked_fill(~causal[:, None, None, :], float("-inf"))
-        logits = torch.cat((logits, own), dim=-1)
-    probs = torch.softmax(logits * softmax_scale, dim=-1)
-    p_prefix = probs[..., :length]
-    out = torch.einsum("thgs,hsd->thgd", p_prefix * use_bf16, v_bf16)
-    out = out + torch.einsum("thgs,hsd->thgd", p_prefix * ~use_bf16, v_int2)
-    if new_v is not None:
-        out = out + torch.einsum("thgj,jhd->thgd", probs[..., length:], new_v.to(torch.float32))
-    return out.reshape(t, hq, d)
+    if t == 1 and new_k is None:  # decode: one reading per position, picked before the attention
+        return _attend_one(query, int(positions[0]), prefix, sink, recent, softmax_scale)
+    new_rows = None if new_k is None else (new_k.transpose(0, 1).to(torch.float32),
+                                             new_v.transpose(0, 1).to(torch.float32))  # [Hkv, T, D] each
+    q = query.to(torch.float32).transpose(0, 1)[None]  # [1, Hq, T, D]
+    cached = torch.arange(length, device=query.device)
+    in_sink = cached < sink
+    has_copy = torch.zeros(length, dtype=torch.bool, device=query.device)
+    has_copy[copy_positions] = True
+    out = torch.empty(1, hq, t, d, dtype=torch.float32, device=query.device)
+    for start in range(0, t, TORCH_QUERY_CHUNK):
+        stop = min(t, start + TORCH_QUERY_CHUNK)
+        pos = positions[start:stop, None]
+        seen = min(length, int(pos.max()) + 1)  # no query of the chunk sees a cached position past it
+        copies = int(torch.searchsorted(copy_positions, seen))
+        visible = cached[None, :seen] <= pos  # [c, seen]
+        window = in_sink[None, :seen] | (cached[None, :seen] > pos - recent)
+        read_copy = visible & window & has_copy[None, :seen]
+        keys = [k_int2[:, :seen], k_copy[:, :copies]]
+        values = [v_int2[:, :seen], v_copy[:, :copies]]
+        mask = [visible & ~read_copy, read_copy[:, copy_positions[:copies]]]
+        if new_rows is not None:  # new row j is seen by the chunk's queries i >= j
+            keys.append(new_rows[0][:, :stop])
+            values.append(new_rows[1][:, :stop])
+            rows = torch.arange(stop, device=query.device)
+            mask.append(rows[None, :] <= rows[start:stop, None])
+        out[:, :, start:stop] = F.scaled_dot_product_attention(
+            q[:, :, start:stop], torch.cat(keys, dim=1)[None], torch.cat(values, dim=1)[None],
+            attn_mask=torch.cat(mask, dim=1), scale=softmax_scale, enable_gqa=hq != hkv)
+    return out[0].transpose(0, 1)
+
+
+def _attend_one(
+    query: torch.Tensor,
+    position: int,
+    prefix: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    sink: int,
+    recent: int,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """_attend for one query [1, Hq, D] at ``position`` over cached rows only: every position's reading (_attend's
+    rule) is picked into one [Hkv, P, D] set of rows first, so the attention needs no mask beyond causality."""
+    k_int2, v_int2, k_copy, v_copy, copy_positions = prefix
+    hq, d = query.shape[1], query.shape[2]
+    hkv = k_int2.shape[0]
+    picked = (copy_positions < sink) | (copy_positions > position - recent)
+    rows = copy_positions[picked]
+    keys = k_int2.index_copy(1, rows, k_copy[:, picked])[None, :, : position + 1]
+    values = v_int2.index_copy(1, rows, v_copy[:, picked])[None, :, : position + 1]
+    out = F.scaled_dot_product_attention(query.to(torch.float32).transpose(0, 1)[None], keys, values,
+                                         scale=softmax_scale, enable_gqa=hq != hkv)
+    return out[0].transpose(0, 1)
 
 
 def _finish(result: torch.Tensor, query_rot: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
