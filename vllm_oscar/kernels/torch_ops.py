@@ -2,8 +2,9 @@
 
 The CPU path of the vLLM backend, and a readable statement of what the Triton kernels
 compute (contract: docs/design.md, "Kernel API"). Vectorised over tokens, heads and
-positions, looped over requests (each request has its own length); float32 math, not
-fast. The quantizer is the reference one (vllm_oscar.quant), so a CPU cache holds
+positions, looped over requests (each request has its own length) and over chunks of
+queries (one masked scaled_dot_product_attention each); float32 math, not fast
+(bench/cpu_serving.py). The quantizer is the reference one (vllm_oscar.quant), so a CPU cache holds
 exactly the codes/scales/offsets the reference math gives for float32 rotated rows.
 
 Read rule for a query at position t and a cached position s < seq_len:
