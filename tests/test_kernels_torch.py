@@ -195,7 +195,14 @@ def test_torch_decode_matches_reference(case) -> None:
     assert relative_error(got, expected) < tolerance
 
 
-def test_torch_prefill_matches_reference() -> None:
+#: Queries per attention call of the torch path: the default, and a small one that splits every chunk of the prefill
+#: tests into several calls, each cut at its last query (torch_ops._attend).
+QUERY_CHUNKS = [torch_ops.TORCH_QUERY_CHUNK, 4]
+
+
+@pytest.mark.parametrize("query_chunk", QUERY_CHUNKS)
+def test_torch_prefill_matches_reference(query_chunk, monkeypatch) -> None:
+    monkeypatch.setattr(torch_ops, "TORCH_QUERY_CHUNK", query_chunk)
     gen = torch.Generator().manual_seed(11)
     hq, hkv, dim, bs, sink, recent = 4, 2, 32, 4, 6, 9
     chunks, lens = [5, 1, 7, 0], [21, 1, 7, 12]  # prefix 16, 0 (first chunk), 0, 12 (no new tokens)
@@ -216,7 +223,9 @@ def test_torch_prefill_matches_reference() -> None:
     assert relative_error(got, expected) < 1e-5
 
 
-def test_torch_prefill_chunk_from_cache_matches_decoding_token_by_token() -> None:
+@pytest.mark.parametrize("query_chunk", QUERY_CHUNKS)
+def test_torch_prefill_chunk_from_cache_matches_decoding_token_by_token(query_chunk, monkeypatch) -> None:
+    monkeypatch.setattr(torch_ops, "TORCH_QUERY_CHUNK", query_chunk)
     gen = torch.Generator().manual_seed(13)
     hq, hkv, dim, bs, sink, recent = 4, 2, 32, 4, 3, 6
     lens = [30, 1, 14]  # chunks of 9, 1 and 14 new tokens (qsl below)
