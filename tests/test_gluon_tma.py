@@ -176,3 +176,12 @@ def test_gluon_plans_walk_at_least_three_tiles_per_split(monkeypatch) -> None:
     assert tma_batch1.gluon_tma and tma_batch1.split_consts["MIN_TILES"] == triton_ops.STAGED_MIN_SPLIT_TILES
     triton = _h200_plan(monkeypatch, 4096, 8, smollm2, gluon=False)
     assert triton.split_consts["MIN_TILES"] == triton_ops.MIN_TILES_PER_SPLIT
+
+
+def test_window_prefetch_where_the_planner_picks_the_triton_kernel_says_why(monkeypatch) -> None:
+    """gluon_window_prefetch (a hint, which does not make the planner pick gluon_decode) on a launch whose planner
+    picks int2_split_kernel although gluon_decode could run (here: a knob of int2_split_kernel is set) names that
+    reason, not an empty list of what is missing."""
+    with pytest.raises(ValueError, match="gluon_window_prefetch=True .*it needs gluon_splits=True: here the planner "
+                                         "picks int2_split_kernel, because a knob of that kernel is set"):
+        _h200_plan(monkeypatch, 4096, windows_first=True, gluon_window_prefetch=True)

@@ -1272,6 +1272,10 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
                                      or bool(config.gluon_f16_values) or config.gluon_cluster_merge
                                      or config.gluon_window_tiles > 1
                                      or gluon_pays(config, tma_stages, max_seq_len, layout.head_dim))
+        if gluon_ok and not gluon_splits:
+            gluon_missing = ("gluon_splits=True: here the planner picks int2_split_kernel, because a knob of that "
+                             "kernel is set (tma_stages, prefetch, window_block_t, windows_first, split_warps) or its "
+                             "TMA tiles pay at this short context (gluon_pays)")
     elif config.gluon_splits:
         raise ValueError("AttentionConfig(gluon_splits=True) needs the INT2 split kernel (tokens_on_m=True, one "
                          f"group per row); got group_size {layout.group_size}, head_dim {layout.head_dim}, "
