@@ -106,3 +106,50 @@ def test_no_import_elsewhere_is_a_problem(tmp_path, monkeypatch: pytest.MonkeyPa
     report = environment.collect()
     assert report.package_dir_elsewhere.startswith("error: ") and "planted" in report.package_dir_elsewhere
     assert any("cannot be imported" in p.what and "planted" in p.what for p in report.problems)
+
+
+def _config_folder(folder: Path, head_dim: int = 64, **shapes) -> str:
+    """A model folder holding only a config.json (what `env --model` reads): SmolLM2-135M's shapes by default."""
+    from transformers import LlamaConfig
+
+    fields = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, **shapes}
+    LlamaConfig(hidden_size=fields["num_attention_heads"] * head_dim, head_dim=head_dim,
+                architectures=["LlamaForCausalLM"], **fields).save_pretrained(folder)
+    return str(folder)
+
+
+def test_model_with_a_shipped_rotation_file(tmp_path) -> None:
+    from vllm_oscar.calibration.files import find_shipped_rotation, load_rotation_file
+
+    model = _config_folder(tmp_path / "SmolLM2-135M-Instruct")
+    report = environment.collect(model)
+    assert report.problems == []
+    assert report.model.rotation_source == "shipped"
+    shipped = Path(report.model.rotations)
+    assert load_rotation_file(shipped).identity.num_kv_heads == 3
+    assert shipped == find_shipped_rotation(load_rotation_file(shipped).identity)
+
+
+@pytest.mark.parametrize("case", ["no file for this model", "a file for another model", "unsupported head size",
+                                  "no configuration"])
+def test_model_problems(tmp_path, case, capsys) -> None:
+    from vllm_oscar.calibration.files import shipped_rotation_dirs
+
+    shipped = next(p for d in shipped_rotation_dirs() for p in d.glob("*.safetensors"))
+    other_shapes = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    argv, expected = {
+        "no file for this model": ([_config_folder(tmp_path / "tiny", 128, **other_shapes)], "vllm-oscar calibrate"),
+        "a file for another model": ([_config_folder(tmp_path / "tiny", 128, **other_shapes), "--rotations",
+                                      str(shipped)], "num_kv_heads"),
+        "unsupported head size": ([_config_folder(tmp_path / "odd", 48)], "head_dim=48 is not supported"),
+        "no configuration": ([str(tmp_path / "missing")], "cannot be read"),
+    }[case]
+    args = ["env", "--model", argv[0], *argv[1:]]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert expected in out and "problems (" in out
+
+
+def test_rotations_without_model_is_refused(capsys) -> None:
+    assert main(["env", "--rotations", "x.safetensors"]) == 2
+    assert "give --model too" in capsys.readouterr().err

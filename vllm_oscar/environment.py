@@ -61,6 +61,16 @@ class DeviceReport:
 
 
 @dataclasses.dataclass
+class ModelReport:
+    """What the OSCAR backend would do with one model (`vllm-oscar env --model`)."""
+
+    model: str
+    identity: Optional[str]  # ModelIdentity.describe() of its configuration (None: unreadable)
+    rotations: Optional[str]  # the rotation file the backend would load (None: none applies)
+    rotation_source: Optional[str]  # "file" (given) or "shipped"
+
+
+@dataclasses.dataclass
 class EnvironmentReport:
     """Everything `vllm-oscar env` prints (JSON: dataclasses.asdict)."""
 
@@ -78,6 +88,7 @@ class EnvironmentReport:
     rotation_files: dict[str, str]  # shipped file -> the model it is for
     variables: dict[str, str]
     problems: list[Problem]
+    model: Optional[ModelReport] = None
 
 
 def _version(distribution: str) -> Optional[str]:
@@ -221,8 +232,39 @@ def _variables() -> dict[str, str]:
             if name in VARIABLES or name.startswith(VARIABLE_PREFIX)}
 
 
-def collect() -> EnvironmentReport:
-    """Collect the report (imports vLLM; initialises CUDA where there is a GPU)."""
+def model_report(model: str, rotations: Optional[str], problems: list[Problem]) -> ModelReport:
+    """The backend's start-up decisions for ``model`` (a Hugging Face folder or a cached hub name; its config is
+    read, no weights): the model's identity as the backend builds it, its head size, and the rotation file it
+    would load (``rotations``, else the shipped one that matches), checked against the model."""
+    from transformers import AutoConfig
+
+    from vllm_oscar.attention.rotations import resolve_rotation_file
+    from vllm_oscar.calibration.files import load_rotation_file
+    from vllm_oscar.calibration.identity import ModelIdentity
+    from vllm_oscar.config import OscarConfig, check_head_dim
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as error:
+        problems.append(Problem(f"the configuration of model {model} cannot be read: {error}",
+                                "give a Hugging Face model folder (with config.json), as vLLM's --model takes."))
+        return ModelReport(model, None, None, None)
+    identity = ModelIdentity.from_hf_config(config.get_text_config(), name=model)
+    report = ModelReport(model, identity.describe(), None, None)
+    try:
+        check_head_dim(identity.head_dim)
+        path, source = resolve_rotation_file(identity, OscarConfig(rotation_path=rotations))
+        if path is not None:
+            load_rotation_file(path, identity)  # raises on a file for other shapes, or a damaged one
+            report.rotations, report.rotation_source = str(path), source
+    except ValueError as error:
+        problems.append(Problem(f"model {model}: {error}", "as the message says."))
+    return report
+
+
+def collect(model: Optional[str] = None, rotations: Optional[str] = None) -> EnvironmentReport:
+    """Collect the report (imports vLLM; initialises CUDA where there is a GPU); with ``model``, also what the
+    backend would do with it (model_report)."""
     import platform
 
     from vllm_oscar.kernels.measured_plans import TABLE_ENV
@@ -247,8 +289,11 @@ def collect() -> EnvironmentReport:
     setting = os.environ.get(TABLE_ENV)
     if not devices:
         _check_plan_setting(setting, problems)
-    return EnvironmentReport(versions, platform.python_version(), plugin, here, elsewhere, vllm_import, gluon, kernels, devices,
-                             setting, _shipped_plan_tables(), _rotation_files(problems), _variables(), problems)
+    shipped_rotations = _rotation_files(problems)
+    served = None if model is None else model_report(model, rotations, problems)
+    return EnvironmentReport(versions, platform.python_version(), plugin, here, elsewhere, vllm_import, gluon, kernels,
+                             devices, setting, _shipped_plan_tables(), shipped_rotations, _variables(), problems,
+                             served)
 
 
 def report_lines(report: EnvironmentReport) -> list[str]:
@@ -270,6 +315,11 @@ def report_lines(report: EnvironmentReport) -> list[str]:
                  f"{', '.join(report.shipped_plan_tables) or 'none'}")
     lines.append("rotations:" + ("" if report.rotation_files else "     none shipped"))
     lines += [f"  {Path(path).name}: {model}" for path, model in report.rotation_files.items()]
+    if report.model is not None:
+        served = report.model
+        lines.append(f"model:         {served.model}: {served.identity or 'unreadable'}")
+        lines.append(f"  rotations:   {served.rotations or 'none applies'}"
+                     + (f" ({served.rotation_source})" if served.rotation_source else ""))
     lines.append("variables:" + ("" if report.variables else "     none of OSCAR's set"))
     lines += [f"  {name}={value}" for name, value in report.variables.items()]
     if report.problems:
