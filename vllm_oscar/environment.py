@@ -1,6 +1,7 @@
 """What this machine gives OSCAR: installed versions, the vLLM plugin, GPUs and the kernels they run, decode plan
 tables, shipped rotation files and the environment variables that change OSCAR's behaviour, with every problem found
-and how to fix it (`vllm-oscar env`; paste its output into bug reports).
+and how to fix it (`vllm-oscar env`; paste its output into bug reports); given a model, also the rotation file the
+backend would load for it (`--model`).
 
 Collecting imports vLLM (a few seconds) and touches no GPU memory beyond CUDA's initialisation.
 """

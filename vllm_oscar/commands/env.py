@@ -1,5 +1,6 @@
 """`vllm-oscar env`: what this machine gives OSCAR (versions, plugin, GPUs and kernels, plan tables, rotations,
-variables) and the problems found, each with its fix. Exit status 1 when there is a problem."""
+variables; with --model, the rotation file the backend would load for that model) and the problems found, each with
+its fix. Exit status 1 when there is a problem."""
 
 from __future__ import annotations
 
