@@ -127,7 +127,7 @@ def _package_dir_elsewhere() -> str:
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines()
         return "error: " + (lines[-1] if lines else f"exit status {result.returncode}")
-    return result.stdout.strip()
+    return result.stdout.strip().splitlines()[-1]  # the probe's line (after anything an import printed)
 
 
 def _check_package_dir(here: str, elsewhere: str, problems: list[Problem]) -> None:
