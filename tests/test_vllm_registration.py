@@ -86,3 +86,22 @@ def test_cpu_platform_returns_oscar_only_when_asked_and_checks_the_layer():
         CpuPlatform.get_attn_backend_cls(member, config(80))
     with pytest.raises(ValueError, match="sliding-window attention is not supported"):
         CpuPlatform.get_attn_backend_cls(member, config(64, has_sliding_window=True))
+
+
+def test_window_stores_over_the_budget_say_how_many_requests_fit(monkeypatch):
+    """The KV budget less the window stores (registration._available_memory_less_window_stores): stores larger than
+    the budget are refused with the per-request size and a max_num_seqs that leaves half the budget; smaller ones
+    come out of it."""
+    from vllm_oscar.attention import backend, registration
+
+    budget, per_request, requests = 1 << 30, 7 << 20, 256
+    monkeypatch.setattr(backend, "window_store_bytes_of_worker", lambda config: (requests * per_request, 0))
+    worker = SimpleNamespace(
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=requests)),
+        cache_config=SimpleNamespace(kv_cache_memory_bytes=budget, block_size=16))
+    with pytest.raises(ValueError, match=r"max_num_seqs=256 requests, ~7\.0 MiB each.*--max-num-seqs; 73 leaves"):
+        registration._available_memory_less_window_stores(lambda self: budget, worker)
+    worker.vllm_config.scheduler_config.max_num_seqs = 73
+    monkeypatch.setattr(backend, "window_store_bytes_of_worker", lambda config: (73 * per_request, 0))
+    left = registration._available_memory_less_window_stores(lambda self: budget, worker)
+    assert left == budget - 73 * per_request and left >= budget // 2

@@ -202,10 +202,14 @@ def _available_memory_less_window_stores(original: Callable[[Any], int], self: A
     uncounted = planned if explicit else planned - allocated
     if uncounted:
         if uncounted >= budget:
+            requests = self.vllm_config.scheduler_config.max_num_seqs
+            per_request = planned / requests  # a little over: the step's new-token blocks are shared
+            fitting = max(1, int(budget / 2 / per_request))
             raise ValueError(
-                f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB for max_num_seqs requests) do not "
-                f"fit the KV cache budget ({budget / 2**30:.2f} GiB); raise VLLM_CPU_KVCACHE_SPACE or "
-                "lower max_num_seqs.")
+                f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB) do not fit the KV cache budget "
+                f"({budget / 2**30:.2f} GiB): they hold the sink and recent windows of max_num_seqs={requests} "
+                f"requests, ~{per_request / 2**20:.1f} MiB each. Raise VLLM_CPU_KVCACHE_SPACE (the budget), or "
+                f"lower max_num_seqs (--max-num-seqs; {fitting} leaves about half of this budget to the INT2 pool).")
         logger.info("OSCAR: %.1f MiB of the KV budget holds the BF16 window stores (blocks of %d).",
                     uncounted / 2**20, self.cache_config.block_size)
     return budget - uncounted
