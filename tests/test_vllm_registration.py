@@ -90,18 +90,28 @@ def test_cpu_platform_returns_oscar_only_when_asked_and_checks_the_layer():
 
 def test_window_stores_over_the_budget_say_how_many_requests_fit(monkeypatch):
     """The KV budget less the window stores (registration._available_memory_less_window_stores): stores larger than
-    the budget are refused with the per-request size and a max_num_seqs that leaves half the budget; smaller ones
-    come out of it."""
+    the budget are refused with what they hold and a max_num_seqs whose stores take at most half the budget; smaller
+    ones come out of it. Stores are counted in window blocks (window_store.window_capacity_blocks) of equal size."""
     from vllm_oscar.attention import backend, registration
+    from vllm_oscar.attention.window_store import window_capacity_blocks
 
-    budget, per_request, requests = 1 << 30, 7 << 20, 256
-    monkeypatch.setattr(backend, "window_store_bytes_of_worker", lambda config: (requests * per_request, 0))
-    worker = SimpleNamespace(
-        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=requests)),
-        cache_config=SimpleNamespace(kv_cache_memory_bytes=budget, block_size=16))
-    with pytest.raises(ValueError, match=r"max_num_seqs=256 requests, ~7\.0 MiB each.*--max-num-seqs; 73 leaves"):
-        registration._available_memory_less_window_stores(lambda self: budget, worker)
-    worker.vllm_config.scheduler_config.max_num_seqs = 73
-    monkeypatch.setattr(backend, "window_store_bytes_of_worker", lambda config: (73 * per_request, 0))
-    left = registration._available_memory_less_window_stores(lambda self: budget, worker)
-    assert left == budget - 73 * per_request and left >= budget // 2
+    budget, block_bytes, bs = 1 << 30, 1 << 20, 16  # 1 MiB per window block over all layers
+    def stores(num_seqs: int, step_tokens: int) -> int:
+        return window_capacity_blocks(num_seqs, step_tokens, bs, 64, 256) * block_bytes
+
+    def worker(num_seqs: int, step_tokens: int) -> SimpleNamespace:
+        monkeypatch.setattr(backend, "window_store_bytes_of_worker", lambda config: (stores(num_seqs, step_tokens), 0))
+        return SimpleNamespace(
+            vllm_config=SimpleNamespace(
+                scheduler_config=SimpleNamespace(max_num_seqs=num_seqs, max_num_batched_tokens=step_tokens),
+                cache_config=SimpleNamespace(block_size=bs), additional_config={}),
+            cache_config=SimpleNamespace(kv_cache_memory_bytes=budget, block_size=bs))
+
+    # 22 blocks per request (4 sink + 16 recent + 2), 128 for a step of 2048 tokens: (512 - 128) // 22 = 17 requests
+    with pytest.raises(ValueError, match=r"max_num_seqs=256 requests \(22\.0 MiB each\).*max_num_batched_tokens="
+                                         r"2048 \(0\.12 GiB\).*--max-num-seqs 17 leaves"):
+        registration._available_memory_less_window_stores(lambda self: budget, worker(256, 2048))
+    left = registration._available_memory_less_window_stores(lambda self: budget, worker(17, 2048))
+    assert left == budget - stores(17, 2048) and left >= budget // 2 > budget - stores(18, 2048)
+    with pytest.raises(ValueError, match="lower max_num_batched_tokens"):  # one step's tokens alone take half
+        registration._available_memory_less_window_stores(lambda self: budget, worker(8, 16384))

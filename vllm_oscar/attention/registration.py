@@ -202,17 +202,36 @@ def _available_memory_less_window_stores(original: Callable[[Any], int], self: A
     uncounted = planned if explicit else planned - allocated
     if uncounted:
         if uncounted >= budget:
-            requests = self.vllm_config.scheduler_config.max_num_seqs
-            per_request = planned / requests  # a little over: the step's new-token blocks are shared
-            fitting = max(1, int(budget / 2 / per_request))
-            raise ValueError(
-                f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB) do not fit the KV cache budget "
-                f"({budget / 2**30:.2f} GiB): they hold the sink and recent windows of max_num_seqs={requests} "
-                f"requests, ~{per_request / 2**20:.1f} MiB each. Raise VLLM_CPU_KVCACHE_SPACE (the budget), or "
-                f"lower max_num_seqs (--max-num-seqs; {fitting} leaves about half of this budget to the INT2 pool).")
+            raise ValueError(_window_stores_too_large(self.vllm_config, planned, uncounted, budget))
         logger.info("OSCAR: %.1f MiB of the KV budget holds the BF16 window stores (blocks of %d).",
                     uncounted / 2**20, self.cache_config.block_size)
     return budget - uncounted
+
+
+def _window_stores_too_large(vllm_config: Any, planned: int, uncounted: int, budget: int) -> str:
+    """The error for window stores of ``uncounted`` bytes (of ``planned``) over a KV ``budget``: what they hold
+    (max_num_seqs requests' windows and one step's new tokens, by window blocks: window_capacity_blocks) and the
+    largest max_num_seqs whose stores would take at most half of the budget."""
+    from vllm_oscar.attention.settings import current_oscar_config
+    from vllm_oscar.attention.window_store import window_capacity_blocks
+
+    config = current_oscar_config(vllm_config)
+    scheduler = vllm_config.scheduler_config
+    requests, step_tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
+
+    def blocks(num_seqs: int) -> int:
+        return window_capacity_blocks(num_seqs, step_tokens, vllm_config.cache_config.block_size,
+                                      config.sink_tokens, config.recent_tokens)
+
+    per_block = planned / blocks(requests)
+    per_request, step = per_block * (blocks(1) - blocks(0)), per_block * blocks(0)
+    fitting = int((budget / 2 - step) // per_request)
+    lower = (f"lower max_num_seqs (--max-num-seqs {fitting} leaves about half of the budget to the INT2 pool)"
+             if fitting >= 1 else "lower max_num_batched_tokens (--max-num-batched-tokens) and max_num_seqs")
+    return (f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB) do not fit the KV cache budget "
+            f"({budget / 2**30:.2f} GiB): they hold the sink and recent windows of max_num_seqs={requests} requests "
+            f"({per_request / 2**20:.1f} MiB each) and the new tokens of one step of max_num_batched_tokens="
+            f"{step_tokens} ({step / 2**30:.2f} GiB). Raise VLLM_CPU_KVCACHE_SPACE (the budget), or {lower}.")
 
 
 def _wrap_weight_processing() -> None:
