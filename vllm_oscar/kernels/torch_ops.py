@@ -4,8 +4,9 @@ The CPU path of the vLLM backend, and a readable statement of what the Triton ke
 compute (contract: docs/design.md, "Kernel API"). Vectorised over tokens, heads and
 positions, looped over requests (each request has its own length) and over chunks of
 queries (one masked scaled_dot_product_attention each); float32 math, not fast
-(bench/cpu_serving.py). The quantizer is the reference one (vllm_oscar.quant), so a CPU cache holds
-exactly the codes/scales/offsets the reference math gives for float32 rotated rows.
+(bench/cpu_serving.py). The quantizer is the reference one (vllm_oscar.quant), so a CPU
+cache holds exactly the codes/scales/offsets the reference math gives for float32 rotated
+rows.
 
 Read rule for a query at position t and a cached position s < seq_len:
 BF16 (window store) iff ``(s < sink or s > t - recent)`` and the logical block of s has a
@@ -236,8 +237,7 @@ def _attend_one(
     """_attend for one query [1, Hq, D] at ``position`` over cached rows only: every position's reading (_attend's
     rule) is picked into one [Hkv, P, D] set of rows first, so the attention needs no mask beyond causality."""
     k_int2, v_int2, k_copy, v_copy, copy_positions = prefix
-    hq, d = query.shape[1], query.shape[2]
-    hkv = k_int2.shape[0]
+    hq, hkv = query.shape[1], k_int2.shape[0]
     picked = (copy_positions < sink) | (copy_positions > position - recent)
     rows = copy_positions[picked]
     keys = k_int2.index_copy(1, rows, k_copy[:, picked])[None, :, : position + 1]
