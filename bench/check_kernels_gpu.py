@@ -18,8 +18,6 @@ Checks (each prints one line and goes into the JSON report):
             the unfolded step (tests/test_fold.py's checks, here on the GPU's kernels): the W_o fold
             gives the unfolded output @ R_V with every cache byte the same; the W_v fold stays within
             one bf16 rounding of the values' effect
-  cluster   (opt-in: --only cluster) decode with AttentionConfig.gluon_cluster_merge vs the float64
-            reference, and its CUDA-graph replays vs eager calls
 
     python bench/check_kernels_gpu.py [--json OUT]
 """
@@ -269,31 +267,19 @@ QUICK_VARIANTS = (dict(unpack=UNPACK_PTX), dict(unpack=UNPACK_PORTABLE), dict(un
                   dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=2),
                   dict(unpack=UNPACK_PTX, gluon_copy_tma=True, gluon_copy_stages=3),
                   dict(unpack=UNPACK_PTX, cuda_graph=True))
-#: The "cluster" check (opt-in, not in the default --only: AttentionConfig.gluon_cluster_merge and gluon_window_tiles
-#: are untimed and unchecked on a GPU before session 47's call): gluon_decode's merge inside a cluster, unstaged and
-#: staged (cp.async and TMA), with fp16 V operands, with one split per pair, with two window tiles per window
-#: program; and window programs of 2 and 3 tiles with the merge launch, on the quick cases.
-CLUSTER_VARIANTS = (dict(unpack=UNPACK_PTX, gluon_cluster_merge=True),
-                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_copy_stages=0),
-                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_copy_stages=2, gluon_copy_tma=True),
-                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_f16_values=True),
-                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, num_splits=1),
-                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, cuda_graph=True),
-                    dict(unpack=UNPACK_PTX, gluon_cluster_merge=True, gluon_window_tiles=2),
-                    dict(unpack=UNPACK_PTX, gluon_window_tiles=2), dict(unpack=UNPACK_PTX, gluon_window_tiles=3))
+
 
 
 #: The launch knobs oscar_decode refuses (ValueError "<knob>=<value> needs ...") where they do not apply: TMA tile
 #: loads need one group per row and whole tiles (not G < D), staging and fp16 V operands need gluon_decode's kernel.
 VARIANTS_REFUSED = ("gluon_copy_stages=", "tma_stages=", "gluon_f16_values=", "gluon_window_prefetch=",
-                    "gluon_copy_tma=", "gluon_cluster_merge=", "gluon_window_tiles=")
+                    "gluon_copy_tma=")
 
 
-def check_decode(report: list, quick: bool = False, with_knob: str | None = None, case: str | None = None,
-                 variants: tuple | None = None) -> None:
-    """Every decode case against float64, in each launch variant (QUICK_VARIANTS with quick, else DECODE_VARIANTS,
-    or ``variants``); with_knob: only the variants that set that AttentionConfig field (e.g. gluon_copy_stages), to
-    fit a call; case: only the cases whose name contains this."""
+def check_decode(report: list, quick: bool = False, with_knob: str | None = None, case: str | None = None) -> None:
+    """Every decode case against float64, in each launch variant (QUICK_VARIANTS with quick, else DECODE_VARIANTS);
+    with_knob: only the variants that set that AttentionConfig field (e.g. gluon_copy_stages), to fit a call; case:
+    only the cases whose name contains this."""
     sink, recent = 64, 256
     for name, lens, hq, hkv, dim, group, bs, drop in DECODE_CASES:
         if (quick and group != dim) or (case is not None and case not in name):
@@ -307,7 +293,7 @@ def check_decode(report: list, quick: bool = False, with_knob: str | None = None
             dense_attention(query[b : b + 1], torch.tensor([n - 1], device=DEVICE),
                             dense_context(state, b, n, DEVICE), sink, recent, scale)[0]
             for b, n in enumerate(lens)])
-        for variant in variants or (QUICK_VARIANTS if quick else DECODE_VARIANTS):
+        for variant in QUICK_VARIANTS if quick else DECODE_VARIANTS:
             if with_knob is not None and with_knob not in variant:
                 continue
             if variant.get("tma_stages") and bs % variant.get("block_t", triton_ops.DECODE_BLOCK_T):
@@ -463,13 +449,6 @@ def check_graph(report: list) -> None:
     _check_graph(report, triton_ops.AttentionConfig(cuda_graph=True, gluon_copy_stages=2), GPU_DECODE_BLOCK_SIZE)
 
 
-def check_cluster(report: list) -> None:
-    """AttentionConfig.gluon_cluster_merge: the quick decode cases in CLUSTER_VARIANTS against float64, then a
-    captured decode replayed with changing lengths against eager calls."""
-    check_decode(report, quick=True, variants=CLUSTER_VARIANTS)
-    _check_graph(report, triton_ops.AttentionConfig(cuda_graph=True, gluon_cluster_merge=True), GPU_DECODE_BLOCK_SIZE)
-
-
 def _check_graph(report: list, config, bs: int) -> None:
     sink, recent, hq, hkv, dim = 64, 256, 32, 8, 128
     max_len = 40000
@@ -511,11 +490,9 @@ def _check_graph(report: list, config, bs: int) -> None:
         worst = max(worst, float((replayed.float() - eager.float()).abs().max()))
     ok = worst == 0.0
     report.append({"check": "graph", "block_size": bs, "merge_pdl": config.merge_pdl, "cuda_graph": config.cuda_graph,
-                   "gluon_copy_stages": config.gluon_copy_stages, "gluon_cluster_merge": config.gluon_cluster_merge,
-                   "max_abs_diff_replay_vs_eager": worst, "ok": ok})
+                   "gluon_copy_stages": config.gluon_copy_stages, "max_abs_diff_replay_vs_eager": worst, "ok": ok})
     print(f"graph (blocks of {bs}, merge_pdl={config.merge_pdl}, cuda_graph={config.cuda_graph}, "
-          f"gluon_copy_stages={config.gluon_copy_stages}, gluon_cluster_merge={config.gluon_cluster_merge}): "
-          f"6 replays with changing lengths/tables/queries, "
+          f"gluon_copy_stages={config.gluon_copy_stages}): 6 replays with changing lengths/tables/queries, "
           f"max |replay - eager| = {worst:.1e} "
           f"{'ok' if ok else 'FAIL'}", flush=True)
 
@@ -542,8 +519,7 @@ def main() -> int:
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--only", nargs="*",
                         default=["graph", "prefill", "write", "write_rows", "decode", "int8", "rotate", "rotate_write",
-                                 "fold"],
-                        help="checks to run (default: all but 'cluster', the opt-in gluon_cluster_merge)")
+                                 "fold"])
     parser.add_argument("--quick", action="store_true",
                         help="decode: only the default launch config (both unpack paths) on the G = D cases")
     parser.add_argument("--with-knob", metavar="FIELD",
@@ -560,7 +536,7 @@ def main() -> int:
             else:
                 {"write": check_write, "write_rows": check_write_rows, "prefill": check_prefill, "graph": check_graph,
                  "int8": check_decode_int8_keys, "rotate": check_rotate, "rotate_write": check_rotate_write,
-                 "fold": check_fold, "cluster": check_cluster}[name](report)
+                 "fold": check_fold}[name](report)
         except Exception as error:  # keep going: one broken check must not hide the others
             failures += 1
             report.append({"check": name, "ok": False, "error": f"{type(error).__name__}: {error}"})

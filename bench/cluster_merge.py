@@ -53,14 +53,15 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 
 from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
 from vllm_oscar.kernels.benchmark import GEOMETRIES, time_graph  # noqa: E402
-from vllm_oscar.kernels.cluster_ptx import (cluster_arrive_relaxed, cluster_wait, init_receiver,  # noqa: E402
-                                            merge_slots, push_f32, wait_phase)
 from vllm_oscar.kernels.gluon_decode import TILE  # noqa: E402
 
 #: Most CTAs per cluster on Hopper (16 is a non-portable size, which Triton's launcher enables).
 MAX_CLUSTER = 16
 #: The modes whose launches leave merged outputs (all but "split").
 MERGING_MODES = ("launch", "pull", "push")
+#: Tries of an mbarrier wait before the kernel traps: at >= ~50 ns a try (more where try_wait suspends the thread)
+#: >= ~3 ms, far past the ~0.1 ms that the slowest split of a cluster can keep its peers waiting here.
+WAIT_TRIES: gl.constexpr = gl.constexpr(1 << 16)
 #: Largest |merged - float64 merge| accepted, relative to the largest |partial| (fp32 sums of <= 256 terms).
 MERGE_TOLERANCE = 1e-5
 
@@ -117,6 +118,65 @@ def _stand_in_lse(seen, pid, g):
 
 
 @gluon.jit
+def _cluster_arrive_relaxed():
+    """Every thread: arrive on the cluster barrier without ordering (the mbarrier inits before it are published by
+    fence.mbarrier_init)."""
+    gl.inline_asm_elementwise("barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _cluster_wait():
+    """Every thread: wait until every thread of the cluster has arrived (acquiring what they released)."""
+    gl.inline_asm_elementwise("barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _init_receiver(bar, nbytes, leader):
+    """The leader thread: mbarrier at shared ``bar`` expecting one arrival, fenced for the cluster, and that arrival
+    made with nbytes of transactions expected (the peers' pushes complete them). Returns 0."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p mbarrier.init.shared::cta.b64 [$1], 1; "
+        "@p fence.mbarrier_init.release.cluster; @p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$1], $2; "
+        "mov.u32 $0, 0; }",
+        "=r,r,r,r", [bar, nbytes, leader], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _push_f32(address, value, bar, rank, live):
+    """Where live != 0: write fp32 ``value`` into shared ``address`` of CTA ``rank`` of the cluster, completing 4
+    bytes of its mbarrier at shared ``bar`` (st.async: no fence, no wait). Returns 0."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 a, m; setp.ne.s32 p, $5, 0; @p mapa.shared::cluster.u32 a, $1, $4; "
+        "@p mapa.shared::cluster.u32 m, $3, $4; "
+        "@p st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [a], $2, [m]; mov.u32 $0, 0; }",
+        "=r,r,f,r,r,r", [address, value, bar, rank, live], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_phase(bar):
+    """Every thread: wait until the mbarrier at shared ``bar`` completes its phase 0, acquiring at cluster scope what
+    the peers' pushes wrote, or trap after WAIT_TRIES tries (a push lost or miscounted ends the launch with an error
+    instead of hanging the GPU). Returns 0."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred done; .reg .u32 n; mov.u32 n, 0; "
+        "waiting: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [$1], 0; @done bra landed; "
+        "add.u32 n, n, 1; setp.lt.u32 done, n, $2; @done bra waiting; trap; landed: mov.u32 $0, 0; }",
+        "=r,r,r", [bar, WAIT_TRIES], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _merge_slots(values, lse):
+    """The exact merge of [S_PAD, CHUNK] partial values weighted by 2^lse (lse -inf: an empty slot, weight 0) over
+    axis 0: [CHUNK] fp32 (0 where every slot is empty)."""
+    top = gl.max(lse, axis=0)
+    weight = gl.exp2(lse - gl.where(top == float("-inf"), 0.0, top)[None, :])
+    total = gl.sum(weight, axis=0)
+    return gl.sum(values * weight, axis=0) / gl.where(total > 0.0, total, 1.0)
+
+
+@gluon.jit
 def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, work, jitter,
                          part_ptr, stride_pb, stride_ph, stride_ps, lse_ptr, stride_lb, stride_lh,
                          out_ptr, stride_ob, stride_oh,
@@ -163,8 +223,8 @@ def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, w
     merge_base = rings + WARPS * RING
     if MERGE == "push":
         mine = gl.maximum(gl.minimum(PER_CTA, E - rank * PER_CTA), 0)  # elements this CTA merges
-        init_receiver(merge_base + S_PAD * SLOT_BYTES, NSPLIT * (mine + GROUP) * 4, (lane == 0) & (warp == 0))
-        cluster_arrive_relaxed()
+        _init_receiver(merge_base + S_PAD * SLOT_BYTES, NSPLIT * (mine + GROUP) * 4, (lane == 0) & (warp == 0))
+        _cluster_arrive_relaxed()
     seen = warp_split_checksum(bt_ptr + b.to(gl.int64) * stride_bt, n_tiles, heads,
                                cache_ptr.to(gl.int64, bitcast=True) + h.to(gl.int64) * REGION, NSPLIT, work, jitter,
                                pid, h, lane, rings + warp * RING, STAGES, REGION, CHAINS, PLANES, LANE_COPIES, CODES,
@@ -203,21 +263,21 @@ def cluster_split_kernel(bt_ptr, stride_bt, n_tiles, heads, cache_ptr, NSPLIT, w
         else:
             bar = merge_base + S_PAD * SLOT_BYTES
             slot = merge_base + pid * SLOT_BYTES  # this split's slot in every owner
-            cluster_wait()  # every owner's mbarrier initialised
+            _cluster_wait()  # every owner's mbarrier initialised
             for k in gl.static_range(STEPS):
                 at = lane + 32 * k
-                push_f32(slot + 4 * (at % PER_CTA), _stand_in_output(seen, pid, at), bar, at // PER_CTA,
+                _push_f32(slot + 4 * (at % PER_CTA), _stand_in_output(seen, pid, at), bar, at // PER_CTA,
                           ((at < E) & live).to(gl.int32))
             for k in gl.static_range((CTAS * GROUP + 31) // 32):
                 at = lane + 32 * k
-                push_f32(slot + 4 * (CHUNK + at % GROUP), _stand_in_lse(seen, pid, at % GROUP), bar, at // GROUP,
+                _push_f32(slot + 4 * (CHUNK + at % GROUP), _stand_in_lse(seen, pid, at % GROUP), bar, at // GROUP,
                           ((at < CTAS * GROUP) & live).to(gl.int32))
-            wait_phase(bar)
+            _wait_phase(bar)
             own = merge_base + s * SLOT_BYTES
             rows = rank + 0 * both
             lse = _load_peer_f32(own[:, None] + 4 * (CHUNK + head)[None, :], rows, both, float("-inf"))
             values = _load_peer_f32(own[:, None] + 4 * c[None, :], rows, both, 0.0)
-        merged = merge_slots(values, lse)
+        merged = _merge_slots(values, lse)
         gl.store(out_ptr + b.to(gl.int64) * stride_ob + (h * GROUP + head) * stride_oh + e % D, merged, mask=ok_e)
         if MERGE == "pull":
             _cluster_sync()

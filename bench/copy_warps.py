@@ -22,6 +22,7 @@ as many CTAs).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import json
 
@@ -31,14 +32,13 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from vllm_oscar.kernels.cluster_launch import argument_values, launch_compiled
-from vllm_oscar.kernels.cluster_ptx import shared_base
-
 #: Bytes per mbarrier (8 used): 16 keeps every warp's ring, and so every bulk copy's destination, 16-byte aligned.
 BARRIER_SLOT: gl.constexpr = gl.constexpr(16)
 #: Bytes per warp of the one Gluon allocation (raw_base): a power of two, as its shape must be, and a
 #: multiple of 16, so that the raw bytes after it start 16-byte aligned.
 KEEP_PER_WARP: gl.constexpr = gl.constexpr(32)
+#: CUfunction_attribute of the dynamic shared memory a kernel may take.
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 @gluon.jit
@@ -48,6 +48,12 @@ def _lane_and_warp():
     warp = gl.inline_asm_elementwise("{ .reg .u32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; }", "=r", [],
                                      dtype=gl.int32, is_pure=True, pack=1)
     return lane, warp
+
+
+@gluon.jit
+def _shared_base():
+    """The shared-window address of the dynamic shared memory (global_smem: Triton's name for it), int32."""
+    return gl.inline_asm_elementwise("mov.b32 $0, global_smem;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -229,7 +235,7 @@ def raw_base(WARPS: gl.constexpr):
     KEEP: gl.constexpr = KEEP_PER_WARP * WARPS
     keep = gl.allocate_shared_memory(gl.int8, [KEEP], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     keep.store(gl.zeros([KEEP], gl.int8, gl.BlockedLayout([1], [32], [WARPS], [0])))
-    return shared_base() + KEEP
+    return _shared_base() + KEEP
 
 
 @gluon.jit
@@ -319,6 +325,14 @@ def ring_bytes(warps: int, stages: int, region: int) -> int:
     return warps * stages * (region + BARRIER_SLOT.value)
 
 
+def allow_shared(function: int, nbytes: int) -> None:
+    """Let a loaded kernel take nbytes of dynamic shared memory (above 48 KB the driver asks for it explicitly)."""
+    status = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(
+        ctypes.c_void_p(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(nbytes))
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory = {nbytes}) failed with CUresult {status}")
+
+
 def raw_launch(kernel, grid: tuple[int, int, int], args: list, constants: dict, raw_bytes: int, cluster: int = 1):
     """A launcher of a Gluon kernel that uses raw_base over ``grid`` CTAs, with raw_bytes of shared memory past its
     own, in clusters of ``cluster`` CTAs along grid x (1: none; grid x a multiple of it). The kernel is compiled for
@@ -327,11 +341,16 @@ def raw_launch(kernel, grid: tuple[int, int, int], args: list, constants: dict, 
     by it and sets the cluster dimension (16: non-portable, enabled). args: the kernel's leading non-constexpr
     arguments; constants: its constexprs and num_warps. Returns a no-argument callable (graph-capturable: it
     launches on the current stream)."""
-    values = argument_values(kernel, args, constants)
+    values = args + [constants[name] for name in kernel.arg_names[len(args):]]  # the launcher skips constexprs
     compiled = kernel.warmup(*args, grid=grid, **constants)
     compiled._init_handles()
+    shared = compiled.metadata.shared + raw_bytes
+    allow_shared(compiled.function, shared)
+    packed = (compiled.metadata.num_warps, cluster, shared)
+    x, y, z = grid
 
     def launch() -> None:
-        launch_compiled(compiled, grid, cluster, values, raw_bytes, torch.cuda.current_stream().cuda_stream)
+        compiled.run(x // cluster, y, z, torch.cuda.current_stream().cuda_stream, compiled.function, packed, None,
+                     None, None, *values)
 
     return launch

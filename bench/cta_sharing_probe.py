@@ -47,11 +47,10 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: E402
 
-from copy_warps import (BARRIER_SLOT, _init_barrier, _lane_and_warp, _start_copy,  # noqa: E402
+from copy_warps import (BARRIER_SLOT, _init_barrier, _lane_and_warp, _shared_base, _start_copy,  # noqa: E402
                         _wait_landed, printed_when_compiled)
 
 from vllm_oscar.kernels import gluon_decode as gd  # noqa: E402
-from vllm_oscar.kernels.cluster_ptx import shared_base  # noqa: E402
 
 #: bar.sync of the CTA (thread_barrier in Triton 3.6, barrier later).
 _thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
@@ -203,8 +202,8 @@ def ptx_filled_ring_kernel(src, n_tiles, WARPS: gl.constexpr, LINES: gl.constexp
     SLICE: gl.constexpr = LINES * 64 * 2
     ring = gl.allocate_shared_memory(gl.int16, [WARPS * STAGES, LINES, 64], RING_ROWS)
     lane, warp = _lane_and_warp()
-    mine = shared_base() + warp * (STAGES * SLICE)
-    bars = shared_base() + WARPS * STAGES * SLICE + warp * (STAGES * BARRIER_SLOT)
+    mine = _shared_base() + warp * (STAGES * SLICE)
+    bars = _shared_base() + WARPS * STAGES * SLICE + warp * (STAGES * BARRIER_SLOT)
     for s in gl.static_range(STAGES):
         _init_barrier(bars + BARRIER_SLOT * s, lane)
     first = src.to(gl.int64, bitcast=True) + warp.to(gl.int64) * (1000 * SLICE)

@@ -91,25 +91,22 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
 
 
 #: Runtime arguments of gluon_decode.int2_split_gluon_kernel: int2_split_kernel's but the descriptors and NSPLIT_SHORT.
-GLUON_SIGNATURE = {**{name: kind for name, kind in SIGNATURE.items() if name != "NSPLIT_SHORT"}, "merge_smem": "i32"}
-GLUON_PLAIN_SCALARS = (*(name for name in PLAIN_SCALARS if name != "NSPLIT_SHORT"), "merge_smem")
+GLUON_SIGNATURE = {name: kind for name, kind in SIGNATURE.items() if name != "NSPLIT_SHORT"}
+GLUON_PLAIN_SCALARS = tuple(name for name in PLAIN_SCALARS if name != "NSPLIT_SHORT")
 #: gluon_decode's TMA descriptors (AttentionConfig.gluon_copy_tma; None, i.e. constexpr, without it).
 GLUON_DESCRIPTOR_ARGS = ("k_desc", "v_desc", "s_desc")
 
 
 def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: int = GLUON_MAX_REGISTERS,
                          query: str = "bf16", window: str = "bf16", copy_stages: int = 0, f16_values: bool = False,
-                         fold: int = FOLD_TILES.value, window_prefetch: bool = False, copy_tma: bool = False,
-                         cluster: int = 0, window_tiles: int = 1):
+                         fold: int = FOLD_TILES.value, window_prefetch: bool = False, copy_tma: bool = False):
     """The CompiledKernel of gluon_decode's kernel for sm_90 (blocks of 64, fp16 scales, the default sink of 64) as
     triton_ops launches it; pdl: its TRIGGER_DEPENDENTS with programmatic dependent launch (the merge's); maxnreg 0:
     the compiler's register count; query / window: the element types of the query (fp32 from the served query
     rotation) and of the BF16 window store; copy_stages: its COPY_STAGES (AttentionConfig.gluon_copy_stages);
     f16_values: its F16_VALUES (AttentionConfig.gluon_f16_values); fold: its FOLD (AttentionConfig.fold_tiles);
     window_prefetch: its WINDOW_PREFETCH (AttentionConfig.gluon_window_prefetch); copy_tma: its COPY_TMA
-    (AttentionConfig.gluon_copy_tma: the descriptors typed as the launcher types them, from a small CPU cache);
-    cluster: its CLUSTER (AttentionConfig.gluon_cluster_merge: the merge in a cluster of that many CTAs);
-    window_tiles: its WINDOW_TILES (AttentionConfig.gluon_window_tiles)."""
+    (AttentionConfig.gluon_copy_tma: the descriptors typed as the launcher types them, from a small CPU cache)."""
     import torch
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -125,8 +122,7 @@ def compile_gluon_kernel(head_dim: int, group: int, pdl: bool = True, maxnreg: i
     descriptors = {name: mangle_type(desc) for name, desc in zip(GLUON_DESCRIPTOR_ARGS, built) if desc is not None}
     constants = dict(GROUP=group, D=head_dim, BS=64, NSINK=1, MIN_TILES=MIN_TILES_PER_SPLIT, FOLD=fold,
                      REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=pdl, COPY_STAGES=copy_stages,
-                     F16_VALUES=f16_values, WINDOW_PREFETCH=window_prefetch, COPY_TMA=copy_tma, CLUSTER=cluster,
-                     WINDOW_TILES=window_tiles,
+                     F16_VALUES=f16_values, WINDOW_PREFETCH=window_prefetch, COPY_TMA=copy_tma,
                      **{name: None for name, desc in zip(GLUON_DESCRIPTOR_ARGS, built) if desc is None}, **offsets)
     names = int2_split_gluon_kernel.arg_names
     source = GluonASTSource(

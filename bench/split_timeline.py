@@ -83,31 +83,30 @@ def _timeline_parked(slot):
 #: kernel 34.8 us against 26.7-27.1), so it is opt-in (--first-tile).
 FIRST_TILE_EDIT = "if i == lo:"
 INSTRUMENT_EDITS: tuple[tuple[str, str, bool], ...] = (
-    ('\n\n@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT", "merge_smem"])\n'
+    ('\n\n@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])\n'
      'def int2_split_gluon_kernel(',
      '\n\n' + TIMER_HELPERS + '@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", '
-     '"NSPLIT", "merge_smem"])\ndef int2_split_gluon_kernel(', False),
-    ('    Q: gl.constexpr = D // 4\n    if CLUSTER > 0:\n',
+     '"NSPLIT"])\ndef int2_split_gluon_kernel(', False),
+    ('    Q: gl.constexpr = D // 4\n    b = gl.program_id(0)\n',
      '    Q: gl.constexpr = D // 4\n    t_start = _timeline_now()\n'
      '    parked_start = gl.allocate_shared_memory(gl.int32, [1], STAGED)\n'
      '    parked_first = gl.allocate_shared_memory(gl.int32, [1], STAGED)\n'
      '    _timeline_park(parked_start, t_start)\n    _timeline_park(parked_first, t_start)\n'
-     '    if CLUSTER > 0:\n', False),
+     '    b = gl.program_id(0)\n', False),
     ("COPY_STAGES, COPY_TMA)\n                m_i, l_acc, acc, sums = _tile_step(",
      "COPY_STAGES, COPY_TMA)\n                if i == lo:\n"
      "                    _timeline_park(parked_first, _timeline_now())\n"
      "                m_i, l_acc, acc, sums = _tile_step(", False),
     ('    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j',
      '    t_loop = _timeline_now()\n    acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j', False),
-    ('        gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n',
-     '        gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n'
-     '        t_end = _timeline_now()\n        t_start = _timeline_parked(parked_start)\n'
-     '        t_first = _timeline_parked(parked_first)\n'
-     '        stamps = (part_ptr + b.to(gl.int64) * stride_pb + (h * GROUP) * stride_ph + pid * stride_ps).to(\n'
-     '            gl.pointer_type(gl.int32))\n'
-     '        gl.store(stamps, t_start)\n        gl.store(stamps + 1, t_first)\n'
-     '        gl.store(stamps + 2, t_loop)\n        gl.store(stamps + 3, t_end)\n'
-     '        gl.store(stamps + 4, _timeline_sm())\n', False),
+    ('    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n',
+     '    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)\n'
+     '    t_end = _timeline_now()\n    t_start = _timeline_parked(parked_start)\n'
+     '    t_first = _timeline_parked(parked_first)\n'
+     '    stamps = (part_ptr + b.to(gl.int64) * stride_pb + (h * GROUP) * stride_ph + pid * stride_ps).to(\n'
+     '        gl.pointer_type(gl.int32))\n'
+     '    gl.store(stamps, t_start)\n    gl.store(stamps + 1, t_first)\n    gl.store(stamps + 2, t_loop)\n'
+     '    gl.store(stamps + 3, t_end)\n    gl.store(stamps + 4, _timeline_sm())\n', False),
 )
 
 

@@ -75,26 +75,6 @@ for dim, group in ((128, 4), (64, 3)):
         report[f"window_prefetch_{dim}_{int(prefetch)}"] = dict(
             registers=int(registers), loops=len(loops), loop=" ".join(body),
             prefetches=[op for address, op in instructions(sass)].count("CCTL"))
-    for cluster in (0, 16):  # the merge inside a cluster (AttentionConfig.gluon_cluster_merge) beside the default
-        for stages in (0, triton_ops.GLUON_AUTO_COPY_STAGES):
-            kernel = compile_gluon_kernel(dim, group, copy_stages=stages, f16_values=True, cluster=cluster)
-            sass, registers, stack = read_compiled(kernel, None)
-            ptx = kernel.asm["ptx"]
-            report[f"cluster_{dim}_{stages}_{cluster}"] = dict(
-                shared=kernel.metadata.shared, registers=int(registers), stack=int(stack),
-                pushes=len(re.findall(r"\bSTAS", sass)), arrives=ptx.count("barrier.cluster.arrive"),
-                waits=ptx.count("barrier.cluster.wait"), mbarrier_waits=ptx.count("mbarrier.try_wait"),
-                bar_sync=ptx.count("bar.sync"), stores=len(re.findall(r"\bSTG", sass)),
-                fences=ptx.count("fence.acq_rel") + ptx.count("membar"))
-    for tiles, cluster in ((1, 0), (2, 0), (2, 16)):  # window programs of 2 tiles (AttentionConfig.gluon_window_tiles)
-        kernel = compile_gluon_kernel(dim, group, f16_values=True, window_tiles=tiles, cluster=cluster)
-        sass, registers, stack = read_compiled(kernel, None)
-        ops = instructions(sass)
-        split_loop = max(([op for address, op in ops if lo <= address <= hi]
-                          for lo, hi, is_loop in backward_branches(sass) if is_loop), key=len)
-        report[f"window_tiles_{dim}_{tiles}_{cluster}"] = dict(
-            registers=int(registers), stack=int(stack), split_loop=len(split_loop),
-            split_loop_local=split_loop.count("LDL") + split_loop.count("STL"), pushes=len(re.findall(r"\bSTAS", sass)))
 for query, window in (("fp32", "bf16"), ("bf16", "fp16")):  # the served step's fp32 query; an fp16 window store
     report[f"types_{query}_{window}"] = compile_gluon_kernel(128, 4, query=query, window=window).metadata.shared
 print(json.dumps(report))
@@ -280,66 +260,6 @@ def test_fold_period_is_a_power_of_two() -> None:
 
 def test_gluon_kernel_compiles_for_every_query_and_window_dtype(compiled: dict) -> None:
     assert compiled["types_fp32_bf16"] == 0 and compiled["types_bf16_fp16"] == 0, compiled
-
-
-@pytest.mark.parametrize("dim", [128, 64])
-@pytest.mark.parametrize("stages", [0, triton_ops.GLUON_AUTO_COPY_STAGES])
-def test_gluon_cluster_merge_pushes_each_partial_element_once(compiled: dict, dim: int, stages: int) -> None:
-    """CLUSTER 16: per lane, one st.async (STAS) per live element of the partial it holds (a [D, 8] MMA tile: D / 4
-    per lane, half in junk columns) and of its [16, 8] share of the per-owner lse copies (4), one relaxed cluster
-    arrive and one wait, one mbarrier wait loop, no GPU-scope fence; its Gluon shared memory grows by the 32
-    bytes that declare global_smem (none unstaged before); without CLUSTER none of it."""
-    plain, cluster = compiled[f"cluster_{dim}_{stages}_0"], compiled[f"cluster_{dim}_{stages}_16"]
-    assert cluster["pushes"] == dim // 8 + 4, cluster
-    assert (cluster["arrives"], cluster["waits"], cluster["mbarrier_waits"]) == (1, 1, 1), cluster
-    assert cluster["fences"] == 0 and plain["fences"] == 0, (plain, cluster)
-    assert (plain["pushes"], plain["arrives"], plain["waits"]) == (0, 0, 0), plain
-    assert cluster["shared"] == plain["shared"] + 32 or (stages and cluster["shared"] == plain["shared"]), \
-        (plain, cluster)
-    assert cluster["stores"] <= plain["stores"], (plain, cluster)  # the merged output only, no partials
-
-
-@pytest.mark.parametrize("dim", [128, 64])
-def test_window_programs_of_two_tiles_leave_the_split_loop_alone(compiled: dict, dim: int) -> None:
-    """WINDOW_TILES 2: the window tiles are unrolled outside the split loop (the kernel's longest loop); the register
-    pressure of the longer window code moves the loop's allocation a little, and no more (unstaged fp16 kernels,
-    split loop instructions, WINDOW_TILES 1 / 2 / 2 with CLUSTER: Triton 3.6 411 / 411 / 418 at head_dim 64,
-    598 / 599 / 604 at 128; Triton 3.9 413 / - / 420 and 598 / 604 / -): at most 2% longer, and no more local
-    memory accesses in it than the default kernel's. The pushes are those of
-    test_gluon_cluster_merge_pushes_each_partial_element_once."""
-    one = compiled[f"window_tiles_{dim}_1_0"]
-    for variant in (f"window_tiles_{dim}_2_0", f"window_tiles_{dim}_2_16"):
-        two = compiled[variant]
-        assert two["split_loop"] - one["split_loop"] <= one["split_loop"] // 50, (variant, one, two)
-        assert two["split_loop_local"] <= one["split_loop_local"], (variant, one, two)
-    assert compiled[f"window_tiles_{dim}_2_16"]["pushes"] == dim // 8 + 4
-
-
-def test_cluster_split_count_fits_a_pair_in_one_cluster() -> None:
-    """SmolLM2 at 4K: 20 splits and 6 window programs -> 10 splits (3 programs of two window tiles: 13); a plan that
-    fits keeps its count."""
-    assert triton_ops.cluster_split_count(20, 6) == 10 and triton_ops.cluster_split_count(8, 6) == 8
-    assert triton_ops.cluster_split_count(20, 3) == 13
-    assert triton_ops.cluster_split_count(1, 15) == 1
-    with pytest.raises(ValueError, match="gluon_cluster_merge=True runs a pair's 16 window programs"):
-        triton_ops.cluster_split_count(4, 16)
-
-
-def test_gluon_cluster_merge_is_checked() -> None:
-    assert not triton_ops.DEFAULT_DECODE.gluon_cluster_merge  # opt-in
-    assert _plan(triton_ops.DEFAULT_DECODE).cluster == 0
-    with pytest.raises(ValueError, match="gluon_cluster_merge=True merges gluon_decode's partials.*CUDA GPU"):
-        _plan(triton_ops.AttentionConfig(gluon_cluster_merge=True))  # CPU tensors: no Gluon kernel here
-    with pytest.raises(ValueError, match="gluon_cluster_merge=True .*gluon_splits not False"):
-        _plan(triton_ops.AttentionConfig(gluon_cluster_merge=True, gluon_splits=False))
-
-
-def test_gluon_window_tiles_are_checked() -> None:
-    assert triton_ops.DEFAULT_DECODE.gluon_window_tiles == 1
-    with pytest.raises(ValueError, match="gluon_window_tiles=0: window tiles per window program, >= 1"):
-        _plan(triton_ops.AttentionConfig(gluon_window_tiles=0))
-    with pytest.raises(ValueError, match="gluon_window_tiles=2 shapes gluon_decode's window programs.*CUDA GPU"):
-        _plan(triton_ops.AttentionConfig(gluon_window_tiles=2))  # CPU tensors: no Gluon kernel here
 
 
 def _plan(config: triton_ops.AttentionConfig, dim: int = 128, block_size: int = 64):

@@ -242,10 +242,6 @@ def test_tune_without_launch_flags_times_exactly_the_shipped_decode_config() -> 
     assert staged == [dataclasses.replace(shipped, gluon_copy_stages=stages) for stages in (0, 2, 3, None)]
     tma_copies = tune_configs(_bench_args(["tune", "--gluon-copy-tma", "0", "1", "auto"]))
     assert tma_copies == [dataclasses.replace(shipped, gluon_copy_tma=flag) for flag in (False, True, None)]
-    clusters = tune_configs(_bench_args(["tune", "--gluon-cluster-merge", "0", "1", "0"]))
-    assert clusters == [dataclasses.replace(shipped, gluon_cluster_merge=flag) for flag in (False, True, False)]
-    window_tiles = tune_configs(_bench_args(["tune", "--gluon-window-tiles", "1", "2"]))
-    assert window_tiles == [dataclasses.replace(shipped, gluon_window_tiles=tiles) for tiles in (1, 2)]
     folds = tune_configs(_bench_args(["tune", "--fold-tiles", "8", "32", "auto"]))
     assert folds == [dataclasses.replace(shipped, fold_tiles=tiles) for tiles in (8, 32, None)]
     tiles = tune_configs(_bench_args(["tune", "--block-t", "32", "64", "--num-warps", "2"]))

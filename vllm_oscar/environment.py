@@ -57,7 +57,6 @@ class DeviceReport:
     memory_gib: float
     gluon_decode: bool  # gluon_decode's split kernel (Gluon found, capability >= its minimum)
     hopper_features: bool  # TMA tile copies and programmatic dependent launches
-    clusters: bool  # thread-block clusters (AttentionConfig.gluon_cluster_merge)
     plan_table: Optional[str]  # the measured decode plan table its launches use (None: the rules only)
 
 
@@ -177,7 +176,7 @@ def _gluon_state() -> tuple[str, Optional[tuple[int, int]]]:
 
 def _device_report(index: int, gluon_minimum: Optional[tuple[int, int]], problems: list[Problem]) -> DeviceReport:
     from vllm_oscar.kernels.measured_plans import PlanTableError, active_table
-    from vllm_oscar.kernels.triton_ops import CLUSTER_MIN_CAPABILITY, PDL_MIN_CAPABILITY
+    from vllm_oscar.kernels.triton_ops import PDL_MIN_CAPABILITY
 
     device = torch.device("cuda", index)
     props = torch.cuda.get_device_properties(device)
@@ -191,7 +190,7 @@ def _device_report(index: int, gluon_minimum: Optional[tuple[int, int]], problem
     return DeviceReport(index, props.name, ".".join(map(str, capability)), props.multi_processor_count,
                         round(props.total_memory / 2**30, 1),
                         gluon_minimum is not None and capability >= gluon_minimum,
-                        capability >= PDL_MIN_CAPABILITY, capability >= CLUSTER_MIN_CAPABILITY, plan_table)
+                        capability >= PDL_MIN_CAPABILITY, plan_table)
 
 
 def _check_plan_setting(setting: Optional[str], problems: list[Problem]) -> None:
@@ -310,7 +309,7 @@ def report_lines(report: EnvironmentReport) -> list[str]:
     for dev in report.devices:
         lines.append(f"GPU {dev.index}:         {dev.name}, compute capability {dev.capability}, {dev.sms} SMs, "
                      f"{dev.memory_gib} GiB; gluon_decode {'yes' if dev.gluon_decode else 'no'}, TMA / PDL "
-                     f"{'yes' if dev.hopper_features else 'no'}, clusters {'yes' if dev.clusters else 'no'}; "
+                     f"{'yes' if dev.hopper_features else 'no'}; "
                      f"decode plans: {dev.plan_table or 'the rules'}")
     lines.append(f"plan tables:   setting {report.plan_table_setting or '(unset)'}; shipped: "
                  f"{', '.join(report.shipped_plan_tables) or 'none'}")

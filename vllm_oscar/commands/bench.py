@@ -155,13 +155,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune: 1 = gluon_decode's staged split programs copy tiles by TMA instead of cp.async "
                              "(AttentionConfig.gluon_copy_tma; needs staged tiles; auto = the default: staged tiles "
                              "at head_dim >= 128)")
-    parser.add_argument("--gluon-cluster-merge", nargs="+", default=["0"], choices=("0", "1"),
-                        help="tune: 1 = gluon_decode's programs of each (request, KV head) merge inside one thread-"
-                             "block cluster, with no merge launch (AttentionConfig.gluon_cluster_merge; opt-in; the "
-                             "split count is cut to fit 16 CTAs with the window programs)")
-    parser.add_argument("--gluon-window-tiles", nargs="+", type=int, default=[1],
-                        help="tune: window tiles per gluon_decode window program (AttentionConfig.gluon_window_tiles; "
-                             "1 = the default)")
     parser.add_argument("--allocator", choices=sorted(ALLOCATOR_SETTINGS), default="expandable",
                         help="PyTorch's CUDA allocator for every buffer of the run, OSCAR and baselines alike: "
                              "expandable segments (the default; the same case reads within 1%% wherever it sits in "
@@ -215,17 +208,15 @@ def tune_configs(args: argparse.Namespace) -> list:
                             windows_first=_auto(wf, bool), full_tiles=_auto(ft, bool), merge_pdl=_auto(pdl, bool),
                             tma_stages=_auto(tma, int), long_splits=ls == "1", gluon_copy_stages=_auto(copy, int),
                             fold_tiles=_auto(fold, int), gluon_f16_values=_auto(f16, bool),
-                            gluon_window_prefetch=_auto(wpf, bool), gluon_copy_tma=_auto(ctma, bool),
-                            gluon_cluster_merge=cm == "1", gluon_window_tiles=wt, cuda_graph=True)
+                            gluon_window_prefetch=_auto(wpf, bool), gluon_copy_tma=_auto(ctma, bool), cuda_graph=True)
             for bt, nw, stages, up, pps, ns, tiles, int8, reg, pf, wbt, mbd, wf, ft, pdl, tma, ls, copy, fold, f16,
-            wpf, ctma, cm, wt in itertools.product(
+            wpf, ctma in itertools.product(
                 args.block_t or [DEFAULT_DECODE.block_t], args.num_warps or [warps_default],
                 args.num_stages or [DEFAULT_DECODE.num_stages], args.unpack or [DEFAULT_DECODE.unpack],
                 args.programs_per_sm, args.num_splits, args.min_tiles, args.int8_keys, args.max_registers,
                 args.prefetch, args.window_block_t, args.merge_block_d, args.windows_first, args.full_tiles,
                 args.merge_pdl, args.tma_stages, args.long_splits, args.gluon_copy_stages,
-                args.fold_tiles, args.gluon_f16_values, args.gluon_window_prefetch, args.gluon_copy_tma,
-                args.gluon_cluster_merge, args.gluon_window_tiles)]
+                args.fold_tiles, args.gluon_f16_values, args.gluon_window_prefetch, args.gluon_copy_tma)]
 
 
 def prefill_tune_configs(args: argparse.Namespace) -> list:
@@ -361,8 +352,7 @@ def run(args: argparse.Namespace) -> int:
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
                       f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']} ls={c['long_splits']} "
                       f"copy={c['gluon_copy_stages']} fold={c['fold_tiles']} f16={c['gluon_f16_values']} "
-                      f"wpf={c['gluon_window_prefetch']} ctma={c['gluon_copy_tma']} "
-                      f"cm={c['gluon_cluster_merge']} wt={c['gluon_window_tiles']}: {line}",
+                      f"wpf={c['gluon_window_prefetch']} ctma={c['gluon_copy_tma']}: {line}",
                       flush=True)
                 rows.append(r)
         report["tune"] = rows

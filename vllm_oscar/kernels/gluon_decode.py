@@ -63,7 +63,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from vllm_oscar.kernels import cluster_ptx
 from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK
 
@@ -203,12 +202,6 @@ def tma_descriptors(int2_cache: torch.Tensor, head_dim: int, k_codes: int, v_cod
     both = TensorDescriptor(flat[k_codes:], [regions, 2 * lines, 128], [region, 128, 1], [1, 2 * lines, 128],
                             TMA_SWIZZLED_3D)
     return [both, None, planes]
-
-
-def cluster_merge_bytes(cluster: int, head_dim: int) -> int:
-    """Shared bytes the kernel's CLUSTER merge addresses past its own (merge_smem): ``cluster`` slots of MAX_GROUP
-    (head_dim / cluster + 1) fp32 (_merge_owned), then a 16-byte mbarrier slot."""
-    return cluster * MAX_GROUP.value * (head_dim // cluster + 1) * 4 + 16
 
 
 @gluon.jit
@@ -724,55 +717,7 @@ def _row_factor(D: gl.constexpr, F16: gl.constexpr):
     return _plane_factor(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)) // (D // 4), F16)
 
 
-@gluon.jit
-def _push_partial(out, lse, chan, slot, bar, GROUP: gl.constexpr, D: gl.constexpr, CLUSTER: gl.constexpr):
-    """CLUSTER: this program's partial into the merge slots of its cluster's CTAs (cluster_ptx.push_f32): out [D, 8]
-    fp32 in MMA (row r: channel chan[r]; column 2 j: head j, odd columns junk) and lse [8] per column; CTA r merges
-    channels [r DC, (r + 1) DC) (DC = D / CLUSTER), so output (head j, channel c) goes to CTA c // DC, at float
-    j DC + c % DC of this program's slot there (shared address ``slot`` in every CTA), and head j's lse to every
-    CTA at float MAX_GROUP DC + j. Each element is held by one thread (the lse through a layout of [CLUSTER, 8]
-    with no replication), so each owner receives exactly GROUP (DC + 1) floats from every program."""
-    DC: gl.constexpr = D // CLUSTER
-    j = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
-    live = ((j % KPARTS == 0) & (j // KPARTS < GROUP)).to(gl.int32)
-    index = (j // KPARTS)[None, :] * DC + (chan % DC)[:, None]
-    cluster_ptx.push_f32(slot + 4 * index, out, bar, (chan // DC)[:, None] + 0 * j[None, :],
-                         live[None, :] + 0 * chan[:, None])
-    ALL: gl.constexpr = gl.BlockedLayout([CLUSTER // 4, 1], [4, 8], [1, 1], [0, 1])  # [CLUSTER, 8], one per thread
-    rank = gl.arange(0, CLUSTER, layout=gl.SliceLayout(1, ALL))
-    jj = gl.arange(0, 8, layout=gl.SliceLayout(0, ALL))
-    head_lse = gl.convert_layout(lse, gl.SliceLayout(0, ALL))
-    live_lse = ((jj % KPARTS == 0) & (jj // KPARTS < GROUP)).to(gl.int32)
-    cluster_ptx.push_f32(slot + 4 * (MAX_GROUP * DC + jj // KPARTS)[None, :] + 0 * rank[:, None],
-                         head_lse[None, :] + 0.0 * rank[:, None].to(gl.float32), bar, rank[:, None] + 0 * jj[None, :],
-                         live_lse[None, :] + 0 * rank[:, None])
-
-
-@gluon.jit
-def _merge_owned(part_ptr, stride_pb, stride_ph, b, h, rank, base, GROUP: gl.constexpr, D: gl.constexpr,
-                 CLUSTER: gl.constexpr):
-    """CLUSTER: once every program of the cluster has pushed (_push_partial), the exact merge of this CTA's channels
-    [rank DC, (rank + 1) DC) of every head of (request b, KV head h) from its CLUSTER slots at shared ``base``
-    (SLOT floats each: [MAX_GROUP, DC] values, then MAX_GROUP lse), stored into the output part_ptr [B, Hq, D] (row
-    strides stride_pb / stride_ph, channels contiguous) in its dtype; 0 where every partial is empty (a request of
-    seq_len 0, as merge_kernel's ZERO_EMPTY)."""
-    DC: gl.constexpr = D // CLUSTER
-    SLOT: gl.constexpr = MAX_GROUP * (DC + 1)
-    LANES: gl.constexpr = 32 // CLUSTER if CLUSTER < 32 else 1
-    MERGED: gl.constexpr = gl.BlockedLayout([1, MAX_GROUP * DC // LANES], [CLUSTER, LANES], [1, 1], [0, 1])
-    s = gl.arange(0, CLUSTER, layout=gl.SliceLayout(1, MERGED))
-    c = gl.arange(0, MAX_GROUP * DC, layout=gl.SliceLayout(0, MERGED))
-    head = c // DC
-    live = ((head < GROUP)[None, :] & (s >= 0)[:, None]).to(gl.int32)
-    slot = base + 4 * SLOT * s[:, None]
-    values = cluster_ptx.load_shared_f32(slot + 4 * c[None, :], live, 0.0)
-    lse = cluster_ptx.load_shared_f32(slot + 4 * (MAX_GROUP * DC + head)[None, :], live, float("-inf"))
-    merged = cluster_ptx.merge_slots(values, lse)
-    o_ptrs = part_ptr + b.to(gl.int64) * stride_pb + (h * GROUP + head) * stride_ph + rank * DC + c % DC
-    gl.store(o_ptrs, merged.to(part_ptr.dtype.element_ty), mask=head < GROUP)
-
-
-@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT", "merge_smem"])
+@gluon.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "NSPLIT"])
 def int2_split_gluon_kernel(
     q_ptr, stride_qb, stride_qh,
     cache_ptr, stride_cb, stride_ch,
@@ -786,26 +731,13 @@ def int2_split_gluon_kernel(
     V_SCALE: gl.constexpr, V_ZERO: gl.constexpr, MIN_TILES: gl.constexpr, REGION: gl.constexpr,
     TRIGGER_DEPENDENTS: gl.constexpr = False, COPY_STAGES: gl.constexpr = 0, FOLD: gl.constexpr = FOLD_TILES,
     F16_VALUES: gl.constexpr = False, WINDOW_PREFETCH: gl.constexpr = False, COPY_TMA: gl.constexpr = False,
-    CLUSTER: gl.constexpr = 0, WINDOW_TILES: gl.constexpr = 1, merge_smem=0,
 ):
     """int2_split_kernel's job with FULL_TILES (same arguments, grid (B, Hkv, NSPLIT + window tiles) and partials)
     for tiles and window tiles of 64 positions: program pid < NSPLIT takes split pid of the whole INT2 tiles of
     (request b, KV head h), program NSPLIT + w window tile w (NSINK tiles of [0, head_end), then tiles of
     [tail_start, length): BF16 copies where the block has one and the position is in a window, INT2 codes
     elsewhere). TRIGGER_DEPENDENTS: a programmatically dependent launch (the merge) may start at once;
-    WINDOW_PREFETCH: a window program asks L2 for its BF16 V rows before its logits (they are read after them).
-
-    CLUSTER > 0 (AttentionConfig.gluon_cluster_merge; launched by cluster_launch in clusters of CLUSTER CTAs along
-    x, grid (Hkv x CLUSTER, B, 1)): CTA x is program x % CLUSTER of (request program_id(1), KV head x // CLUSTER),
-    whose NSPLIT + window tiles <= CLUSTER programs are one cluster (programs past them hold empty partials); their
-    partials meet in the cluster's shared memory (_push_partial, _merge_owned: CLUSTER slots of MAX_GROUP (D /
-    CLUSTER + 1) floats and an mbarrier per CTA, at byte merge_smem of the dynamic shared memory, past Gluon's own)
-    and part_ptr is the decode's output [B, Hq, D] (stride_pb / stride_ph; stride_ps, lse_ptr and its strides
-    unused): no merge launch. merge_smem is unused without CLUSTER.
-
-    WINDOW_TILES > 1 (AttentionConfig.gluon_window_tiles): window program NSPLIT + w takes window tiles w WINDOW_TILES
-    .. (w + 1) WINDOW_TILES - 1 one after another (online softmax across them), so a pair has cdiv(window tiles,
-    WINDOW_TILES) window programs (with CLUSTER: room for more splits in the cluster)."""
+    WINDOW_PREFETCH: a window program asks L2 for its BF16 V rows before its logits (they are read after them)."""
     gl.static_assert(BS == TILE, "one tile per cache block of 64 positions")
     gl.static_assert(GROUP <= MAX_GROUP, "GQA groups of at most 4 query heads per KV head")
     gl.static_assert((D == 64) | (D == 128), "head_dim 64 or 128")
@@ -813,20 +745,9 @@ def int2_split_gluon_kernel(
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
     Q: gl.constexpr = D // 4
-    if CLUSTER > 0:
-        gl.static_assert((CLUSTER >= 4) & (CLUSTER <= 16) & (D % CLUSTER == 0), "clusters of 4-16 CTAs")
-        h = gl.program_id(0) // CLUSTER
-        pid = gl.program_id(0) % CLUSTER
-        b = gl.program_id(1)
-        DC: gl.constexpr = D // CLUSTER
-        SLOT_BYTES: gl.constexpr = 4 * MAX_GROUP * (DC + 1)  # one program's partial in a merging CTA
-        bar = cluster_ptx.declared_shared_base() + merge_smem + CLUSTER * SLOT_BYTES  # past the slots
-        cluster_ptx.init_receiver(bar, CLUSTER * GROUP * (DC + 1) * 4, cluster_ptx.lane_id() == 0)
-        cluster_ptx.cluster_arrive_relaxed()
-    else:
-        b = gl.program_id(0)
-        h = gl.program_id(1)
-        pid = gl.program_id(2)
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    pid = gl.program_id(2)
     length = gl.load(seq_ptr + b)
     sink_end = gl.minimum(sink, length)
     int2_end = gl.maximum(sink_end, length - recent)
@@ -904,59 +825,46 @@ def int2_split_gluon_kernel(
                 if (i - lo) % FOLD == FOLD - 1:
                     acc, sums = _fold_bias(acc, sums, D, F16_VALUES)
     else:
-        for k in gl.static_range(WINDOW_TILES):  # this program's window tiles, one after another
-            tile = (pid - NSPLIT) * WINDOW_TILES + k
-            in_sink = tile < NSINK
-            part_lo = gl.where(in_sink, 0, tail_start)
-            part_hi = gl.where(in_sink, head_end, length)
-            t0 = (part_lo // TILE + gl.where(in_sink, tile, tile - NSINK)) * TILE
-            if t0 < part_hi:
-                mrow = gl.arange(0, TILE, layout=ROWS)
-                s = t0 + 8 * (mrow % 8) + 2 * (mrow // 16) + (mrow // 8) % 2  # ROW_POS
-                ok = (s >= part_lo) & (s < part_hi)
-                wblk = gl.load(wbt_ptr + b.to(gl.int64) * stride_bt + t0 // BS)
-                copy = ok & (wblk >= 0) & ((s < sink_end) | (s >= int2_end))  # window positions with a BF16 copy
-                no_copy = ok & ~copy  # INT2: window positions without a copy, and the INT2 edges of the range
-                w_head = gl.maximum(wblk, 0).to(gl.int64) * stride_w0 + h * stride_w2
-                logits = gl.full([TILE, 4], float("-inf"), gl.float32, layout=FOLDED)
-                any_copy = gl.max(copy.to(gl.int32), axis=0) > 0
-                any_int2 = gl.max(no_copy.to(gl.int32), axis=0) > 0
-                if WINDOW_PREFETCH:
-                    if any_copy:  # the V rows are read last, after the logits
-                        _prefetch_window_rows(wv_ptr + w_head, stride_w1, D)
-                if any_copy:
-                    x_copy = _window_logits(wk_ptr + w_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D, GROUP)
-                    logits = gl.where(copy[:, None], x_copy * qk_scale, logits)
-                base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
-                if any_int2:
-                    q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
-                                                              GROUP)
-                    codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
-                                                               V_SCALE, V_ZERO, F16_VALUES)
-                    x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
-                    logits = gl.where(no_copy[:, None], x * l_scale[None, :], logits)
-                if WINDOW_TILES == 1:
-                    m_i = gl.max(logits, axis=0)
-                    l_acc = gl.exp2(logits - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-                    p = l_acc
-                else:  # the tiles before this one rescaled to the new running max
-                    m_new = gl.maximum(m_i, gl.max(logits, axis=0))
-                    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = gl.exp2(m_i - m_safe)
-                    p = gl.exp2(logits - m_safe[None, :])
-                    l_acc = l_acc * alpha[None, :] + p
-                    alpha_c = _per_column(alpha)
-                    acc *= alpha_c[None, :]
-                    sums *= alpha_c[None, :]
-                    m_i = m_new
-                if any_int2:
-                    codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
-                                                               V_SCALE, V_ZERO, F16_VALUES)
-                    sums, acc = _tile_values(gl.where(no_copy[:, None], p, 0.0), vs, vz, pairs, sums, acc, ones, Q,
-                                             F16_VALUES)
-                if any_copy:  # BF16 values enter acc scaled like the INT2 codes (the epilogue divides by F_P)
-                    acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], p, 0.0), D) \
-                        * _row_factor(D, F16_VALUES)[:, None]
+        tile = pid - NSPLIT
+        in_sink = tile < NSINK
+        part_lo = gl.where(in_sink, 0, tail_start)
+        part_hi = gl.where(in_sink, head_end, length)
+        t0 = (part_lo // TILE + gl.where(in_sink, tile, tile - NSINK)) * TILE
+        if t0 < part_hi:
+            mrow = gl.arange(0, TILE, layout=ROWS)
+            s = t0 + 8 * (mrow % 8) + 2 * (mrow // 16) + (mrow // 8) % 2  # ROW_POS
+            ok = (s >= part_lo) & (s < part_hi)
+            wblk = gl.load(wbt_ptr + b.to(gl.int64) * stride_bt + t0 // BS)
+            copy = ok & (wblk >= 0) & ((s < sink_end) | (s >= int2_end))  # window positions with a BF16 copy
+            no_copy = ok & ~copy  # INT2: window positions without a copy, and the INT2 edges of the range
+            w_head = gl.maximum(wblk, 0).to(gl.int64) * stride_w0 + h * stride_w2
+            logits = gl.full([TILE, 4], float("-inf"), gl.float32, layout=FOLDED)
+            any_copy = gl.max(copy.to(gl.int32), axis=0) > 0
+            any_int2 = gl.max(no_copy.to(gl.int32), axis=0) > 0
+            if WINDOW_PREFETCH:
+                if any_copy:  # the V rows are read last, after the logits
+                    _prefetch_window_rows(wv_ptr + w_head, stride_w1, D)
+            if any_copy:
+                x_copy = _window_logits(wk_ptr + w_head, stride_w1, q_ptr, stride_qb, stride_qh, b, h, D, GROUP)
+                logits = gl.where(copy[:, None], x_copy * qk_scale, logits)
+            base = head_base + gl.load(bt_row + t0 // BS).to(gl.int64) * stride_cb
+            if any_int2:
+                q0, q1, q2, q3, qo, l_scale = _int8_query(q_ptr, stride_qb, stride_qh, b, h, qk_scale, zero_s, Q,
+                                                          GROUP)
+                codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
+                                                           V_SCALE, V_ZERO, F16_VALUES)
+                x = _tile_logits(codes, ks, kz, q0, q1, q2, q3, qo, zero_s, Q)
+                logits = gl.where(no_copy[:, None], x * l_scale[None, :], logits)
+            m_i = gl.max(logits, axis=0)
+            l_acc = gl.exp2(logits - gl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
+            if any_int2:
+                codes, pairs, ks, kz, vs, vz = _tile_loads(base, ROWS, Q, K_CODES, V_CODES, K_SCALE, K_ZERO,
+                                                           V_SCALE, V_ZERO, F16_VALUES)
+                sums, acc = _tile_values(gl.where(no_copy[:, None], l_acc, 0.0), vs, vz, pairs, sums, acc, ones, Q,
+                                         F16_VALUES)
+            if any_copy:  # BF16 values enter acc scaled like the INT2 codes (the epilogue divides by F_P)
+                acc += _window_values(wv_ptr + w_head, stride_w1, gl.where(copy[:, None], l_acc, 0.0), D) \
+                    * _row_factor(D, F16_VALUES)[:, None]
 
     acc, sums = _fold_bias(acc, sums, D, F16_VALUES)  # column 2 j: head j's output times F_P l_j
     COLS: gl.constexpr = gl.SliceLayout(0, MMA)
@@ -972,16 +880,7 @@ def int2_split_gluon_kernel(
     pair = 2 * (jl % 8) + jl // 8 if Q == 32 else jl
     chan = plane * Q + 2 * pair + (r // (Q // 2)) % 2
     out = acc / _row_factor(D, F16_VALUES)[:, None] * inv_l[None, :]
-    if CLUSTER > 0:
-        lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        cluster_ptx.cluster_wait()  # every CTA's mbarrier initialised
-        merge_base = cluster_ptx.shared_base() + merge_smem  # again: nothing of it held across the split loop
-        bar = merge_base + CLUSTER * SLOT_BYTES
-        _push_partial(out, lse, chan, merge_base + SLOT_BYTES * pid, bar, GROUP, D, CLUSTER)
-        cluster_ptx.wait_phase(bar)
-        _merge_owned(part_ptr, stride_pb, stride_ph, b, h, pid, merge_base, GROUP, D, CLUSTER)
-    else:
-        o_ptrs = part_ptr + b.to(gl.int64) * stride_pb + head[None, :] * stride_ph + pid * stride_ps + chan[:, None]
-        gl.store(o_ptrs, out, mask=stored[None, :])
-        lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)
+    o_ptrs = part_ptr + b.to(gl.int64) * stride_pb + head[None, :] * stride_ph + pid * stride_ps + chan[:, None]
+    gl.store(o_ptrs, out, mask=stored[None, :])
+    lse = gl.where(l_i > 0.0, m_c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+    gl.store(lse_ptr + b * stride_lb + head * stride_lh + pid, lse, mask=stored)

@@ -23,7 +23,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_oscar.config import INT8_MMA_MIN_HEAD_DIM, REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
 from vllm_oscar.intmath import cdiv, next_power_of_2
-from vllm_oscar.kernels.cluster_launch import check_triton, launch_in_clusters
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
@@ -348,10 +347,6 @@ GLUON_F16_FOLD_TILES: int = 2
 #: V50): Qwen3-8B batch 1 16K 0.0125 -> 0.0110 ms, 32K 0.0139 -> 0.0128, SmolLM2 16K / 32K 2-3% faster, 64K / 128K
 #: equal; on at batch >= 8 up to 4% slower (Qwen3-8B 128K B=64 1.198 -> 1.246 ms).
 WINDOW_PREFETCH_PROGRAMS_PER_SM: int = 1
-#: AttentionConfig.gluon_cluster_merge: CTAs per cluster, i.e. the most programs (INT2 splits and window tiles) of one
-#: (request, KV head) pair (Hopper's largest cluster, non-portable), and the compute capability that has clusters.
-GLUON_CLUSTER_CTAS: int = 16
-CLUSTER_MIN_CAPABILITY: tuple[int, int] = (9, 0)
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
 #: H200 tune, docs/notes/kernels.md V5).
 SPLIT_WARPS: int = 1
@@ -468,16 +463,7 @@ class AttentionConfig:
     B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async;
     beside_write: the launch runs beside a side-stream INT2 write (a captured decode step): the INT2 split kernels
     take BESIDE_WRITE_SPLIT_EIGHTHS / 8 of their plan's splits (rules' or measured; not an explicit num_splits)
-    where max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN and batch <= BESIDE_WRITE_MAX_BATCH (what was measured);
-    gluon_cluster_merge (opt-in, not yet timed: docs/notes/kernels.md "Session 47"): gluon_decode's programs of each
-    (request, KV head) pair run as one thread-block cluster of GLUON_CLUSTER_CTAS CTAs and merge their partials in
-    its distributed shared memory (gluon_decode's CLUSTER), so there is no merge launch; the split count is cut to
-    what fits one cluster beside the pair's window programs (cluster_split_count). Runs gluon_decode's kernel
-    wherever it applies; needs compute capability >= 9.0 and a Triton whose launcher cluster_launch was written for,
-    else raises; gluon_window_tiles (opt-in, not yet timed): each of gluon_decode's window programs takes this many
-    window tiles one after another (gluon_decode's WINDOW_TILES), so a pair has cdiv(window tiles, this) window
-    programs: with gluon_cluster_merge, room for that many more splits in the cluster (6 window tiles at the default
-    windows: 10 splits at 1, 13 at 2); > 1 runs gluon_decode wherever it applies, else raises.
+    where max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN and batch <= BESIDE_WRITE_MAX_BATCH (what was measured).
     """
 
     block_t: Optional[int] = None
@@ -510,8 +496,6 @@ class AttentionConfig:
     gluon_window_prefetch: Optional[bool] = None
     gluon_copy_tma: Optional[bool] = None
     beside_write: bool = False
-    gluon_cluster_merge: bool = False
-    gluon_window_tiles: int = 1
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -992,7 +976,6 @@ class _DecodePlan:
     gluon_splits: bool = False  # the split and window programs in gluon_decode's kernel
     gluon_tma: bool = False  # gluon_decode's staged tiles copied by TMA (its descriptors)
     measured: bool = False  # the split count came from the device's table of measured plans (measured_plans)
-    cluster: int = 0  # gluon_cluster_merge: CTAs per cluster, the merge inside the split launch (0: a merge launch)
 
 
 def _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens,
@@ -1269,8 +1252,7 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
             raise ValueError(f"AttentionConfig(gluon_splits=True) loads its tiles without TMA; tma_stages="
                              f"{config.tma_stages} applies to int2_split_kernel only. Leave tma_stages None.")
         gluon_splits = gluon_ok and (config.gluon_splits or bool(config.gluon_copy_stages)
-                                     or bool(config.gluon_f16_values) or config.gluon_cluster_merge
-                                     or config.gluon_window_tiles > 1
+                                     or bool(config.gluon_f16_values)
                                      or gluon_pays(config, tma_stages, max_seq_len, layout.head_dim))
         if gluon_ok and not gluon_splits:
             gluon_missing = ("gluon_splits=True: here the planner picks int2_split_kernel, because a knob of that "
@@ -1304,13 +1286,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
     else:
         window_t = block_t
     nsink, windows = window_tile_counts(sink, recent, block_t, window_t, split_int2 and full_tiles)
-    if config.gluon_window_tiles < 1:
-        raise ValueError(f"gluon_window_tiles={config.gluon_window_tiles}: window tiles per window program, >= 1.")
-    if config.gluon_window_tiles > 1 and not gluon_splits:
-        raise ValueError(f"gluon_window_tiles={config.gluon_window_tiles} shapes gluon_decode's window programs, which "
-                         f"this launch does not run (it needs {gluon_missing}). Leave gluon_window_tiles at 1.")
-    if gluon_splits:  # from here on, windows counts window programs
-        windows = cdiv(windows, config.gluon_window_tiles)
     # Fewer merge programs than SMs (batch 1): the merge's time grows with the split count (V22).
     small_merge = batch * hq * (d // _merge_block_d(config, d)) < _device_sms(device)
     split_tiles = int2_split_tiles(max_seq_len, sink, recent, block_t, full_tiles) if split_int2 else None
@@ -1376,7 +1351,6 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         split_consts = dict(GROUP=group, D=d, BS=layout.block_size, NSINK=nsink, MIN_TILES=split_consts["MIN_TILES"],
                             REGION=layout.head_region_bytes, TRIGGER_DEPENDENTS=merge_pdl, num_warps=1,
                             COPY_STAGES=copy_stages, FOLD=fold, F16_VALUES=f16_values, COPY_TMA=gluon_tma,
-                            WINDOW_TILES=config.gluon_window_tiles,
                             WINDOW_PREFETCH=window_prefetch_pays(config, batch * hkv * windows, _device_sms(device),
                                                                  measured),
                             maxnreg=config.max_registers or GLUON_MAX_REGISTERS,
@@ -1419,36 +1393,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         if longer > nsplit and cdiv(max_seq_len, block_t) >= LONG_SPLIT_TILES * nsplit:
             nsplit = longer
             split_consts["LONG_TILES"] = LONG_SPLIT_TILES
-    cluster = 0
-    if config.gluon_cluster_merge:
-        _check_cluster_merge(gluon_splits, gluon_missing, device)
-        cluster = GLUON_CLUSTER_CTAS
-        nsplit = short = cluster_split_count(nsplit, windows, cluster)
-        split_consts["CLUSTER"] = cluster
     return _DecodePlan(split_int2, nsplit, short, nsplit + windows, nsink, meta, split_consts, tma_block_t, merge_pdl,
-                       gluon_splits, gluon_tma, measured is not None, cluster)
-
-
-def cluster_split_count(num_splits: int, window_programs: int, cluster: int = GLUON_CLUSTER_CTAS) -> int:
-    """AttentionConfig.gluon_cluster_merge: the split count of a plan (num_splits) cut so that a pair's splits and
-    window programs fit one cluster of ``cluster`` CTAs."""
-    if window_programs >= cluster:
-        raise ValueError(f"gluon_cluster_merge=True runs a pair's {window_programs} window programs and at least one "
-                         f"split in one cluster of {cluster} CTAs: it needs windows of fewer tiles. Leave "
-                         f"gluon_cluster_merge False.")
-    return min(num_splits, cluster - window_programs)
-
-
-def _check_cluster_merge(gluon_splits: bool, gluon_missing: str, device: torch.device) -> None:
-    """Raise unless AttentionConfig.gluon_cluster_merge can run: gluon_decode's kernel, clusters, a known launcher."""
-    if not gluon_splits:
-        raise ValueError(f"gluon_cluster_merge=True merges gluon_decode's partials inside a cluster, and this launch "
-                         f"cannot run gluon_decode (it needs {gluon_missing}). Leave gluon_cluster_merge False.")
-    if torch.cuda.get_device_capability(device) < CLUSTER_MIN_CAPABILITY:
-        raise ValueError(f"gluon_cluster_merge=True needs thread-block clusters: compute capability >= "
-                         f"{'.'.join(map(str, CLUSTER_MIN_CAPABILITY))}, not "
-                         f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}. Leave it False.")
-    check_triton("gluon_cluster_merge=True")
+                       gluon_splits, gluon_tma, measured is not None)
 
 
 def decode_plan(query_rot: torch.Tensor, int2_cache: torch.Tensor, window_k: torch.Tensor,
@@ -1559,14 +1505,6 @@ def oscar_decode(
     plan = _cached_plan(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table, seq_lens,
                         sink, recent, softmax_scale, max_seq_len, config)
     meta, nsplit, total, split_int2, nsink = plan.meta, plan.num_splits, plan.total, plan.split_int2, plan.nsink
-    if plan.cluster:  # each pair's programs one cluster, merged there into out: no partials, no merge launch
-        from vllm_oscar.kernels.gluon_decode import cluster_merge_bytes
-
-        args = _split_args(query_rot, int2_cache, window_k, window_v, block_table, window_block_table, seq_lens, out,
-                           out, sink, recent, softmax_scale, _gluon_descriptors(int2_cache, layout, plan.gluon_tma))
-        launch_in_clusters(_gluon_kernel(), (hkv * plan.cluster, batch, 1), plan.cluster, [*args, nsplit],
-                           plan.split_consts, cluster_merge_bytes(plan.cluster, d), "merge_smem")
-        return out
     part = torch.empty(batch, hq, total, d, dtype=torch.float32, device=query_rot.device)
     lse = torch.empty(batch, hq, total, dtype=torch.float32, device=query_rot.device)
     if split_int2 and plan.gluon_splits:  # the split and window programs in gluon_decode's kernel
