@@ -5,7 +5,7 @@ fresh N-token prompt with one output token (prompt speed, tokens/s), and of anot
 DECODE_TOKENS + 1 output tokens, whose difference per token is the decode step. Best of REPEATS. Prints a table and
 writes JSON:
 
-    python bench/cpu_serving.py --json cpu_serving.json [--lengths 512 2048] [--threads-note "2 cores"]
+    python bench/cpu_serving.py --json cpu_serving.json [--lengths 512 2048]
 """
 
 from __future__ import annotations

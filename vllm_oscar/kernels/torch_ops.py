@@ -240,8 +240,8 @@ def _attend_one(
     hq, hkv = query.shape[1], k_int2.shape[0]
     picked = (copy_positions < sink) | (copy_positions > position - recent)
     rows = copy_positions[picked]
-    keys = k_int2.index_copy(1, rows, k_copy[:, picked])[None, :, : position + 1]
-    values = v_int2.index_copy(1, rows, v_copy[:, picked])[None, :, : position + 1]
+    keys = k_int2.index_copy_(1, rows, k_copy[:, picked])[None, :, : position + 1]  # the prefix's own tensors
+    values = v_int2.index_copy_(1, rows, v_copy[:, picked])[None, :, : position + 1]
     out = F.scaled_dot_product_attention(query.to(torch.float32).transpose(0, 1)[None], keys, values,
                                          scale=softmax_scale, enable_gqa=hq != hkv)
     return out[0].transpose(0, 1)
