@@ -3,6 +3,7 @@ must find (a plugin vLLM cannot see, vLLM failing to import, a bad plan table, a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import json
@@ -153,3 +154,22 @@ def test_model_problems(tmp_path, case, capsys) -> None:
 def test_rotations_without_model_is_refused(capsys) -> None:
     assert main(["env", "--rotations", "x.safetensors"]) == 2
     assert "give --model too" in capsys.readouterr().err
+
+
+def test_gpu_without_a_shipped_table_gets_the_command_that_makes_one() -> None:
+    """A GPU model with no table in the package reads "the rules" and the tuning command naming its table file
+    (the file name the loader looks for: measured_plans.table_file_name)."""
+    from vllm_oscar.kernels.measured_plans import SHIPPED_TABLES, TABLE_ENV, table_file_name
+
+    report = environment.collect()
+    name = "NVIDIA H100 80GB HBM3"
+    assert not (SHIPPED_TABLES / table_file_name(name)).exists()
+    gpu = environment.DeviceReport(0, name, "9.0", 132, 79.2, True, True, None)
+    shipped = environment.DeviceReport(1, "NVIDIA H200", "9.0", 132, 139.8, True, True,
+                                       str(SHIPPED_TABLES / "NVIDIA_H200.json"))
+    lines = environment.report_lines(dataclasses.replace(report, devices=[gpu, shipped]))
+    gpu_line = next(line for line in lines if line.startswith("GPU 0:"))
+    assert "the rules" in gpu_line and "vllm-oscar bench plans" in gpu_line
+    assert f"--out {table_file_name(name)}" in gpu_line and f"{TABLE_ENV}={table_file_name(name)}" in gpu_line
+    shipped_line = next(line for line in lines if line.startswith("GPU 1:"))
+    assert shipped_line.endswith("NVIDIA_H200.json") and "bench plans" not in shipped_line

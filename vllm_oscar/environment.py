@@ -296,6 +296,16 @@ def collect(model: Optional[str] = None, rotations: Optional[str] = None) -> Env
                              served)
 
 
+def _no_table_hint(device_name: str) -> str:
+    """What a GPU without a measured plan table gets, and the command that makes its table."""
+    from vllm_oscar.kernels.measured_plans import TABLE_ENV, table_file_name
+
+    name = table_file_name(device_name)
+    return (f"the rules (no measured table ships for this GPU model: `vllm-oscar bench plans --geometry "
+            f"QxKVxD --out {name}` measures one for a model of Q query / KV key-value heads of size D, then set "
+            f"{TABLE_ENV}={name})")
+
+
 def report_lines(report: EnvironmentReport) -> list[str]:
     """The report as readable lines."""
     lines = ["versions:"]
@@ -310,7 +320,7 @@ def report_lines(report: EnvironmentReport) -> list[str]:
         lines.append(f"GPU {dev.index}:         {dev.name}, compute capability {dev.capability}, {dev.sms} SMs, "
                      f"{dev.memory_gib} GiB; gluon_decode {'yes' if dev.gluon_decode else 'no'}, TMA / PDL "
                      f"{'yes' if dev.hopper_features else 'no'}; "
-                     f"decode plans: {dev.plan_table or 'the rules'}")
+                     f"decode plans: {dev.plan_table or _no_table_hint(dev.name)}")
     lines.append(f"plan tables:   setting {report.plan_table_setting or '(unset)'}; shipped: "
                  f"{', '.join(report.shipped_plan_tables) or 'none'}")
     lines.append("rotations:" + ("" if report.rotation_files else "     none shipped"))
