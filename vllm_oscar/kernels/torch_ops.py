@@ -235,12 +235,14 @@ def _attend_one(
     softmax_scale: float,
 ) -> torch.Tensor:
     """_attend for one query [1, Hq, D] at ``position`` over cached rows only: every position's reading (_attend's
-    rule) is picked into one [Hkv, P, D] set of rows first, so the attention needs no mask beyond causality."""
+    rule) is picked into one [Hkv, P, D] set of rows first, so the attention needs no mask beyond causality. The
+    picked copies overwrite the prefix's own INT2 rows in place (no [Hkv, P, D] copy; callers build a prefix per
+    call and do not read it afterwards)."""
     k_int2, v_int2, k_copy, v_copy, copy_positions = prefix
     hq, hkv = query.shape[1], k_int2.shape[0]
     picked = (copy_positions < sink) | (copy_positions > position - recent)
     rows = copy_positions[picked]
-    keys = k_int2.index_copy_(1, rows, k_copy[:, picked])[None, :, : position + 1]  # the prefix's own tensors
+    keys = k_int2.index_copy_(1, rows, k_copy[:, picked])[None, :, : position + 1]
     values = v_int2.index_copy_(1, rows, v_copy[:, picked])[None, :, : position + 1]
     out = F.scaled_dot_product_attention(query.to(torch.float32).transpose(0, 1)[None], keys, values,
                                          scale=softmax_scale, enable_gqa=hq != hkv)

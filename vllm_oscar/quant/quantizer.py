@@ -283,9 +283,7 @@ def quantize_rows(
 def dequantize(quantized: QuantizedRows, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[..., D] values code * scale + offset in ``dtype``."""
     grouped_codes = _grouped(quantized.codes, quantized.group_size).to(dtype)
-    # Multiply, then add in place: the same two roundings as ``codes * scale + offset``, several times faster on CPU
-    # than the out-of-place sum of two broadcast operands (bench: docs/PERFORMANCE.md, CPU build).
-    values = (grouped_codes * quantized.scale.to(dtype)[..., None]).add_(quantized.offset.to(dtype)[..., None])
+    values = grouped_codes * quantized.scale.to(dtype)[..., None] + quantized.offset.to(dtype)[..., None]
     return values.reshape(quantized.codes.shape)
 
 
