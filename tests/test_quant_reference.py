@@ -295,3 +295,59 @@ def test_refit_grid_zero_rounds_is_the_initial_grid_and_never_loses() -> None:
     with pytest.raises(ValueError, match="refit_iterations"):
         OscarConfig(refit_iterations=-2)
     assert min(refit_pair(OscarConfig().refit_iterations)) > 0
+
+
+def _refit_every_round(rows: torch.Tensor, initial, rounds: int, floor: bool):
+    """refit_grid's documented fit / assign / score rounds in float32, every round run, no shortcut: the
+    transcription its fixed-point exit and compaction must reproduce bit for bit (same float operations)."""
+    group, storage = initial.group_size, initial.scale.dtype
+    x = rows.float().reshape(-1, group)
+    codes = initial.codes.reshape(-1, group).float()
+    best = [codes, initial.scale.reshape(-1), initial.offset.reshape(-1)]
+    scale, offset = best[1].float(), best[2].float()
+    floor_scale = scale
+    error = lambda c, s, o: ((x - (c * s[:, None] + o[:, None])) ** 2).sum(-1)  # noqa: E731
+    best_error = error(codes, scale, offset)
+    x_mean = x.sum(-1) / group
+    for _ in range(rounds):
+        code_mean = codes.sum(-1) / group
+        centered = codes - code_mean[:, None]
+        covariance = (centered * (x - x_mean[:, None])).sum(-1) / group
+        variance = (centered * centered).sum(-1) / group
+        fitted = torch.where(variance > 0, covariance / torch.where(variance > 0, variance, 1.0), scale)
+        if floor:
+            fitted = torch.maximum(fitted, floor_scale)
+        stored_scale = fitted.clamp(min=1e-6).to(storage)
+        scale = stored_scale.float()
+        stored_offset = (x_mean - scale * code_mean).to(storage)
+        offset = stored_offset.float()
+        codes = ((x - offset[:, None]) / scale[:, None]).round().clamp(0, 3)
+        round_error = error(codes, scale, offset)
+        better = round_error < best_error
+        best = [torch.where(better[:, None], codes, best[0]), torch.where(better, stored_scale, best[1]),
+                torch.where(better, stored_offset, best[2])]
+        best_error = torch.where(better, round_error, best_error)
+    return best[0].to(torch.uint8).reshape(rows.shape), best[1], best[2]
+
+
+@pytest.mark.parametrize("compact_from", [0, 10**9])  # 0: settled groups gathered out; 10**9: only the exit
+@pytest.mark.parametrize("rounds,floor", [(8, True), (2, False), (12, False)])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_refit_shortcuts_change_no_bit(monkeypatch, compact_from, rounds, floor, scale_dtype) -> None:
+    """The refit's fixed-point exit and its gathering-out of settled groups give exactly what running every round
+    on every group gives, for a batch of rows and for the one-token writes of a decode step."""
+    from kernels_reference import random_rotations
+    from kernels_reference import rows_with_outliers as head_rows
+
+    from vllm_oscar.quant import quantizer
+
+    monkeypatch.setattr(quantizer, "REFIT_COMPACT_MIN_VALUES", compact_from)
+    gen = torch.Generator().manual_seed(rounds + compact_from % 7)
+    for tokens, dim, group in [(200, 64, 32), (1, 128, 32), (3, 64, 16)]:
+        rotated = torch.einsum("nhd,hde->nhe", head_rows(tokens, 3, dim, gen).float(), random_rotations(3, dim, gen))
+        initial = quantize(clip_rows(rotated, 0.9), group, scale_dtype)
+        got = quantizer.refit_grid(rotated, initial, rounds, scale_floor=floor)
+        codes, scale, offset = _refit_every_round(rotated, initial, rounds, floor)
+        assert torch.equal(got.codes, codes)
+        assert torch.equal(got.scale.reshape(-1), scale) and torch.equal(got.offset.reshape(-1), offset)
+        assert got.scale.shape == initial.scale.shape and got.scale.dtype == scale_dtype

@@ -43,6 +43,10 @@ SERVED_REFIT_ITERATIONS: tuple[int, int] = (8, 2)
 #: at 2048 tokens) it retrieved 0-4/20 at any key clip; floored, with key clip 0.96, 15-17/20
 #: (BF16 20/20) at held-out KL 0.0214-0.0220 (free refit 0.0117, published min/max 0.0631).
 REFIT_SCALE_FLOOR: tuple[bool, bool] = (True, False)
+#: The refit's working array (quant.quantizer._refit) drops the groups that stopped
+#: (at a fixed point) once they are a quarter of it and it holds at
+#: least this many values: below, the gathers cost more than the rounds they save.
+REFIT_COMPACT_MIN_VALUES: int = 65536
 #: Storage dtypes allowed for per-group scale and offset, with their bit width.
 SCALE_DTYPE_BITS: dict[torch.dtype, int] = {
     torch.float16: 16,

@@ -28,6 +28,7 @@ import torch
 from vllm_oscar.config import (
     LLOYD_MAX_BOUNDARY,
     NUM_LEVELS,
+    REFIT_COMPACT_MIN_VALUES,
     SCALE_EPS,
     check_clip_ratio,
     check_group_size,
@@ -212,25 +213,34 @@ def refit_grid(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scal
 
 
 def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scale_floor: bool = False) -> QuantizedRows:
-    """refit_grid without the argument checks (callers have checked). Codes stay floats of
-    the working dtype until the end; every value is computed by the same float operations
-    as the documented formulas (in place where that saves a pass), so results are
-    bit-identical to a direct transcription."""
+    """refit_grid without the argument checks (callers have checked).
+
+    All groups run in one [M, G] working array; every value is computed by the float operations of the documented
+    formulas (in place where that saves a pass), per group, so the result is bit-identical to a direct
+    transcription round by round. One exact shortcut: a group whose assign step returns the codes its fit started
+    from is at a fixed point (the next fit sees the same codes and, if they are all equal, the scale it just
+    produced), so every later iterate equals this one and none can be strictly better: the loop ends when every
+    group is there (the CPU decode writes one token per request, whose groups settle in a round or two of the 8
+    served key rounds), and once such groups are a quarter of a working array of >= config.REFIT_COMPACT_MIN_VALUES
+    values they are gathered out with their best grid, so the rounds that remain run on the slow groups only.
+    """
     if iterations == 0:
         return initial
     work = _working_dtype(rows)
     group = initial.group_size
-    grouped = _grouped(rows.to(work), group)
     storage = initial.scale.dtype
-    best_scale, best_offset = initial.scale, initial.offset
+    x = rows.to(work).reshape(-1, group)
+    best_scale, best_offset = initial.scale.reshape(-1), initial.offset.reshape(-1)
     scale, offset = best_scale.to(work), best_offset.to(work)
-    codes = _grouped(initial.codes, group).to(work)
+    codes = initial.codes.reshape(-1, group).to(work)
     best_codes = codes
-    best_error = _grid_error(grouped, codes, scale, offset)
-    x_mean = grouped.sum(dim=-1) / group
-    x_centered = grouped - x_mean[..., None]
+    best_error = _grid_error(x, codes, scale, offset)
+    x_mean = x.sum(dim=-1) / group
+    x_centered = x - x_mean[..., None]
     floor = scale if scale_floor else None
-    for _ in range(iterations):
+    home = None  # the full-array index of each working group, once settled groups were gathered out
+    saved = (best_codes, best_scale, best_offset)
+    for round_ in range(1, iterations + 1):
         code_mean = codes.sum(dim=-1) / group
         code_centered = codes - code_mean[..., None]
         covariance = (code_centered * x_centered).sum(dim=-1) / group
@@ -243,14 +253,45 @@ def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scale_fl
         scale = new_scale.to(work)
         new_offset = (x_mean - scale * code_mean).to(storage)
         offset = new_offset.to(work)
-        codes = _levels_for(grouped, scale, offset)
-        error = _grid_error(grouped, codes, scale, offset)
+        new_codes = _levels_for(x, scale, offset)
+        error = _grid_error(x, new_codes, scale, offset)
         better = error < best_error
-        best_codes = torch.where(better[..., None], codes, best_codes)
+        best_codes = torch.where(better[..., None], new_codes, best_codes)
         best_scale = torch.where(better, new_scale, best_scale)
         best_offset = torch.where(better, new_offset, best_offset)
         best_error = torch.where(better, error, best_error)
-    return QuantizedRows(best_codes.to(torch.uint8).reshape(rows.shape), best_scale, best_offset, group)
+        if round_ == iterations:
+            break
+        if x.numel() < REFIT_COMPACT_MIN_VALUES:  # small: only the exit, in one call
+            if torch.equal(new_codes, codes):
+                break
+            codes = new_codes
+            continue
+        settled = (new_codes - codes).abs_().amax(dim=-1) == 0  # exact on float codes, faster than bool all()
+        codes = new_codes
+        count = int(settled.sum())
+        if count == settled.numel():
+            break
+        if 4 * count < settled.numel():
+            continue
+        if home is None:
+            home = torch.arange(settled.numel())
+            saved = (best_codes.clone(), best_scale.clone(), best_offset.clone())
+        gone, keep = settled.nonzero().squeeze(1), (~settled).nonzero().squeeze(1)
+        for full, part in zip(saved, (best_codes, best_scale, best_offset)):
+            full.index_copy_(0, home[gone], part.index_select(0, gone))
+        x, x_mean, x_centered, codes, scale, home, best_codes, best_scale, best_offset, best_error = (
+            t.index_select(0, keep) for t in (x, x_mean, x_centered, codes, scale, home, best_codes, best_scale,
+                                              best_offset, best_error))
+        floor = None if floor is None else floor.index_select(0, keep)
+    if home is None:
+        saved = (best_codes, best_scale, best_offset)
+    else:
+        for full, part in zip(saved, (best_codes, best_scale, best_offset)):
+            full.index_copy_(0, home, part)
+    out_codes, out_scale, out_offset = saved
+    return QuantizedRows(out_codes.to(torch.uint8).reshape(initial.codes.shape), out_scale.reshape(initial.scale.shape),
+                         out_offset.reshape(initial.offset.shape), group)
 
 
 def quantize_rows(
