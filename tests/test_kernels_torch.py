@@ -170,19 +170,21 @@ def test_oscar_rotate_on_cpu_writes_the_rows_into_out_in_its_dtype() -> None:
 
 
 # (seq_lens, Hq, Hkv, D, bs, sink, recent, dropped window blocks, query dtype)
+#: (lens, Hq, Hkv, D, block, sink, recent, dropped window blocks, query dtype, group, scale dtype); the groups cover
+#: every way a code plane (D/4 channels, quant.packing) meets them: inside one group, one group each, two groups each.
 DECODE_CASES = [
-    ([1, 5, 13, 40, 29], 4, 2, 32, 4, 5, 7, 0, torch.float32),  # windows cut blocks at odd offsets
-    ([70, 3, 33], 6, 2, 64, 16, 16, 24, 1, torch.float32),  # fallback rows (window block missing)
-    ([50, 17], 8, 1, 32, 8, 0, 0, 0, torch.bfloat16),  # INT2 only, group of 8
-    ([9, 31], 2, 2, 32, 8, 64, 256, 0, torch.float32),  # contexts shorter than the windows
+    ([1, 5, 13, 40, 29], 4, 2, 32, 4, 5, 7, 0, torch.float32, 32, torch.float16),  # windows cut blocks at odd offsets
+    ([70, 3, 33], 6, 2, 64, 16, 16, 24, 1, torch.float32, 8, torch.float32),  # fallback rows, two groups per plane
+    ([50, 17], 8, 1, 32, 8, 0, 0, 0, torch.bfloat16, 8, torch.bfloat16),  # INT2 only, one group per plane
+    ([9, 31], 2, 2, 32, 8, 64, 256, 0, torch.float32, 16, torch.float16),  # contexts shorter than the windows
 ]
 
 
 @pytest.mark.parametrize("case", DECODE_CASES)
 def test_torch_decode_matches_reference(case) -> None:
-    lens, hq, hkv, dim, bs, sink, recent, drop, qdtype = case
+    lens, hq, hkv, dim, bs, sink, recent, drop, qdtype, group, scale_dtype = case
     gen = torch.Generator().manual_seed(sum(lens) + hq)
-    layout = PageLayout(dim, dim, bs, torch.float16)
+    layout = PageLayout(dim, group, bs, scale_dtype)
     state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=drop)
     query = torch.randn(len(lens), hq, dim, generator=gen).to(qdtype)
     scale = 1.0 / math.sqrt(dim)

@@ -28,8 +28,16 @@ from vllm_oscar.kernels.checks import (
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
-from vllm_oscar.config import REFIT_SCALE_FLOOR, TORCH_QUERY_CHUNK, RefitIterations, refit_pair
-from vllm_oscar.quant import QuantizedRows, dequantize, pack_codes, quantize_rows, unpack_codes
+from vllm_oscar.config import (
+    CODE_BITS,
+    CODES_PER_BYTE,
+    NUM_LEVELS,
+    REFIT_SCALE_FLOOR,
+    TORCH_QUERY_CHUNK,
+    RefitIterations,
+    refit_pair,
+)
+from vllm_oscar.quant import pack_codes, quantize_rows
 
 
 def _store_int2(
@@ -125,24 +133,34 @@ def oscar_write(
     return None if query is None else rotate_rows(query, k_rotation, out_dtype=torch.float32)
 
 
-def _dequantized(views: PageViews, which: str, blocks: torch.Tensor, length: int, layout: PageLayout) -> torch.Tensor:
-    """Dequantized rows of K or V ('k'/'v') for logical positions [0, length): [Hkv, length, D] fp32."""
-    codes = getattr(views, f"{which}_codes")[blocks]  # [nb, Hkv, bs, D/4]
-    scale = getattr(views, f"{which}_scale")[blocks]  # [nb, Hkv, bs, n]
-    offset = getattr(views, f"{which}_offset")[blocks]
-    hkv = codes.shape[1]
+def _dequantized(pages: PageViews, which: str, length: int, layout: PageLayout) -> torch.Tensor:
+    """Dequantized K or V rows ('k'/'v') of a request's gathered pages, logical positions [0, length).
 
-    def flat(t: torch.Tensor) -> torch.Tensor:
-        return t.transpose(0, 1).reshape(hkv, -1, t.shape[-1])[:, :length]
-
-    rows = QuantizedRows(unpack_codes(flat(codes)), flat(scale), flat(offset), layout.group_size)
-    return dequantize(rows, torch.float32)
+    pages: views of the request's pages in head-major order, each plane [Hkv, nb, bs, ...] (_prefix_rows). Returns
+    [Hkv, length, D] fp32: code * scale + offset per group, the operations of quant.dequantize (the same values),
+    made one code plane (quant.packing: channels [p D/4, (p+1) D/4) in bits 2p) at a time straight into place, with
+    no unpacked copy of the codes: a plane lies in one group or holds whole groups (D and G are powers of two).
+    """
+    codes = getattr(pages, f"{which}_codes")  # [Hkv, nb, bs, D/4] uint8
+    scale = getattr(pages, f"{which}_scale").to(torch.float32)  # [Hkv, nb, bs, D/G]
+    offset = getattr(pages, f"{which}_offset").to(torch.float32)
+    hkv, blocks, bs, quarter = codes.shape
+    group = layout.group_size
+    rows = torch.empty(hkv, blocks, bs, layout.head_dim, dtype=torch.float32, device=codes.device)
+    groups_per_plane = max(1, quarter // group)
+    for plane in range(CODES_PER_BYTE):
+        first = plane * quarter // group
+        plane_codes = ((codes >> (CODE_BITS * plane)) & (NUM_LEVELS - 1)).unflatten(-1, (groups_per_plane, -1))
+        target = rows[..., plane * quarter : (plane + 1) * quarter].unflatten(-1, (groups_per_plane, -1))
+        torch.mul(plane_codes, scale[..., first : first + groups_per_plane, None], out=target)
+        target.add_(offset[..., first : first + groups_per_plane, None])
+    return rows.view(hkv, blocks * bs, layout.head_dim)[:, :length]
 
 
 def _prefix_rows(
     request: int,
     length: int,
-    views: PageViews,
+    int2_cache: torch.Tensor,
     window_k: torch.Tensor,
     window_v: torch.Tensor,
     layout: PageLayout,
@@ -158,8 +176,11 @@ def _prefix_rows(
     num_blocks = -(-length // bs)
     blocks = block_table[request, :num_blocks].long()
     window_blocks = window_block_table[request, :num_blocks].long()
-    k_int2 = _dequantized(views, "k", blocks, length, layout)
-    v_int2 = _dequantized(views, "v", blocks, length, layout)
+    # One gather of the request's pages, stored head-major: page_views then reads [Hkv, nb] where it expects
+    # [blocks, heads], so every plane comes out [Hkv, nb, bs, ...] and each head's rows are contiguous.
+    pages = page_views(int2_cache.index_select(0, blocks).transpose(0, 1).contiguous(), layout)
+    k_int2 = _dequantized(pages, "k", length, layout)
+    v_int2 = _dequantized(pages, "v", length, layout)
     copy_positions = (window_blocks >= 0).repeat_interleave(bs)[:length].nonzero().squeeze(1)
     rows = window_blocks[copy_positions // bs] * bs + copy_positions % bs  # rows of the flattened window store
 
@@ -288,7 +309,6 @@ def oscar_decode(
                                       window_block_table, seq_lens, sink, recent, softmax_scale, out)
     if query_rot.shape[0] != batch:
         raise ValueError(f"query_rot has {query_rot.shape[0]} rows but block_table has {batch} requests.")
-    views = page_views(int2_cache, layout)
     lengths = seq_lens.tolist()
     if any(n < 0 or -(-n // layout.block_size) > block_table.shape[1] for n in lengths):
         raise ValueError(f"seq_lens must be >= 0 and fit block_table ({block_table.shape[1]} blocks); got {lengths}.")
@@ -297,7 +317,7 @@ def oscar_decode(
         if length == 0:  # a padding row of a CUDA-graph batch: nothing to attend, zeros (as the kernels)
             results.append(torch.zeros_like(query_rot[request: request + 1], dtype=torch.float32))
             continue
-        prefix = _prefix_rows(request, length, views, window_k, window_v, layout, block_table, window_block_table)
+        prefix = _prefix_rows(request, length, int2_cache, window_k, window_v, layout, block_table, window_block_table)
         position = torch.tensor([length - 1], device=query_rot.device)
         results.append(_attend(query_rot[request : request + 1], position, prefix, None, None, sink, recent, softmax_scale))
     return _finish(torch.cat(results, dim=0), query_rot, out)
@@ -340,7 +360,6 @@ def oscar_prefill(
                                         window_block_table, seq_lens, sink, recent, softmax_scale, out)
     check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
                         chunk_from_cache)
-    views = page_views(int2_cache, layout)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
     result = torch.zeros(query_rot.shape, dtype=torch.float32, device=query_rot.device)  # rows of no request stay 0
@@ -357,11 +376,11 @@ def oscar_prefill(
             continue
         positions = torch.arange(prefix_len, length, device=query_rot.device)
         if chunk_from_cache:
-            cached = _prefix_rows(request, length, views, window_k, window_v, layout, block_table, window_block_table)
+            cached = _prefix_rows(request, length, int2_cache, window_k, window_v, layout, block_table, window_block_table)
             result[begin:end] = _attend(query_rot[begin:end], positions, cached, None, None, sink, recent,
                                         softmax_scale)
             continue
-        prefix = _prefix_rows(request, prefix_len, views, window_k, window_v, layout, block_table, window_block_table)
+        prefix = _prefix_rows(request, prefix_len, int2_cache, window_k, window_v, layout, block_table, window_block_table)
         result[begin:end] = _attend(query_rot[begin:end], positions, prefix, key_rot[begin:end],
                                     value_rot[begin:end], sink, recent, softmax_scale)
     return _finish(result, query_rot, out)
