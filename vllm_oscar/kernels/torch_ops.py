@@ -182,10 +182,11 @@ def _prefix_rows(
     k_int2 = _dequantized(pages, "k", length, layout)
     v_int2 = _dequantized(pages, "v", length, layout)
     copy_positions = (window_blocks >= 0).repeat_interleave(bs)[:length].nonzero().squeeze(1)
-    rows = window_blocks[copy_positions // bs] * bs + copy_positions % bs  # rows of the flattened window store
+    # rows of the flattened window store; index_select, not [] indexing: a few us against ~15-20 per gather on CPU
+    rows = window_blocks.index_select(0, copy_positions // bs) * bs + copy_positions % bs
 
     def copies(store: torch.Tensor) -> torch.Tensor:  # [nwb, bs, Hkv, D] -> [Hkv, W, D]
-        return store.flatten(0, 1)[rows].transpose(0, 1).to(torch.float32)
+        return store.flatten(0, 1).index_select(0, rows).transpose(0, 1).to(torch.float32)
 
     return k_int2, v_int2, copies(window_k), copies(window_v), copy_positions
 
@@ -261,10 +262,10 @@ def _attend_one(
     call and do not read it afterwards)."""
     k_int2, v_int2, k_copy, v_copy, copy_positions = prefix
     hq, hkv = query.shape[1], k_int2.shape[0]
-    picked = (copy_positions < sink) | (copy_positions > position - recent)
-    rows = copy_positions[picked]
-    keys = k_int2.index_copy_(1, rows, k_copy[:, picked])[None, :, : position + 1]
-    values = v_int2.index_copy_(1, rows, v_copy[:, picked])[None, :, : position + 1]
+    picked = ((copy_positions < sink) | (copy_positions > position - recent)).nonzero().squeeze(1)
+    rows = copy_positions.index_select(0, picked)
+    keys = k_int2.index_copy_(1, rows, k_copy.index_select(1, picked))[None, :, : position + 1]
+    values = v_int2.index_copy_(1, rows, v_copy.index_select(1, picked))[None, :, : position + 1]
     out = F.scaled_dot_product_attention(query.to(torch.float32).transpose(0, 1)[None], keys, values,
                                          scale=softmax_scale, enable_gqa=hq != hkv)
     return out[0].transpose(0, 1)
