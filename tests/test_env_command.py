@@ -162,9 +162,9 @@ def test_gpu_without_a_shipped_table_gets_the_command_that_makes_one() -> None:
     from vllm_oscar.kernels.measured_plans import SHIPPED_TABLES, TABLE_ENV, table_file_name
 
     report = environment.collect()
-    name = "NVIDIA H100 80GB HBM3"
+    name = "NVIDIA A100-SXM4-80GB"
     assert not (SHIPPED_TABLES / table_file_name(name)).exists()
-    gpu = environment.DeviceReport(0, name, "9.0", 132, 79.2, True, True, None)
+    gpu = environment.DeviceReport(0, name, "8.0", 108, 79.2, True, True, None)
     shipped = environment.DeviceReport(1, "NVIDIA H200", "9.0", 132, 139.8, True, True,
                                        str(SHIPPED_TABLES / "NVIDIA_H200.json"))
     lines = environment.report_lines(dataclasses.replace(report, devices=[gpu, shipped]))
