@@ -220,7 +220,7 @@ def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scale_fl
     transcription round by round. One exact shortcut: a group whose assign step returns the codes its fit started
     from is at a fixed point (the next fit sees the same codes and, if they are all equal, the scale it just
     produced), so every later iterate equals this one and none can be strictly better: the loop ends when every
-    group is there (the CPU decode writes one token per request, whose groups settle in a round or two of the 8
+    group is there (the CPU decode writes one token per request, whose few groups often settle well before the 8
     served key rounds), and once such groups are a quarter of a working array of >= config.REFIT_COMPACT_MIN_VALUES
     values they are gathered out with their best grid, so the rounds that remain run on the slow groups only.
     """
