@@ -28,16 +28,8 @@ from vllm_oscar.kernels.checks import (
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
-from vllm_oscar.config import (
-    CODE_BITS,
-    CODES_PER_BYTE,
-    NUM_LEVELS,
-    REFIT_SCALE_FLOOR,
-    TORCH_QUERY_CHUNK,
-    RefitIterations,
-    refit_pair,
-)
-from vllm_oscar.quant import pack_codes, quantize_rows
+from vllm_oscar.config import CODES_PER_BYTE, REFIT_SCALE_FLOOR, TORCH_QUERY_CHUNK, RefitIterations, refit_pair
+from vllm_oscar.quant import code_plane, pack_codes, quantize_rows
 
 
 def _store_int2(
@@ -150,7 +142,7 @@ def _dequantized(pages: PageViews, which: str, length: int, layout: PageLayout) 
     groups_per_plane = max(1, quarter // group)
     for plane in range(CODES_PER_BYTE):
         first = plane * quarter // group
-        plane_codes = ((codes >> (CODE_BITS * plane)) & (NUM_LEVELS - 1)).unflatten(-1, (groups_per_plane, -1))
+        plane_codes = code_plane(codes, plane).unflatten(-1, (groups_per_plane, -1))
         target = rows[..., plane * quarter : (plane + 1) * quarter].unflatten(-1, (groups_per_plane, -1))
         torch.mul(plane_codes, scale[..., first : first + groups_per_plane, None], out=target)
         target.add_(offset[..., first : first + groups_per_plane, None])
@@ -318,7 +310,8 @@ def oscar_decode(
         if length == 0:  # a padding row of a CUDA-graph batch: nothing to attend, zeros (as the kernels)
             results.append(torch.zeros_like(query_rot[request: request + 1], dtype=torch.float32))
             continue
-        prefix = _prefix_rows(request, length, int2_cache, window_k, window_v, layout, block_table, window_block_table)
+        prefix = _prefix_rows(request, length, int2_cache, window_k, window_v, layout, block_table,
+                              window_block_table)
         position = torch.tensor([length - 1], device=query_rot.device)
         results.append(_attend(query_rot[request : request + 1], position, prefix, None, None, sink, recent, softmax_scale))
     return _finish(torch.cat(results, dim=0), query_rot, out)
@@ -377,11 +370,13 @@ def oscar_prefill(
             continue
         positions = torch.arange(prefix_len, length, device=query_rot.device)
         if chunk_from_cache:
-            cached = _prefix_rows(request, length, int2_cache, window_k, window_v, layout, block_table, window_block_table)
+            cached = _prefix_rows(request, length, int2_cache, window_k, window_v, layout, block_table,
+                                  window_block_table)
             result[begin:end] = _attend(query_rot[begin:end], positions, cached, None, None, sink, recent,
                                         softmax_scale)
             continue
-        prefix = _prefix_rows(request, prefix_len, int2_cache, window_k, window_v, layout, block_table, window_block_table)
+        prefix = _prefix_rows(request, prefix_len, int2_cache, window_k, window_v, layout, block_table,
+                              window_block_table)
         result[begin:end] = _attend(query_rot[begin:end], positions, prefix, key_rot[begin:end],
                                     value_rot[begin:end], sink, recent, softmax_scale)
     return _finish(result, query_rot, out)

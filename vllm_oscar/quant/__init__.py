@@ -10,7 +10,7 @@ from vllm_oscar.quant.hadamard import (
     fast_hadamard_transform,
     hadamard_matrix,
 )
-from vllm_oscar.quant.packing import pack_codes, unpack_codes
+from vllm_oscar.quant.packing import code_plane, pack_codes, unpack_codes
 from vllm_oscar.quant.quantizer import (
     QuantizedRows,
     clip_rows,
@@ -34,6 +34,7 @@ __all__ = [
     "body_bits_per_element",
     "clip_rows",
     "clip_threshold_index",
+    "code_plane",
     "compose_rotation",
     "dequantize",
     "fake_quantize",

@@ -44,9 +44,13 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def code_plane(packed: torch.Tensor, plane: int) -> torch.Tensor:
+    """[..., D/4] uint8 bytes -> [..., D/4] uint8 codes of channels [plane D/4, (plane + 1) D/4)."""
+    return (packed >> (CODE_BITS * plane)) & _CODE_MASK
+
+
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     """[..., D/4] uint8 bytes -> [..., D] uint8 codes (inverse of pack_codes)."""
     if packed.dtype != torch.uint8:
         raise ValueError(f"packed must be uint8; got {packed.dtype}.")
-    planes = [(packed >> (CODE_BITS * plane)) & _CODE_MASK for plane in range(CODES_PER_BYTE)]
-    return torch.cat(planes, dim=-1)
+    return torch.cat([code_plane(packed, plane) for plane in range(CODES_PER_BYTE)], dim=-1)

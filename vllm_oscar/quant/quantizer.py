@@ -239,7 +239,6 @@ def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scale_fl
     x_centered = x - x_mean[..., None]
     floor = scale if scale_floor else None
     home = None  # the full-array index of each working group, once settled groups were gathered out
-    saved = (best_codes, best_scale, best_offset)
     for round_ in range(1, iterations + 1):
         code_mean = codes.sum(dim=-1) / group
         code_centered = codes - code_mean[..., None]
