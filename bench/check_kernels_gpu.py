@@ -25,6 +25,7 @@ Checks (each prints one line and goes into the JSON report):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -418,23 +419,27 @@ def check_prefill(report: list) -> None:
         print(f"prefill chunks {chunks} unpack={mode} rows={rows} splits={splits} apart={apart}: "
               f"max rel err {max(errors):.2e} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
-    # chunk_from_cache: the chunk is read from the caches by the rule (as decoding would).
-    out = torch.full_like(q, float("nan"))
-    triton_ops.oscar_prefill(q, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                             state.window_block_table, torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
-                             state.seq_lens, sink, recent, scale, out=out, max_query_len=max(chunks),
-                             chunk_from_cache=True)
-    errors = []
-    for b, n in enumerate(lens):
-        lo, hi = qsl[b], qsl[b + 1]
-        if hi == lo:
-            continue
-        exp = dense_attention(q[lo:hi], torch.arange(n - (hi - lo), n, device=DEVICE),
-                              dense_context(state, b, n, DEVICE), sink, recent, scale)
-        errors.append(rel(out[lo:hi], exp))
-    ok = max(errors) < TOLERANCE
-    report.append({"check": "prefill_chunk_from_cache", "rel_errors": errors, "ok": ok})
-    print(f"prefill chunk_from_cache: max rel err {max(errors):.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    # chunk_from_cache: the chunk is read from the caches by the rule (as decoding would), by FlashAttention over
+    # gathered rows (flash_prefill; the default on large calls) and by the Triton prefill kernel.
+    for flash in (True, False):
+        out = torch.full_like(q, float("nan"))
+        triton_ops.oscar_prefill(q, None, None, state.cache, state.window_k, state.window_v, layout,
+                                 state.block_table, state.window_block_table,
+                                 torch.tensor(qsl, dtype=torch.int32, device=DEVICE), state.seq_lens, sink, recent,
+                                 scale, out=out, max_query_len=max(chunks), chunk_from_cache=True,
+                                 config=dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flash))
+        errors = []
+        for b, n in enumerate(lens):
+            lo, hi = qsl[b], qsl[b + 1]
+            if hi == lo:
+                continue
+            exp = dense_attention(q[lo:hi], torch.arange(n - (hi - lo), n, device=DEVICE),
+                                  dense_context(state, b, n, DEVICE), sink, recent, scale)
+            errors.append(rel(out[lo:hi], exp))
+        ok = max(errors) < TOLERANCE
+        report.append({"check": "prefill_chunk_from_cache", "prefill_flash": flash, "rel_errors": errors, "ok": ok})
+        print(f"prefill chunk_from_cache prefill_flash={flash}: max rel err {max(errors):.2e} "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
 
 
 def check_graph(report: list) -> None:

@@ -35,7 +35,7 @@ from vllm_oscar.kernels import PageLayout, torch_ops
 _previous = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
 try:
-    from vllm_oscar.kernels import measured_plans, triton_ops
+    from vllm_oscar.kernels import flash_prefill, measured_plans, triton_ops
     from vllm_oscar.kernels.triton_common import UNPACK_PTX
 finally:
     if _previous is None:
@@ -1011,6 +1011,124 @@ def test_triton_prefill_window_tiles_read_bf16_only_inside_every_rows_window(rec
     expected = ref_prefill_from_cache(state, query.double(), qsl, sink, recent, 0.2)
     for row in range(40):
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
+
+
+def _ref_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window):
+    """FlashAttention's varlen forward in float64, written from its documented semantics: query row i of a request
+    with nq queries and nk keys sees key j iff i + nk - nq - left_window <= j <= i + nk - nq (bottom-right causal,
+    left_window None = unbounded); GQA; out in q's dtype, lse [Tq, Hq] (natural log, -inf for a row seeing nothing)."""
+    hq, hkv = q.shape[1], k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    assert max_q >= max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
+    assert max_k >= max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
+    for b in range(len(bounds_q) - 1):
+        nq, nk = bounds_q[b + 1] - bounds_q[b], bounds_k[b + 1] - bounds_k[b]
+        keys = k[bounds_k[b]:bounds_k[b + 1]].double().repeat_interleave(hq // hkv, dim=1)  # [nk, Hq, D]
+        values = v[bounds_k[b]:bounds_k[b + 1]].double().repeat_interleave(hq // hkv, dim=1)
+        for i in range(nq):
+            row = bounds_q[b] + i
+            last = i + nk - nq
+            first = 0 if left_window is None else max(0, last - left_window)
+            if last < first or last < 0:
+                continue
+            logits = torch.einsum("hd,jhd->hj", q[row].double(), keys[first:last + 1]) * scale
+            lse[row] = torch.logsumexp(logits, dim=1)
+            out[row] = torch.einsum("hj,jhd->hd", torch.softmax(logits, dim=1), values[first:last + 1])
+    return out.to(q.dtype), lse.float()
+
+
+@pytest.mark.parametrize("chunks, lens, sink, recent, window_dtype, dropped", [
+    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 1),  # a prefix, a one-token chunk, a fresh prompt, none
+    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 0),
+    ([33, 9], [33, 140], 16, 32, torch.float16, 0),  # chunks shorter and longer than recent; fp16 window copies
+    ([25], [25], 4, 64, torch.bfloat16, 0),  # the windows hold the whole prompt: no far position at all
+])
+def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recent, window_dtype, dropped) -> None:
+    """flash_prefill's far / near split (with a float64 stand-in for FlashAttention) against the float64 read rule,
+    with ``dropped`` window blocks per request (their positions read from INT2), the rows outside the requests
+    untouched. A softmax scale of 0.05 keeps every position's weight large enough that reading one the wrong way
+    (sink copies in the far range, the row at t = recent) shows above the bf16 rounding."""
+    gen = torch.Generator().manual_seed(sum(lens) + recent + dropped)
+    hq, hkv, dim, bs = 4, 2, 64, 16
+    layout = PageLayout(dim, 32, bs, torch.float16)
+    state = random_paged_state(lens, hkv, layout, sink, recent, gen, drop_window_blocks=dropped,
+                               window_dtype=window_dtype)
+    qsl = [1]
+    for chunk in chunks:
+        qsl.append(qsl[-1] + chunk)
+    query = torch.randn(qsl[-1] + 2, hq, dim, generator=gen)
+    out = torch.full_like(query, 7.0)
+    flash_prefill.flash_prefill(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                state.window_block_table, torch.tensor(qsl, dtype=torch.int32), state.seq_lens,
+                                recent, sink, 0.05, out, triton_ops._plane_offsets(layout),
+                                attend=_ref_varlen_attention)
+    expected = ref_prefill_from_cache(state, query[1:].double(), [q - 1 for q in qsl], sink, recent, 0.05)
+    for row in range(qsl[0], qsl[-1]):
+        assert relative_error(out[row], expected[row - 1]) < BF16_TOLERANCE, f"row {row}"
+    assert bool((out[0] == 7.0).all()) and bool((out[qsl[-1]:] == 7.0).all())
+
+
+@pytest.mark.parametrize("padded_lse", [False, True])
+def test_flash_varlen_returns_lse_per_row(monkeypatch, padded_lse) -> None:
+    """flash_varlen turns the kernel's log-sum-exp, [Hq, Tq] or the padded [B, Hq, max_q] of older kernels, into
+    [Tq, Hq] rows, and asks for the bottom-right causal mask with the left window given."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(7, 4, 8, generator=gen)
+    k = torch.randn(9, 2, 8, generator=gen)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    expected_out, expected_lse = _ref_varlen_attention(q, k, k, cu_q, cu_k, 4, 5, 0.5, 2)
+    calls = []
+
+    def kernel(q_, k_, v_, cu_q_, cu_k_, max_q, max_k, dropout, causal, debug, *, scale, window_size_left,
+               window_size_right):
+        calls.append((causal, window_size_left, window_size_right, scale, dropout))
+        if not padded_lse:
+            return expected_out, expected_lse.T.contiguous(), None, None, None
+        padded = torch.full((2, 4, max_q), float("nan"))
+        padded[0, :, :3] = expected_lse[:3].T
+        padded[1, :, :4] = expected_lse[3:].T
+        return expected_out, padded, None, None, None
+
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", kernel)
+    out, lse = flash_prefill.flash_varlen(q, k, k, cu_q, cu_k, 4, 5, 0.5, 2)
+    assert calls == [(True, 2, 0, 0.5, 0.0)]
+    assert out is expected_out and torch.equal(lse, expected_lse)
+
+
+@pytest.mark.parametrize("prefill_flash, max_seq_len, expected", [
+    (None, 20, True), (None, 19, False), (None, None, False), (True, 19, True), (False, 20, False)])
+def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, prefill_flash, max_seq_len,
+                                                                    expected) -> None:
+    """Where FlashAttention can run, the default routes the served read to flash_prefill once rows x max_seq_len x
+    Hq x D reaches FLASH_PREFILL_MIN_WORK (rows squared without max_seq_len); True always, False never."""
+    gen = torch.Generator().manual_seed(8)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([20], 1, layout, 4, 8, gen)
+    rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args: calls.append(args) or args[12])
+    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
+    triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                             state.window_block_table, torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8,
+                             0.125, chunk_from_cache=True, max_seq_len=max_seq_len,
+                             config=triton_ops.AttentionConfig(block_t=16, prefill_flash=prefill_flash))
+    assert len(calls) == int(expected)
+
+
+def test_prefill_flash_true_refuses_where_flash_cannot_run() -> None:
+    gen = torch.Generator().manual_seed(6)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([20], 1, layout, 4, 8, gen)
+    rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="prefill_flash=True, but FlashAttention prefill cannot run here: tensors "
+                                         "on cpu, not CUDA"):
+        triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout,
+                                 state.block_table, state.window_block_table, torch.tensor([0, 4], dtype=torch.int32),
+                                 state.seq_lens, 4, 8, 0.125, chunk_from_cache=True,
+                                 config=triton_ops.AttentionConfig(prefill_flash=True))
 
 
 def _rows_with_outliers(n: int, heads: int, dim: int, gen: torch.Generator) -> torch.Tensor:

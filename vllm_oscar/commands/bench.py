@@ -63,6 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the product's rule)")
     parser.add_argument("--prefill-int2-apart", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="prefill tune: the pure INT2 prefix in its own launch (AttentionConfig.prefill_int2_apart)")
+    parser.add_argument("--prefill-flash", nargs="+", default=["auto"], choices=("auto", "0", "1"),
+                        help="prefill: the served read by FlashAttention over gathered rows (1), by the Triton "
+                             "prefill kernel (0), or by the product's rule (auto: FlashAttention from "
+                             "FLASH_PREFILL_MIN_WORK on); several values time each in turn per case "
+                             "(AttentionConfig.prefill_flash; FlashAttention needs --prefill-eager)")
+    parser.add_argument("--prefill-eager", action="store_true",
+                        help="prefill: time OSCAR and BF16 SDPA as eager launches (host work included, as vLLM runs "
+                             "prefill steps), not as CUDA-graph replays; needed to time prefill_flash, which reads "
+                             "the lengths on the host")
     parser.add_argument("--prefill-new-rows", action="store_true",
                         help="prefill: read the chunk from its new BF16 rows, not back from the caches (the "
                              "served path reads the caches)")
@@ -225,11 +234,12 @@ def prefill_tune_configs(args: argparse.Namespace) -> list:
     from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL, AttentionConfig
 
     return [AttentionConfig(block_t=bt, num_warps=nw, num_stages=ns, prefill_rows=rows,
-                            prefill_splits=_auto(splits, int), prefill_int2_apart=_auto(apart, bool))
-            for bt, nw, ns, rows, splits, apart in itertools.product(
+                            prefill_splits=_auto(splits, int), prefill_int2_apart=_auto(apart, bool),
+                            prefill_flash=_auto(flash, bool))
+            for bt, nw, ns, rows, splits, apart, flash in itertools.product(
                 args.block_t or [DEFAULT_PREFILL.block_t], args.num_warps or [DEFAULT_PREFILL.num_warps],
                 args.num_stages or [DEFAULT_PREFILL.num_stages], args.prefill_rows, args.prefill_splits,
-                args.prefill_int2_apart)]
+                args.prefill_int2_apart, args.prefill_flash)]
 
 
 def fastest_configs(tune_json: str, geometries: list[str]) -> dict:
@@ -263,16 +273,18 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
     from vllm_oscar.kernels.prefill_benchmark import format_prefill_table, run_prefill_case
     from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL
 
-    configs = prefill_tune_configs(args) if args.prefill_tune else [DEFAULT_PREFILL]
+    configs = (prefill_tune_configs(args) if args.prefill_tune else
+               [dataclasses.replace(DEFAULT_PREFILL, prefill_flash=_auto(flash, bool)) for flash in args.prefill_flash])
     rows = []
     for geometry, prefix, chunk, batch, config in itertools.product(args.geometry, args.prefixes, args.chunks,
                                                                     args.prefill_batches, configs):
         rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device, config,
-                                     with_baseline=not args.prefill_tune, chunk_from_cache=not args.prefill_new_rows))
+                                     with_baseline=not args.prefill_tune, chunk_from_cache=not args.prefill_new_rows,
+                                     eager=args.prefill_eager))
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
               f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']} "
-              f"apart={c['prefill_int2_apart']}", flush=True)
+              f"apart={c['prefill_int2_apart']} flash={c['prefill_flash']}", flush=True)
     print(format_prefill_table(rows))
     return rows
 

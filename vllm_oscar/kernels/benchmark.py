@@ -183,6 +183,25 @@ def time_graph(fns: list[Callable[[], object]], reps: int) -> float:
     return times[len(times) // 2] / len(fns)
 
 
+def time_eager(fns: list[Callable[[], object]], reps: int) -> float:
+    """Milliseconds per call of each fn launched eagerly (host work and any synchronisation inside included, as a
+    step vLLM runs without a CUDA graph sees it): a warm-up call, then events around each rep; the median."""
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        for fn in fns:
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2] / len(fns)
+
+
 def summarize_kernels(kernels: list[tuple[str, float, float]], calls: int) -> dict:
     """Per-kernel GPU time from (name, start_us, end_us) kernel records of ``calls`` calls.
 

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS
-from vllm_oscar.kernels.benchmark import OscarCase, error_summary, geometry_heads, make_oscar_case, time_graph
+from vllm_oscar.kernels.benchmark import (OscarCase, error_summary, geometry_heads, make_oscar_case, time_eager,
+                                          time_graph)
 
 PREFILL_PREFIXES: tuple[int, ...] = (0, 4096, 32768)
 PREFILL_CHUNKS: tuple[int, ...] = (512, 2048)
@@ -78,10 +79,11 @@ def prefill_call(oscar_prefill: Callable[..., torch.Tensor], case: PrefillCase, 
 
 def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_size: int, reps: int,
                      device: torch.device, config=None, with_baseline: bool = True,
-                     chunk_from_cache: bool = True) -> dict:
+                     chunk_from_cache: bool = True, eager: bool = False) -> dict:
     """Time OSCAR's chunked prefill (launch config: triton_ops.DEFAULT_PREFILL unless given; served
     read unless chunk_from_cache is False) and, with_baseline, the BF16 SDPA prefill for one case; a
-    JSON-able dict."""
+    JSON-able dict. eager: both timed as eager launches (time_eager), else as CUDA-graph replays (time_graph; a
+    path that synchronises with the host, as flash_prefill does, cannot be captured and reports an error)."""
     from torch.nn.attention.bias import causal_lower_right
 
     from vllm_oscar.kernels import triton_ops
@@ -91,13 +93,14 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     flops = attention_flops(batch, hq, dim, prefix, chunk)
     result: dict = {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
                     "block_size": block_size, "hq": hq, "hkv": hkv, "head_dim": dim, "flops": flops,
-                    "chunk_from_cache": chunk_from_cache}
+                    "chunk_from_cache": chunk_from_cache, "timing": "eager" if eager else "graph"}
     gen = torch.Generator(device=device).manual_seed(total * 131 + batch)
     case = make_prefill_case(batch, prefix, chunk, hq, hkv, dim, block_size, device, gen, chunk_from_cache)
     config = config or triton_ops.DEFAULT_PREFILL
     result["config"] = dataclasses.asdict(config)
     result["oscar"] = _timed(prefill_call(triton_ops.oscar_prefill, case, torch.empty_like(case.query),
-                                        max_query_len=chunk, max_seq_len=total, config=config), reps, flops)
+                                        max_query_len=chunk, max_seq_len=total, config=config), reps, flops,
+                            eager)
     del case
     torch.cuda.empty_cache()
     if not with_baseline:
@@ -111,7 +114,7 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     def bf16() -> object:
         return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
 
-    result["bf16_sdpa"] = _timed(bf16, reps, flops)
+    result["bf16_sdpa"] = _timed(bf16, reps, flops, eager)
     del q4, k4, v4
     torch.cuda.empty_cache()
     if "ms" in result["oscar"] and "ms" in result["bf16_sdpa"]:
@@ -119,10 +122,10 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     return result
 
 
-def _timed(fn: Callable[[], object], reps: int, flops: float) -> dict:
-    """{"ms", "TFLOPs"} of fn replayed in a CUDA graph, or {"error"} (reported, not hidden)."""
+def _timed(fn: Callable[[], object], reps: int, flops: float, eager: bool) -> dict:
+    """{"ms", "TFLOPs"} of fn launched eagerly or replayed in a CUDA graph, or {"error"} (reported, not hidden)."""
     try:
-        ms = time_graph([fn], reps)
+        ms = time_eager([fn], reps) if eager else time_graph([fn], reps)
     except Exception as error:  # noqa: BLE001 - a path that cannot run is a result of the benchmark
         return {"error": error_summary(error)}
     return {"ms": ms, "TFLOPs": flops / ms / 1e9}

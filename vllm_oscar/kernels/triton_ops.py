@@ -26,6 +26,7 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
+from vllm_oscar.kernels.flash_prefill import FLASH_PREFILL_MIN_WORK, flash_prefill, flash_unavailable
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -463,7 +464,16 @@ class AttentionConfig:
     B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async;
     beside_write: the launch runs beside a side-stream INT2 write (a captured decode step): the INT2 split kernels
     take BESIDE_WRITE_SPLIT_EIGHTHS / 8 of their plan's splits (rules' or measured; not an explicit num_splits)
-    where max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN and batch <= BESIDE_WRITE_MAX_BATCH (what was measured).
+    where max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN and batch <= BESIDE_WRITE_MAX_BATCH (what was measured);
+    prefill_flash: oscar_prefill(chunk_from_cache=True) runs as flash_prefill (the rows of each request gathered
+    into a far and a near range, two PyTorch FlashAttention varlen launches, a log-sum-exp merge) instead of the
+    Triton prefill kernel; the same read rule. None (the default) = where flash_prefill.flash_unavailable finds no
+    reason against it (a CUDA GPU of compute capability >= 8.0, head_dim a multiple of 8 up to 256, a recent window,
+    a torch built with FlashAttention) and the call's work, query rows x max_seq_len (query rows squared when
+    max_seq_len is not given) x Hq x D, reaches flash_prefill.FLASH_PREFILL_MIN_WORK (H100, eager: up to 1.7x faster
+    at 32K prefixes and 2048-token chunks, 2-4x slower on short chunks over short prefixes, which the threshold
+    leaves to the Triton kernel); True = wherever flash_unavailable finds no reason, else raises; False = the Triton
+    kernel. The chunk read from its new rows (chunk_from_cache False) always runs the Triton kernel.
     """
 
     block_t: Optional[int] = None
@@ -496,6 +506,7 @@ class AttentionConfig:
     gluon_window_prefetch: Optional[bool] = None
     gluon_copy_tma: Optional[bool] = None
     beside_write: bool = False
+    prefill_flash: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -1567,6 +1578,30 @@ def prefill_split_count(config: AttentionConfig, programs: int, device: torch.de
     return config.prefill_splits
 
 
+def _prefill_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: PageLayout, recent: int,
+                   max_seq_len: Optional[int]) -> bool:
+    """Whether oscar_prefill(chunk_from_cache=True) runs as flash_prefill (AttentionConfig.prefill_flash); says once
+    per reason why not where the default finds one on a CUDA GPU."""
+    if config.prefill_flash is False:
+        return False
+    reason = flash_unavailable(query_rot, layout, recent)
+    if reason is None:
+        rows, heads, dim = query_rot.shape
+        work = rows * (rows if max_seq_len is None else max_seq_len) * heads * dim
+        return bool(config.prefill_flash) or work >= FLASH_PREFILL_MIN_WORK
+    if config.prefill_flash:
+        raise ValueError(f"prefill_flash=True, but FlashAttention prefill cannot run here: {reason}. Use "
+                         f"prefill_flash=None (default: the Triton prefill kernel where it cannot) or False.")
+    if query_rot.device.type == "cuda":
+        _log_once(f"OSCAR: chunked prefill runs the Triton prefill kernel, not FlashAttention: {reason}.")
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _log_once(message: str) -> None:
+    logger.info(message)
+
+
 def oscar_prefill(
     query_rot: torch.Tensor,
     key_rot: torch.Tensor,
@@ -1600,6 +1635,10 @@ def oscar_prefill(
     check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
                         chunk_from_cache)
     _check_triton_layout(layout)
+    if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len):
+        return flash_prefill(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table,
+                             query_start_loc, seq_lens, recent, sink, softmax_scale,
+                             torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout))
     new_k, new_v = (query_rot, query_rot) if chunk_from_cache else (key_rot, value_rot)  # unused if from cache
     _check_last_dim_contiguous(query_rot=query_rot, key_rot=new_k, value_rot=new_v,
                                window_k=window_k, window_v=window_v)

@@ -1,0 +1,312 @@
+"""Chunked prefill read back from the caches, as two FlashAttention launches over gathered rows (CUDA path).
+
+A chunk row at position t reads each cached position s <= t by the decode read rule: its BF16 window copy when
+s < sink or s > t - recent and the block has one, its INT2 reading otherwise. Split a request's positions into two
+ranges where the reading no longer depends on the query:
+
+    far   positions [0, L - recent): s < sink reads its copy (INT2 where the block has none), s >= sink INT2.
+          Row t sees s <= t - recent: with C queries over L - recent keys that is FlashAttention's bottom-right
+          causal mask (key j visible iff j <= i + keys - queries).
+    near  positions [max(0, P - recent + 1), L): every position reads its copy (INT2 where the block has none).
+          Row t sees t - recent < s <= t: the bottom-right causal mask with a left window of recent - 1.
+
+(L: the request's seq_len, P = L - C its cached prefix.) The two ranges of a row are disjoint and together hold
+every s <= t, each read the way the rule reads it. One Triton launch per range gathers the rows (INT2 dequantized,
+code * scale + offset per group in fp32, then rounded to the attention's dtype) into packed varlen buffers
+[rows, Hkv, D]; PyTorch's FlashAttention varlen kernel (``aten._flash_attention_forward``, which returns the
+log-sum-exp) attends to each, and an exact log-sum-exp merge in fp32 combines them. Rows with no far position
+(t < recent) take the near part alone.
+
+Numerics against the Triton prefill kernel: the dequantized rows and the query are rounded to bf16 (fp16 where the
+window store is fp16) before the MMAs, as that kernel's MMAs round their operands, and each part's output is rounded
+to that dtype before the merge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_oscar.kernels.layout import PageLayout
+from vllm_oscar.kernels.triton_common import TL_DTYPES
+
+
+#: Positions per gather program.
+GATHER_BLOCK = 32
+#: Query rows per merge program.
+MERGE_BLOCK = 16
+#: Lowest compute capability PyTorch's FlashAttention kernels run on.
+FLASH_MIN_CAPABILITY = (8, 0)
+#: Largest head_dim they take (a multiple of 8).
+FLASH_MAX_HEAD_DIM = 256
+#: dtypes they take.
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+#: The default (AttentionConfig.prefill_flash None) runs flash_prefill where a call's attention work, counted as
+#: query rows x max_seq_len x query heads x head_dim (at least sum over requests of chunk x seq_len x Hq x D),
+#: reaches this; below it the Triton prefill kernel is faster, flash_prefill's host work (a synchronisation, three
+#: Triton and two FlashAttention launches: ~0.4-0.6 ms per call on an H100) being larger than the attention there.
+#: Measured (H100, eager, docs/PERFORMANCE.md "Chunked prefill"): Qwen3-8B geometry 2048 fresh tokens (2^34) 0.54
+#: against 0.56 ms, 512 tokens over a 4K prefix (2^33.2) 0.78 against 0.48.
+FLASH_PREFILL_MIN_WORK = 2 ** 34
+
+#: attend(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window) -> (out [Tq, Hq, D] q's dtype, lse [Tq, Hq] fp32,
+#: natural log): bottom-right causal varlen attention, left_window None = unbounded (FlashAttention's semantics).
+VarlenAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, float,
+                            Optional[int]], tuple[torch.Tensor, torch.Tensor]]
+
+
+@triton.jit
+def gather_rows_kernel(
+    cache, stride_cb, stride_ch,
+    window_k, window_v, stride_wb, stride_wt, stride_wh,
+    block_table, window_block_table, stride_bt,
+    first_position, counts, row_offsets,
+    copy_below,
+    out_k, out_v, stride_or, stride_oh,
+    D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, SCALE_T: tl.constexpr,
+    K_CODES: tl.constexpr, V_CODES: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr,
+    V_SCALE: tl.constexpr, V_ZERO: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Rows [row_offsets[b] + i] of out_k / out_v (head h) = K / V of position first_position[b] + i, i <
+    counts[b], of request b: the window copy where the position < copy_below and its block has a window block,
+    else the INT2 reading. Grid (cdiv(max count, BLOCK), B, Hkv)."""
+    tile = tl.program_id(0)
+    request = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2).to(tl.int64)
+    count = tl.load(counts + request)
+    i = tile * BLOCK + tl.arange(0, BLOCK)
+    live = i < count
+    s = tl.load(first_position + request) + i
+    logical = s // BS
+    slot = s % BS
+    block = tl.load(block_table + request * stride_bt + logical, mask=live, other=0).to(tl.int64)
+    window = tl.load(window_block_table + request * stride_bt + logical, mask=live, other=-1).to(tl.int64)
+    use_copy = live & (s < copy_below) & (window >= 0)
+    use_int2 = live & ~use_copy
+
+    cols = tl.arange(0, D)
+    quarter: tl.constexpr = D // 4
+    groups: tl.constexpr = D // G
+    shift = (2 * (cols // quarter)).to(tl.uint8)  # code plane p holds channels [p D/4, (p+1) D/4) in bits 2p
+    base = cache + block * stride_cb + head * stride_ch
+    code_at = base[:, None] + slot[:, None] * quarter + (cols % quarter)[None, :]
+    param_at = slot[:, None] * groups + (cols // G)[None, :]
+    int2_mask = use_int2[:, None]
+    copy_at = window[:, None] * stride_wb + slot[:, None] * stride_wt + head * stride_wh + cols[None, :]
+    copy_mask = use_copy[:, None]
+    out_at = (tl.load(row_offsets + request) + i).to(tl.int64)[:, None] * stride_or + head * stride_oh + cols[None, :]
+    out_mask = live[:, None]
+
+    codes = tl.load(code_at + K_CODES, mask=int2_mask, other=0)
+    scale = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
+    zero = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
+    int2 = ((codes >> shift[None, :]) & 3).to(tl.float32) * scale.to(tl.float32) + zero.to(tl.float32)
+    copy = tl.load(window_k + copy_at, mask=copy_mask, other=0).to(tl.float32)
+    tl.store(out_k + out_at, tl.where(copy_mask, copy, int2).to(out_k.dtype.element_ty), mask=out_mask)
+
+    codes = tl.load(code_at + V_CODES, mask=int2_mask, other=0)
+    scale = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
+    zero = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
+    int2 = ((codes >> shift[None, :]) & 3).to(tl.float32) * scale.to(tl.float32) + zero.to(tl.float32)
+    copy = tl.load(window_v + copy_at, mask=copy_mask, other=0).to(tl.float32)
+    tl.store(out_v + out_at, tl.where(copy_mask, copy, int2).to(out_v.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def merge_far_near_kernel(
+    far_out, far_lse, near_out, near_lse, out, cu_q, prefix,
+    stride_fo, stride_fh, stride_fl, stride_flh, stride_no, stride_nh, stride_nl, stride_nlh, stride_o, stride_oh,
+    row0, recent,
+    D: tl.constexpr, BLOCK: tl.constexpr, HAS_FAR: tl.constexpr,
+):
+    """out[row0 + r, h] = the log-sum-exp merge of the far and near parts of row r (packed rows; lse natural log,
+    [rows, Hq] with strides), the near part alone where the row's position prefix[b] + i < recent sees no far
+    position (or not HAS_FAR). Grid (cdiv(max chunk, BLOCK), B, Hq)."""
+    request = tl.program_id(1)
+    head = tl.program_id(2).to(tl.int64)
+    begin = tl.load(cu_q + request)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < tl.load(cu_q + request + 1) - begin
+    row = (begin + i).to(tl.int64)
+    cols = tl.arange(0, D)
+    mask = live[:, None]
+    near = tl.load(near_out + row[:, None] * stride_no + head * stride_nh + cols[None, :], mask=mask, other=0)
+    merged = near.to(tl.float32)
+    if HAS_FAR:
+        sees_far = live & (tl.load(prefix + request) + i >= recent)
+        lse_near = tl.load(near_lse + row * stride_nl + head * stride_nlh, mask=live, other=0)
+        lse_far = tl.load(far_lse + row * stride_fl + head * stride_flh, mask=sees_far, other=0)
+        top = tl.where(sees_far, tl.maximum(lse_far, lse_near), lse_near)
+        w_far = tl.where(sees_far, tl.exp(lse_far - top), 0.0)
+        w_near = tl.exp(lse_near - top)
+        far = tl.load(far_out + row[:, None] * stride_fo + head * stride_fh + cols[None, :],
+                      mask=sees_far[:, None], other=0).to(tl.float32)
+        merged = (far * w_far[:, None] + merged * w_near[:, None]) / (w_far + w_near)[:, None]
+    tl.store(out + (row0 + row)[:, None] * stride_o + head * stride_oh + cols[None, :],
+             merged.to(out.dtype.element_ty), mask=mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillRanges:
+    """Per-request host values of one flash_prefill call: chunk rows, prefix, and the far / near key ranges
+    (first position, count); ``device`` holds them packed for the kernels (one host-to-device copy)."""
+
+    chunks: list[int]
+    prefixes: list[int]
+    far_count: list[int]
+    near_first: list[int]
+    near_count: list[int]
+
+    @staticmethod
+    def of(seq_lens: list[int], chunks: list[int], recent: int) -> "PrefillRanges":
+        """far [0, L - recent), near [max(0, P - recent + 1), L) with P = L - C (module docstring); a request
+        with no chunk has neither."""
+        prefixes = [length - chunk for length, chunk in zip(seq_lens, chunks)]
+        near_first = [max(0, prefix - recent + 1) for prefix in prefixes]
+        return PrefillRanges(chunks, prefixes,
+                             [max(0, length - recent) if chunk else 0 for length, chunk in zip(seq_lens, chunks)],
+                             near_first,
+                             [length - first if chunk else 0 for length, first, chunk in zip(seq_lens, near_first,
+                                                                                             chunks)])
+
+    def packed(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """Device int32 views: cu_q, far_first, far_count, cu_far, near_first, near_count, cu_near, prefix."""
+        batch = len(self.chunks)
+        fields = {"cu_q": _cumulative(self.chunks), "far_first": [0] * batch, "far_count": self.far_count,
+                  "cu_far": _cumulative(self.far_count), "near_first": self.near_first, "near_count": self.near_count,
+                  "cu_near": _cumulative(self.near_count), "prefix": self.prefixes}
+        flat = [value for values in fields.values() for value in values]
+        host = torch.tensor(flat, dtype=torch.int32)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        packed = host.to(device, non_blocking=True)
+        views, start = {}, 0
+        for name, values in fields.items():
+            views[name] = packed[start:start + len(values)]
+            start += len(values)
+        return views
+
+
+def _cumulative(counts: list[int]) -> list[int]:
+    """[0, c0, c0 + c1, ...]: the row offsets of packed varlen rows."""
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+    return offsets
+
+
+def gather_rows(first: torch.Tensor, count: torch.Tensor, offsets: torch.Tensor, total: int, longest: int,
+                copy_below: int, int2_cache: torch.Tensor, window_k: torch.Tensor, window_v: torch.Tensor,
+                layout: PageLayout, block_table: torch.Tensor, window_block_table: torch.Tensor, dtype: torch.dtype,
+                plane_offsets: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V rows [total, Hkv, D] ``dtype`` of positions first[b] + i, i < count[b], request after request at
+    offsets[b] (device int32 [B] each; longest = max count), by gather_rows_kernel."""
+    hkv, d = int2_cache.shape[1], layout.head_dim
+    out_k = torch.empty(total, hkv, d, dtype=dtype, device=int2_cache.device)
+    out_v = torch.empty_like(out_k)
+    if total:
+        gather_rows_kernel[(triton.cdiv(longest, GATHER_BLOCK), count.shape[0], hkv)](
+            int2_cache, int2_cache.stride(0), int2_cache.stride(1),
+            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+            block_table, window_block_table, block_table.stride(0),
+            first, count, offsets, copy_below,
+            out_k, out_v, out_k.stride(0), out_k.stride(1),
+            D=d, G=layout.group_size, BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype],
+            BLOCK=GATHER_BLOCK, **plane_offsets,
+        )
+    return out_k, out_v
+
+
+def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                 max_q: int, max_k: int, scale: float, left_window: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's FlashAttention varlen forward, bottom-right causal (VarlenAttention)."""
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale,
+        window_size_left=left_window, window_size_right=None if left_window is None else 0)
+    if lse.dim() == 3:  # [B, Hq, max_q] (padded layout of older kernels) -> [Tq, Hq]
+        starts = cu_q[:-1].long()
+        request = torch.repeat_interleave(torch.arange(len(starts), device=q.device), cu_q.diff().long())
+        lse = lse[request, :, torch.arange(q.shape[0], device=q.device) - starts[request]]
+    else:  # [Hq, Tq]
+        lse = lse.transpose(0, 1)
+    return out, lse
+
+
+def flash_unavailable(query: torch.Tensor, layout: PageLayout, recent: int) -> Optional[str]:
+    """Why flash_prefill cannot run these tensors (None: it can)."""
+    if recent < 1:
+        return "no recent window (the near range would be empty)"
+    if query.device.type != "cuda":
+        return f"tensors on {query.device.type}, not CUDA"
+    if torch.cuda.get_device_capability(query.device) < FLASH_MIN_CAPABILITY:
+        return f"compute capability {torch.cuda.get_device_capability(query.device)} < {FLASH_MIN_CAPABILITY}"
+    if layout.head_dim > FLASH_MAX_HEAD_DIM or layout.head_dim % 8:
+        return f"head_dim {layout.head_dim} (FlashAttention takes multiples of 8 up to {FLASH_MAX_HEAD_DIM})"
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return f"torch {torch.__version__} has no aten._flash_attention_forward"
+    if not torch.backends.cuda.is_flash_attention_available():
+        return f"torch {torch.__version__} was built without FlashAttention"
+    return None
+
+
+def flash_prefill(
+    query_rot: torch.Tensor,
+    int2_cache: torch.Tensor,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    layout: PageLayout,
+    block_table: torch.Tensor,
+    window_block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    recent: int,
+    sink: int,
+    softmax_scale: float,
+    out: torch.Tensor,
+    plane_offsets: dict[str, int],
+    attend: VarlenAttention = flash_varlen,
+) -> torch.Tensor:
+    """oscar_prefill(chunk_from_cache=True) by the far / near split (module docstring); arguments as
+    torch_ops.oscar_prefill (checked by the caller), out [T, Hq, D] written at the rows of requests.
+
+    Reads query_start_loc and seq_lens on the host (one synchronisation; prefill steps run eagerly), then copies
+    the ranges to the device in one pinned, non-blocking copy."""
+    batch = seq_lens.shape[0]
+    host = torch.cat((query_start_loc.to(seq_lens.dtype), seq_lens)).tolist()
+    starts, lengths = host[:batch + 1], host[batch + 1:]
+    if starts[-1] <= starts[0]:
+        return out
+    ranges = PrefillRanges.of(lengths, [end - begin for begin, end in zip(starts, starts[1:])], recent)
+    device = query_rot.device
+    views = ranges.packed(device)
+    dtype = window_k.dtype if window_k.dtype in FLASH_DTYPES else torch.bfloat16
+    q = query_rot[starts[0]:starts[-1]].to(dtype)
+    max_q = max(ranges.chunks)
+    caches = (int2_cache, window_k, window_v, layout, block_table, window_block_table, dtype, plane_offsets)
+    near_k, near_v = gather_rows(views["near_first"], views["near_count"], views["cu_near"][:-1],
+                                 sum(ranges.near_count), max(ranges.near_count), max(lengths), *caches)
+    near_out, near_lse = attend(q, near_k, near_v, views["cu_q"], views["cu_near"], max_q, max(ranges.near_count),
+                                softmax_scale, recent - 1)
+    del near_k, near_v
+    has_far = max(ranges.far_count) > 0
+    if has_far:
+        far_k, far_v = gather_rows(views["far_first"], views["far_count"], views["cu_far"][:-1],
+                                   sum(ranges.far_count), max(ranges.far_count), sink, *caches)
+        far_out, far_lse = attend(q, far_k, far_v, views["cu_q"], views["cu_far"], max_q, max(ranges.far_count),
+                                  softmax_scale, None)
+        del far_k, far_v
+    else:  # no row sees a far position: the merge reads the near part alone
+        far_out, far_lse = near_out, near_lse
+    merge_far_near_kernel[(triton.cdiv(max_q, MERGE_BLOCK), batch, q.shape[1])](
+        far_out, far_lse, near_out, near_lse, out, views["cu_q"], views["prefix"],
+        far_out.stride(0), far_out.stride(1), far_lse.stride(0), far_lse.stride(1),
+        near_out.stride(0), near_out.stride(1), near_lse.stride(0), near_lse.stride(1),
+        out.stride(0), out.stride(1), starts[0], recent,
+        D=q.shape[2], BLOCK=MERGE_BLOCK, HAS_FAR=has_far,
+    )
+    return out
