@@ -102,19 +102,23 @@ def gather_rows_kernel(
     out_at = (tl.load(row_offsets + request) + i).to(tl.int64)[:, None] * stride_or + head * stride_oh + cols[None, :]
     out_mask = live[:, None]
 
-    codes = tl.load(code_at + K_CODES, mask=int2_mask, other=0)
-    scale = tl.load((base + K_SCALE).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
-    zero = tl.load((base + K_ZERO).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
-    int2 = ((codes >> shift[None, :]) & 3).to(tl.float32) * scale.to(tl.float32) + zero.to(tl.float32)
-    copy = tl.load(window_k + copy_at, mask=copy_mask, other=0).to(tl.float32)
-    tl.store(out_k + out_at, tl.where(copy_mask, copy, int2).to(out_k.dtype.element_ty), mask=out_mask)
+    _gather_plane(base, code_at + K_CODES, K_SCALE, K_ZERO, param_at, shift, int2_mask, window_k + copy_at, copy_mask,
+                  out_k + out_at, out_mask, SCALE_T)
+    _gather_plane(base, code_at + V_CODES, V_SCALE, V_ZERO, param_at, shift, int2_mask, window_v + copy_at, copy_mask,
+                  out_v + out_at, out_mask, SCALE_T)
 
-    codes = tl.load(code_at + V_CODES, mask=int2_mask, other=0)
-    scale = tl.load((base + V_SCALE).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
-    zero = tl.load((base + V_ZERO).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
+
+@triton.jit
+def _gather_plane(base, codes_at, SCALE: tl.constexpr, ZERO: tl.constexpr, param_at, shift, int2_mask, copy_at,
+                  copy_mask, out_at, out_mask, SCALE_T: tl.constexpr):
+    """One of K / V for gather_rows_kernel's tile: code * scale + offset (fp32) where int2_mask, the window copy
+    where copy_mask, stored in the output's dtype."""
+    codes = tl.load(codes_at, mask=int2_mask, other=0)
+    scale = tl.load((base + SCALE).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
+    zero = tl.load((base + ZERO).to(tl.pointer_type(SCALE_T))[:, None] + param_at, mask=int2_mask, other=0)
     int2 = ((codes >> shift[None, :]) & 3).to(tl.float32) * scale.to(tl.float32) + zero.to(tl.float32)
-    copy = tl.load(window_v + copy_at, mask=copy_mask, other=0).to(tl.float32)
-    tl.store(out_v + out_at, tl.where(copy_mask, copy, int2).to(out_v.dtype.element_ty), mask=out_mask)
+    copy = tl.load(copy_at, mask=copy_mask, other=0).to(tl.float32)
+    tl.store(out_at, tl.where(copy_mask, copy, int2).to(out_at.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
