@@ -173,3 +173,8 @@ def test_gpu_without_a_shipped_table_gets_the_command_that_makes_one() -> None:
     assert f"--out {table_file_name(name)}" in gpu_line and f"{TABLE_ENV}={table_file_name(name)}" in gpu_line
     shipped_line = next(line for line in lines if line.startswith("GPU 1:"))
     assert shipped_line.endswith("NVIDIA_H200.json") and "bench plans" not in shipped_line
+    assert "FlashAttention prefill yes;" in gpu_line
+    no_flash = dataclasses.replace(gpu, flash_prefill="torch 2.11.0 was built without FlashAttention")
+    no_flash_line = next(line for line in environment.report_lines(dataclasses.replace(report, devices=[no_flash]))
+                         if line.startswith("GPU 0:"))
+    assert "FlashAttention prefill no (torch 2.11.0 was built without FlashAttention);" in no_flash_line

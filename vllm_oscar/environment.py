@@ -58,6 +58,7 @@ class DeviceReport:
     gluon_decode: bool  # gluon_decode's split kernel (Gluon found, capability >= its minimum)
     hopper_features: bool  # TMA tile copies and programmatic dependent launches
     plan_table: Optional[str]  # the measured decode plan table its launches use (None: the rules only)
+    flash_prefill: Optional[str] = None  # why large prefill calls cannot run as FlashAttention here (None: they do)
 
 
 @dataclasses.dataclass
@@ -175,6 +176,7 @@ def _gluon_state() -> tuple[str, Optional[tuple[int, int]]]:
 
 
 def _device_report(index: int, gluon_minimum: Optional[tuple[int, int]], problems: list[Problem]) -> DeviceReport:
+    from vllm_oscar.kernels.flash_prefill import flash_device_unavailable
     from vllm_oscar.kernels.measured_plans import PlanTableError, active_table
     from vllm_oscar.kernels.triton_ops import PDL_MIN_CAPABILITY
 
@@ -190,7 +192,7 @@ def _device_report(index: int, gluon_minimum: Optional[tuple[int, int]], problem
     return DeviceReport(index, props.name, ".".join(map(str, capability)), props.multi_processor_count,
                         round(props.total_memory / 2**30, 1),
                         gluon_minimum is not None and capability >= gluon_minimum,
-                        capability >= PDL_MIN_CAPABILITY, plan_table)
+                        capability >= PDL_MIN_CAPABILITY, plan_table, flash_device_unavailable(device))
 
 
 def _check_plan_setting(setting: Optional[str], problems: list[Problem]) -> None:
@@ -319,7 +321,8 @@ def report_lines(report: EnvironmentReport) -> list[str]:
     for dev in report.devices:
         lines.append(f"GPU {dev.index}:         {dev.name}, compute capability {dev.capability}, {dev.sms} SMs, "
                      f"{dev.memory_gib} GiB; gluon_decode {'yes' if dev.gluon_decode else 'no'}, TMA / PDL "
-                     f"{'yes' if dev.hopper_features else 'no'}; "
+                     f"{'yes' if dev.hopper_features else 'no'}, FlashAttention prefill "
+                     f"{'yes' if dev.flash_prefill is None else 'no (' + dev.flash_prefill + ')'}; "
                      f"decode plans: {dev.plan_table or _no_table_hint(dev.name)}")
     lines.append(f"plan tables:   setting {report.plan_table_setting or '(unset)'}; shipped: "
                  f"{', '.join(report.shipped_plan_tables) or 'none'}")

@@ -241,21 +241,26 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.
     return out, lse
 
 
-def flash_unavailable(query: torch.Tensor, layout: PageLayout, recent: int) -> Optional[str]:
-    """Why flash_prefill cannot run these tensors (None: it can)."""
-    if recent < 1:
-        return "no recent window (the near range would be empty)"
-    if query.device.type != "cuda":
-        return f"tensors on {query.device.type}, not CUDA"
-    if torch.cuda.get_device_capability(query.device) < FLASH_MIN_CAPABILITY:
-        return f"compute capability {torch.cuda.get_device_capability(query.device)} < {FLASH_MIN_CAPABILITY}"
-    if layout.head_dim > FLASH_MAX_HEAD_DIM or layout.head_dim % 8:
-        return f"head_dim {layout.head_dim} (FlashAttention takes multiples of 8 up to {FLASH_MAX_HEAD_DIM})"
+def flash_device_unavailable(device: torch.device) -> Optional[str]:
+    """Why flash_prefill cannot run on ``device`` whatever the shapes (None: it can)."""
+    if device.type != "cuda":
+        return f"tensors on {device.type}, not CUDA"
+    if torch.cuda.get_device_capability(device) < FLASH_MIN_CAPABILITY:
+        return f"compute capability {torch.cuda.get_device_capability(device)} < {FLASH_MIN_CAPABILITY}"
     if not hasattr(torch.ops.aten, "_flash_attention_forward"):
         return f"torch {torch.__version__} has no aten._flash_attention_forward"
     if not torch.backends.cuda.is_flash_attention_available():
         return f"torch {torch.__version__} was built without FlashAttention"
     return None
+
+
+def flash_unavailable(query: torch.Tensor, layout: PageLayout, recent: int) -> Optional[str]:
+    """Why flash_prefill cannot run these tensors (None: it can)."""
+    if recent < 1:
+        return "no recent window (the near range would be empty)"
+    if layout.head_dim > FLASH_MAX_HEAD_DIM or layout.head_dim % 8:
+        return f"head_dim {layout.head_dim} (FlashAttention takes multiples of 8 up to {FLASH_MAX_HEAD_DIM})"
+    return flash_device_unavailable(query.device)
 
 
 def flash_prefill(
