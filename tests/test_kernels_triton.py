@@ -1097,12 +1097,18 @@ def test_flash_varlen_returns_lse_per_row(monkeypatch, padded_lse) -> None:
     assert out is expected_out and torch.equal(lse, expected_lse)
 
 
-@pytest.mark.parametrize("prefill_flash, max_seq_len, expected", [
-    (None, 20, True), (None, 19, False), (None, None, False), (True, 19, True), (False, 20, False)])
-def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, prefill_flash, max_seq_len,
+@pytest.mark.parametrize("prefill_flash, max_seq_len, workspace, expected", [
+    (None, 20, 20 * 64 * 4, True), (None, 19, 1 << 30, False), (None, None, 1 << 30, False),
+    (True, 19, 1 << 30, True), (False, 20, 1 << 30, False),
+    (None, 20, 20 * 64 * 4 - 1, False),  # the gathered rows could exceed the workspace cap
+    (True, 20, 0, True),  # True ignores the cap
+])
+def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, prefill_flash, max_seq_len, workspace,
                                                                     expected) -> None:
     """Where FlashAttention can run, the default routes the served read to flash_prefill once rows x max_seq_len x
-    Hq x D reaches FLASH_PREFILL_MIN_WORK (rows squared without max_seq_len); True always, False never."""
+    Hq x D reaches FLASH_PREFILL_MIN_WORK (rows squared without max_seq_len) and requests x max_seq_len x Hkv x D x 4
+    bytes of gathered rows fit FLASH_PREFILL_MAX_WORKSPACE (one request, one KV head; max_seq_len 20 is below the
+    table's 48 positions, so it bounds them); True always, False never. A call the cap turns away is counted."""
     gen = torch.Generator().manual_seed(8)
     layout = PageLayout(64, 64, 16, torch.float16)
     state = random_paged_state([20], 1, layout, 4, 8, gen)
@@ -1111,11 +1117,16 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args: calls.append(args) or args[12])
     monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
+    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
+    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
+    monkeypatch.setattr(flash_prefill, "workspace_fallbacks", 0)
     triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
                              state.window_block_table, torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8,
                              0.125, chunk_from_cache=True, max_seq_len=max_seq_len,
                              config=triton_ops.AttentionConfig(block_t=16, prefill_flash=prefill_flash))
     assert len(calls) == int(expected)
+    capped = prefill_flash is None and max_seq_len == 20 and not expected
+    assert flash_prefill.workspace_fallbacks == int(capped)
 
 
 def test_prefill_flash_true_refuses_where_flash_cannot_run() -> None:

@@ -25,7 +25,7 @@ to that dtype before the merge.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import logging
 from typing import Callable, Optional
 
 import torch
@@ -34,6 +34,8 @@ import triton.language as tl
 
 from vllm_oscar.kernels.layout import PageLayout
 from vllm_oscar.kernels.triton_common import TL_DTYPES
+
+logger = logging.getLogger(f"vllm.{__name__}")
 
 
 #: Positions per gather program.
@@ -53,6 +55,11 @@ FLASH_DTYPES = (torch.bfloat16, torch.float16)
 #: Measured (H100, eager, docs/PERFORMANCE.md "Chunked prefill"): Qwen3-8B geometry 2048 fresh tokens (2^34) 0.54
 #: against 0.56 ms, 512 tokens over a 4K prefix (2^33.2) 0.78 against 0.48.
 FLASH_PREFILL_MIN_WORK = 2 ** 34
+#: The most bytes the default lets one call's gathered K and V rows take, bounded by requests x longest seq_len x
+#: Hkv x D x 2 x 2 bytes: vLLM sizes its KV cache after a profiling step whose prefill has no long prefix, so this
+#: workspace is memory it did not count. Above it the Triton prefill kernel runs (logged, counted in
+#: workspace_fallbacks); 512 MiB holds one 128K-token request at Qwen3-8B geometry (8 KV heads, D = 128).
+FLASH_PREFILL_MAX_WORKSPACE = 512 * 2 ** 20
 
 #: attend(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window) -> (out [Tq, Hq, D] q's dtype, lse [Tq, Hq] fp32,
 #: natural log): bottom-right causal varlen attention, left_window None = unbounded (FlashAttention's semantics).
@@ -239,6 +246,28 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.
     else:  # [Hq, Tq]
         lse = lse.transpose(0, 1)
     return out, lse
+
+
+def workspace_bound(requests: int, longest: int, kv_heads: int, head_dim: int) -> int:
+    """Bytes of gathered K and V rows (bf16 / fp16) of a call of ``requests`` requests of <= ``longest`` positions:
+    an upper bound of what flash_prefill allocates for them (far and near ranges hold < longest positions each and
+    the near rows are freed before the far ones are gathered)."""
+    return requests * longest * kv_heads * head_dim * 2 * 2
+
+
+#: Calls the default sent to the Triton kernel because workspace_bound exceeded FLASH_PREFILL_MAX_WORKSPACE.
+workspace_fallbacks = 0
+
+
+def count_workspace_fallback(bound: int) -> None:
+    """Count a call the workspace cap sent to the Triton kernel; log the first."""
+    global workspace_fallbacks
+    if workspace_fallbacks == 0:
+        logger.warning("OSCAR: a prefill call whose gathered rows could take %.0f MiB (> %.0f MiB, "
+                       "flash_prefill.FLASH_PREFILL_MAX_WORKSPACE) runs the Triton prefill kernel instead of "
+                       "FlashAttention (same result, slower); counted in flash_prefill.workspace_fallbacks.",
+                       bound / 2 ** 20, FLASH_PREFILL_MAX_WORKSPACE / 2 ** 20)
+    workspace_fallbacks += 1
 
 
 def flash_device_unavailable(device: torch.device) -> Optional[str]:

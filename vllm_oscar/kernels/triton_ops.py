@@ -26,7 +26,8 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
-from vllm_oscar.kernels.flash_prefill import FLASH_PREFILL_MIN_WORK, flash_prefill, flash_unavailable
+from vllm_oscar.kernels.flash_prefill import (FLASH_PREFILL_MAX_WORKSPACE, FLASH_PREFILL_MIN_WORK, count_workspace_fallback,
+                                              flash_prefill, flash_unavailable, workspace_bound)
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -472,8 +473,10 @@ class AttentionConfig:
     a torch built with FlashAttention) and the call's work, query rows x max_seq_len (query rows squared when
     max_seq_len is not given) x Hq x D, reaches flash_prefill.FLASH_PREFILL_MIN_WORK (H100, eager: up to 1.7x faster
     at 32K prefixes and 2048-token chunks, 2-4x slower on short chunks over short prefixes, which the threshold
-    leaves to the Triton kernel); True = wherever flash_unavailable finds no reason, else raises; False = the Triton
-    kernel. The chunk read from its new rows (chunk_from_cache False) always runs the Triton kernel.
+    leaves to the Triton kernel), unless its gathered rows could exceed flash_prefill.FLASH_PREFILL_MAX_WORKSPACE
+    (requests x max_seq_len bound; then the Triton kernel, logged and counted); True = wherever flash_unavailable
+    finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
+    new rows (chunk_from_cache False) always runs the Triton kernel.
     """
 
     block_t: Optional[int] = None
@@ -1579,16 +1582,26 @@ def prefill_split_count(config: AttentionConfig, programs: int, device: torch.de
 
 
 def _prefill_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: PageLayout, recent: int,
-                   max_seq_len: Optional[int]) -> bool:
+                   max_seq_len: Optional[int], block_table: torch.Tensor, kv_heads: int) -> bool:
     """Whether oscar_prefill(chunk_from_cache=True) runs as flash_prefill (AttentionConfig.prefill_flash); says once
-    per reason why not where the default finds one on a CUDA GPU."""
+    per reason why not where the default finds one on a CUDA GPU, and counts the calls its workspace cap sends to
+    the Triton kernel (flash_prefill.count_workspace_fallback)."""
     if config.prefill_flash is False:
         return False
     reason = flash_unavailable(query_rot, layout, recent)
     if reason is None:
+        if config.prefill_flash:
+            return True
         rows, heads, dim = query_rot.shape
-        work = rows * (rows if max_seq_len is None else max_seq_len) * heads * dim
-        return bool(config.prefill_flash) or work >= FLASH_PREFILL_MIN_WORK
+        if rows * (rows if max_seq_len is None else max_seq_len) * heads * dim < FLASH_PREFILL_MIN_WORK:
+            return False
+        table_positions = block_table.shape[1] * layout.block_size
+        longest = table_positions if max_seq_len is None else min(max_seq_len, table_positions)
+        bound = workspace_bound(block_table.shape[0], longest, kv_heads, dim)
+        if bound > FLASH_PREFILL_MAX_WORKSPACE:
+            count_workspace_fallback(bound)
+            return False
+        return True
     if config.prefill_flash:
         raise ValueError(f"prefill_flash=True, but FlashAttention prefill cannot run here: {reason}. Use "
                          f"prefill_flash=None (default: the Triton prefill kernel where it cannot) or False.")
@@ -1635,7 +1648,7 @@ def oscar_prefill(
     check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
                         chunk_from_cache)
     _check_triton_layout(layout)
-    if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len):
+    if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len, block_table, hkv):
         return flash_prefill(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table,
                              query_start_loc, seq_lens, recent, sink, softmax_scale,
                              torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout))
