@@ -258,6 +258,17 @@ def test_prefill_tune_without_launch_flags_times_exactly_the_shipped_prefill_con
     assert all(c.block_t == triton_ops.DEFAULT_PREFILL.block_t for c in warps)
 
 
+def test_bench_prefill_times_the_shipped_config_per_flash_setting_eagerly_by_default() -> None:
+    from vllm_oscar.commands.bench import prefill_configs
+
+    args = _bench_args(["prefill"])
+    assert prefill_configs(args) == [triton_ops.DEFAULT_PREFILL] and args.prefill_timing == "eager"
+    args = _bench_args(["prefill", "--prefill-flash", "0", "1", "auto", "--prefill-timing", "graph"])
+    assert prefill_configs(args) == [dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flag)
+                                     for flag in (False, True, None)]
+    assert args.prefill_timing == "graph"
+
+
 @pytest.mark.parametrize("capability,setting,expected", [((9, 0), None, True), ((10, 0), None, True),
                                                          ((8, 0), None, False), ((9, 0), False, False),
                                                          ((9, 0), True, True), ((8, 9), True, ValueError)])

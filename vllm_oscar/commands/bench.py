@@ -67,11 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill: the served read by FlashAttention over gathered rows (1), by the Triton "
                              "prefill kernel (0), or by the product's rule (auto: FlashAttention from "
                              "FLASH_PREFILL_MIN_WORK on); several values time each in turn per case "
-                             "(AttentionConfig.prefill_flash; FlashAttention needs --prefill-eager)")
-    parser.add_argument("--prefill-eager", action="store_true",
+                             "(AttentionConfig.prefill_flash)")
+    parser.add_argument("--prefill-timing", choices=("eager", "graph"), default="eager",
                         help="prefill: time OSCAR and BF16 SDPA as eager launches (host work included, as vLLM runs "
-                             "prefill steps), not as CUDA-graph replays; needed to time prefill_flash, which reads "
-                             "the lengths on the host")
+                             "prefill steps; default) or as CUDA-graph replays (the GPU time alone; FlashAttention "
+                             "prefill reads the lengths on the host and cannot be captured: its rows report an error)")
     parser.add_argument("--prefill-new-rows", action="store_true",
                         help="prefill: read the chunk from its new BF16 rows, not back from the caches (the "
                              "served path reads the caches)")
@@ -242,6 +242,16 @@ def prefill_tune_configs(args: argparse.Namespace) -> list:
                 args.prefill_int2_apart, args.prefill_flash)]
 
 
+def prefill_configs(args: argparse.Namespace) -> list:
+    """`bench prefill`'s configs: prefill_tune_configs with --prefill-tune, else DEFAULT_PREFILL once per
+    --prefill-flash value."""
+    from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL
+
+    if args.prefill_tune:
+        return prefill_tune_configs(args)
+    return [dataclasses.replace(DEFAULT_PREFILL, prefill_flash=_auto(flash, bool)) for flash in args.prefill_flash]
+
+
 def fastest_configs(tune_json: str, geometries: list[str]) -> dict:
     """geometry -> the AttentionConfig of a `bench tune --json` report with the least total time
     over that geometry's cases (configs that failed on any case are left out)."""
@@ -271,16 +281,14 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
     """`bench prefill`: every geometry x prefix x chunk x batch (x launch config with --prefill-tune),
     printed as it goes, then the table."""
     from vllm_oscar.kernels.prefill_benchmark import format_prefill_table, run_prefill_case
-    from vllm_oscar.kernels.triton_ops import DEFAULT_PREFILL
 
-    configs = (prefill_tune_configs(args) if args.prefill_tune else
-               [dataclasses.replace(DEFAULT_PREFILL, prefill_flash=_auto(flash, bool)) for flash in args.prefill_flash])
+    configs = prefill_configs(args)
     rows = []
     for geometry, prefix, chunk, batch, config in itertools.product(args.geometry, args.prefixes, args.chunks,
                                                                     args.prefill_batches, configs):
         rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device, config,
                                      with_baseline=not args.prefill_tune, chunk_from_cache=not args.prefill_new_rows,
-                                     eager=args.prefill_eager))
+                                     eager=args.prefill_timing == "eager"))
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
               f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']} "
