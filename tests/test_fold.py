@@ -161,3 +161,28 @@ def test_folding_w_v_too_moves_the_output_no_more_than_one_rounding_of_the_value
     gaps, yardstick = value_fold_gaps(torch.device("cpu"))
     assert sum(yardstick) > 0
     assert sum(gaps) < 2 * sum(yardstick), (gaps, yardstick)
+
+
+@pytest.mark.parametrize("prefill_max_seq_len", [None, 7])
+def test_the_prefill_part_is_sized_by_prefill_max_seq_len(monkeypatch, prefill_max_seq_len):
+    """attend_step hands oscar_prefill the metadata's prefill_max_seq_len (the prefills' own bound), max_seq_len
+    where the builder gave none."""
+    import dataclasses
+
+    from vllm_oscar.attention import step
+
+    state = _served("none", torch.device("cpu"))
+    _step(state, [0], [5], seed=1)  # a history for request 0, which then decodes beside request 1's prompt
+    seen = []
+    real_prefill = step.oscar_prefill
+    monkeypatch.setattr(step, "oscar_prefill", lambda *args, **kwargs: seen.append(kwargs["max_seq_len"])
+                        or real_prefill(*args, **kwargs))
+    metadata, slots = state._step([0, 1], [1, 7], rows_padded=2, tokens_padded=8, table=None)
+    metadata = dataclasses.replace(metadata, prefill_max_seq_len=prefill_max_seq_len)
+    gen = torch.Generator().manual_seed(2)
+    rows = [torch.randn(8, heads, state.dim, generator=gen).to(torch.bfloat16) for heads in (state.hq, state.hkv,
+                                                                                             state.hkv)]
+    output = torch.zeros(8, state.hq, state.dim, dtype=torch.bfloat16)
+    step.layer_step(metadata, *rows, slots, state.rotations[0], state.caches[0], state.config, state.scale, output)
+    assert seen == [metadata.max_seq_len if prefill_max_seq_len is None else prefill_max_seq_len]
+

@@ -78,3 +78,14 @@ def test_capture_metadata_is_sized_for_the_longest_context_and_marked_for_graphs
     assert capture.cuda_graph and capture.max_seq_len == MAX_MODEL_LEN
     eager = builder.build(0, _common([[9]], [2], [1], 1, 1))
     assert not eager.cuda_graph and eager.max_seq_len == 2
+
+
+def test_a_mixed_step_sizes_its_prefill_part_by_the_prefills_alone():
+    """A long decode beside a short prompt: max_seq_len is the decode's, prefill_max_seq_len the prompt's (what
+    routes the prefill between FlashAttention and the Triton kernel); a decode-only step has none."""
+    builder = _builder()
+    mixed = builder.build(0, _common([[1, 2, 3, 4, 5, 6, 7], [8, 9]], [100, 20], [1, 20], 2, 21))
+    assert mixed.num_decodes == 1 and mixed.max_seq_len == 100 and mixed.prefill_max_seq_len == 20
+    decodes = builder.build(0, _common([[1, 2, 3, 4, 5, 6, 7]], [101], [1], 1, 1))
+    assert decodes.prefill_max_seq_len is None
+

@@ -298,6 +298,7 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
             prefill_query_start_loc=cam.query_start_loc[num_decodes: num_reqs + 1] - num_decode_tokens,
             window_slot_mapping=window_slot_mapping,
             serial_write=self.window_buffers.serial_write,
+            prefill_max_seq_len=int(seq_lens_cpu[num_decodes:num_reqs].max()) if num_reqs > num_decodes else None,
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> OscarMetadata:

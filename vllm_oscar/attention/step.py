@@ -52,6 +52,10 @@ class OscarMetadata:
     #: newest token is read in BF16, WindowPlan.newest_read_bf16), so a captured decode step may write INT2
     #: beside its attention; 1 = write INT2 first. Read at each replay. None: no such buffer (CPU, tests).
     serial_write: Optional[torch.Tensor] = None
+    #: >= every prefill request's seq_len (host values, from vLLM's CPU copy of seq_lens): sizes the prefill part
+    #: (FlashAttention or the Triton kernel, flash_prefill.FLASH_PREFILL_MIN_WORK; the Triton kernel's splits), which
+    #: max_seq_len, raised by long decodes in the same step, would overstate. None: max_seq_len.
+    prefill_max_seq_len: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -189,6 +193,7 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
         oscar_prefill(q_rot[bd:], None, None, caches.int2, caches.window_k, caches.window_v, caches.layout,
                       m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],
                       sink, recent, softmax_scale, out=out_rot[bd:], max_query_len=m.max_query_len,
-                      chunk_from_cache=True, max_seq_len=m.max_seq_len)
+                      chunk_from_cache=True,
+                      max_seq_len=m.max_seq_len if m.prefill_max_seq_len is None else m.prefill_max_seq_len)
     if not rotations.output_rotated:
         oscar_rotate(out_rot, rotations.v_rotation, inverse=True, out=output[:n])
