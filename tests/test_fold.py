@@ -163,19 +163,20 @@ def test_folding_w_v_too_moves_the_output_no_more_than_one_rounding_of_the_value
     assert sum(gaps) < 2 * sum(yardstick), (gaps, yardstick)
 
 
-@pytest.mark.parametrize("prefill_max_seq_len", [None, 7])
-def test_the_prefill_part_is_sized_by_prefill_max_seq_len(monkeypatch, prefill_max_seq_len):
+@pytest.mark.parametrize("prefill_max_seq_len, flash", [(None, None), (7, False)])
+def test_the_prefill_part_is_sized_by_prefill_max_seq_len(monkeypatch, prefill_max_seq_len, flash):
     """attend_step hands oscar_prefill the metadata's prefill_max_seq_len (the prefills' own bound), max_seq_len
-    where the builder gave none."""
+    where the builder gave none, and the user's flash_prefill option."""
     import dataclasses
 
     from vllm_oscar.attention import step
 
     state = _served("none", torch.device("cpu"))
+    state.config = dataclasses.replace(state.config, flash_prefill=flash)
     _step(state, [0], [5], seed=1)  # a history for request 0, which then decodes beside request 1's prompt
     seen = []
     real_prefill = step.oscar_prefill
-    monkeypatch.setattr(step, "oscar_prefill", lambda *args, **kwargs: seen.append(kwargs["max_seq_len"])
+    monkeypatch.setattr(step, "oscar_prefill", lambda *args, **kwargs: seen.append((kwargs["max_seq_len"], kwargs["flash"]))
                         or real_prefill(*args, **kwargs))
     metadata, slots = state._step([0, 1], [1, 7], rows_padded=2, tokens_padded=8, table=None)
     metadata = dataclasses.replace(metadata, prefill_max_seq_len=prefill_max_seq_len)
@@ -184,5 +185,5 @@ def test_the_prefill_part_is_sized_by_prefill_max_seq_len(monkeypatch, prefill_m
                                                                                              state.hkv)]
     output = torch.zeros(8, state.hq, state.dim, dtype=torch.bfloat16)
     step.layer_step(metadata, *rows, slots, state.rotations[0], state.caches[0], state.config, state.scale, output)
-    assert seen == [metadata.max_seq_len if prefill_max_seq_len is None else prefill_max_seq_len]
+    assert seen == [(metadata.max_seq_len if prefill_max_seq_len is None else prefill_max_seq_len, flash)]
 

@@ -1,4 +1,5 @@
-"""The user's OSCAR options (additional_config["oscar"]) and the int8 key option's checks."""
+"""The user's OSCAR options (additional_config["oscar"]) and the int8 key and FlashAttention prefill options'
+checks."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from vllm_oscar.attention.settings import config_from_options
 from vllm_oscar.config import SERVED_REFIT_ITERATIONS
-from vllm_oscar.kernels import PageLayout, oscar_decode
+from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill
 from kernels_reference import random_paged_state
 
 
@@ -15,15 +16,17 @@ def test_defaults_and_explicit_values() -> None:
     assert config_from_options({}).int8_keys is None
     assert config_from_options({}).refit_iterations == SERVED_REFIT_ITERATIONS
     assert config_from_options({}).fold_rotations == "output"
+    assert config_from_options({}).flash_prefill is None
     config = config_from_options({"int8_keys": False, "refit_iterations": [4, 1], "sink_tokens": 32,
-                                  "fold_rotations": "none"})
-    assert (config.int8_keys, config.refit_iterations, config.sink_tokens, config.fold_rotations) == (
-        False, (4, 1), 32, "none")
+                                  "fold_rotations": "none", "flash_prefill": False})
+    assert (config.int8_keys, config.refit_iterations, config.sink_tokens, config.fold_rotations,
+            config.flash_prefill) == (False, (4, 1), 32, "none", False)
 
 
 @pytest.mark.parametrize("options,message", [
     ({"int8_keys": "yes"}, "int8_keys='yes' must be true or false"),
     ({"hadamard_only": 1}, "hadamard_only=1 must be true or false"),
+    ({"flash_prefill": "auto"}, "flash_prefill='auto' must be true or false"),
     ({"fold_rotations": "values"}, "fold_rotations='values' must be one of"),
     ({"int8_key": True}, r"unknown OSCAR option\(s\) \['int8_key'\]"),
 ])
@@ -80,3 +83,35 @@ def test_start_up_suggests_blocks_of_64_only_where_vllm_chose_another_gpu_size(b
     assert (hint is not None) == hinted
     if hinted:
         assert f"--block-size {GPU_DECODE_BLOCK_SIZE}" in hint and f"blocks of {block_size} positions" in hint
+
+
+def test_flash_prefill_true_on_the_cpu_path_is_an_error() -> None:
+    """The torch (CPU) prefill has no FlashAttention path: asking for it fails instead of being ignored."""
+    gen = torch.Generator().manual_seed(2)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([12], 1, layout, 4, 8, gen)
+    query = torch.randn(12, 2, 64, generator=gen).to(torch.bfloat16)
+    args = (query, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
+            state.window_block_table, torch.tensor([0, 12], dtype=torch.int32), state.seq_lens, 4, 8, 0.125)
+    with pytest.raises(ValueError, match="FlashAttention prefill runs only on CUDA"):
+        oscar_prefill(*args, chunk_from_cache=True, flash=True)
+    exact = oscar_prefill(*args, chunk_from_cache=True)
+    assert torch.equal(oscar_prefill(*args, chunk_from_cache=True, flash=False), exact)
+
+
+@pytest.mark.vllm
+def test_backend_checks_flash_prefill_at_start_up(monkeypatch) -> None:
+    from vllm_oscar.attention import backend
+
+    layout = PageLayout(128, 128, 16, torch.float16)
+    backend.check_flash_prefill(config_from_options({}), layout, torch.device("cpu"))
+    backend.check_flash_prefill(config_from_options({"flash_prefill": False}), layout, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"flash_prefill=true needs FlashAttention prefill, which cannot run here "
+                                         r"\(tensors on cpu, not CUDA\)"):
+        backend.check_flash_prefill(config_from_options({"flash_prefill": True}), layout, torch.device("cpu"))
+    monkeypatch.setattr("vllm_oscar.kernels.flash_prefill.flash_device_unavailable", lambda device: None)
+    backend.check_flash_prefill(config_from_options({"flash_prefill": True}), layout, torch.device("cuda"))
+    with pytest.raises(ValueError, match="no recent window"):
+        backend.check_flash_prefill(config_from_options({"flash_prefill": True, "recent_tokens": 0}), layout,
+                                    torch.device("cuda"))
+

@@ -229,6 +229,11 @@ class OscarConfig:
             to int8 per head row (None: where it applies, head_dim >= INT8_MMA_MIN_HEAD_DIM (64) on
             CUDA; its cost: 1.6% of the INT2 key error in amplitude, scripts/int8_query_error.py). False:
             the bf16 query everywhere. True where it cannot apply (CPU, head_dim < 64) is an error.
+        flash_prefill: large chunked-prefill calls run as FlashAttention over gathered rows
+            (kernels/flash_prefill.py; None: from FLASH_PREFILL_MIN_WORK of work on, where the GPU and torch run
+            FlashAttention; docs/PERFORMANCE.md "Chunked prefill"). False: the Triton prefill kernel always.
+            True: FlashAttention for every prefill call (an error where it cannot run: CPU, compute capability
+            < 8.0, a torch without FlashAttention).
         fold_rotations: one of FOLD_MODES: "output" (the default) folds R_V into the model's W_o at load
             where the model allows it (vllm_oscar.attention.fold: no un-rotation launch per layer step),
             "value_and_output" into W_v too, "none" keeps the rotations in the kernels (one launch more
@@ -245,6 +250,7 @@ class OscarConfig:
     hadamard_only: bool = False
     refit_iterations: RefitIterations = SERVED_REFIT_ITERATIONS
     int8_keys: Optional[bool] = None
+    flash_prefill: Optional[bool] = None
     fold_rotations: str = DEFAULT_FOLD_MODE
 
     def __post_init__(self) -> None:

@@ -44,6 +44,7 @@ from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.config import (BACKEND_NAME, GPU_DECODE_BLOCK_SIZE, INT8_MMA_MIN_HEAD_DIM, KERNEL_BLOCK_MULTIPLE,
                                 KV_CACHE_DTYPE_NAME, OscarConfig)
 from vllm_oscar.kernels import PageLayout
+from vllm_oscar.kernels.flash_prefill import flash_unavailable
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -182,6 +183,17 @@ def check_int8_keys(config: OscarConfig, layout: PageLayout, device: torch.devic
             f"scale group per head vector; this layer runs on {device.type} with head_dim {layout.head_dim}, "
             f"group_size {layout.group_size}. Remove the option (the default uses it where it applies) or set "
             f"it to false.")
+
+
+def check_flash_prefill(config: OscarConfig, layout: PageLayout, device: torch.device) -> None:
+    """flash_prefill=True where FlashAttention prefill cannot run is an error at start-up, not at the first prefill."""
+    if not config.flash_prefill:
+        return
+    reason = flash_unavailable(device, layout.head_dim, config.recent_tokens)
+    if reason is not None:
+        raise ValueError(f"OSCAR option flash_prefill=true needs FlashAttention prefill, which cannot run here "
+                         f"({reason}). Remove the option (the default uses it on large calls where it runs) or set "
+                         f"it to false.")
 
 
 def unsupported_reasons(head_size: int, use_mla: bool, has_sliding_window: bool, attn_type: str,
@@ -403,7 +415,9 @@ class OscarAttentionImpl(AttentionImpl[OscarMetadata]):
                 f"tensor-parallel slice is {kv_slice}.")
         device = torch.device(vllm_config.device_config.device)
         # The check reads head_dim and group_size only, so any block size does.
-        check_int8_keys(self.config, page_layout(self.head_size, KERNEL_BLOCK_MULTIPLE, self.config), device)
+        layout = page_layout(self.head_size, KERNEL_BLOCK_MULTIPLE, self.config)
+        check_int8_keys(self.config, layout, device)
+        check_flash_prefill(self.config, layout, device)
         self.rotations = layer_rotations(identity, self.config, extract_layer_index(self.layer_name),
                                          kv_slice, device)
         log_rotation_choice(identity, self.rotations)

@@ -19,6 +19,9 @@ variables. Keys (all optional):
     int8_keys        GPU decode: the key dot as an int8 MMA with the query rounded to int8 per head
                      row (default: on where it applies, head_dim >= 64 on CUDA; false = bf16
                      query everywhere; true where it cannot apply is an error)
+    flash_prefill    GPU prefill: large calls as FlashAttention over gathered rows (default: from a work
+                     threshold on, where FlashAttention runs; false = the Triton prefill kernel
+                     always; true = FlashAttention for every prefill call, an error where it cannot run)
     fold_rotations   "output" (default): fold R_V into W_o at load where the model allows it
                      (vllm_oscar.attention.fold: no output rotation launch per layer step);
                      "value_and_output": into W_v too (the write skips its V rotation: faster
@@ -50,6 +53,7 @@ _KEYS: dict[str, str] = {
     "scale_dtype": "scale_dtype",
     "refit_iterations": "refit_iterations",
     "int8_keys": "int8_keys",
+    "flash_prefill": "flash_prefill",
     "fold_rotations": "fold_rotations",
 }
 
@@ -86,7 +90,7 @@ def config_from_options(options: Mapping[str, Any]) -> OscarConfig:
             value = _SCALE_DTYPES[value]
         elif key == "rotations":
             value = str(value)
-        elif key in ("hadamard_only", "int8_keys"):
+        elif key in ("hadamard_only", "int8_keys", "flash_prefill"):
             if not isinstance(value, bool):
                 raise ValueError(f"{key}={value!r} must be true or false.")
         kwargs[field] = value

@@ -193,7 +193,7 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
         oscar_prefill(q_rot[bd:], None, None, caches.int2, caches.window_k, caches.window_v, caches.layout,
                       m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],
                       sink, recent, softmax_scale, out=out_rot[bd:], max_query_len=m.max_query_len,
-                      chunk_from_cache=True,
+                      chunk_from_cache=True, flash=config.flash_prefill,
                       max_seq_len=m.max_seq_len if m.prefill_max_seq_len is None else m.prefill_max_seq_len)
     if not rotations.output_rotated:
         oscar_rotate(out_rot, rotations.v_rotation, inverse=True, out=output[:n])

@@ -148,24 +148,30 @@ def oscar_prefill(
     max_query_len: Optional[int] = None,
     chunk_from_cache: bool = False,
     max_seq_len: Optional[int] = None,
+    flash: Optional[bool] = None,
 ) -> torch.Tensor:
     """Chunked prefill over a cached prefix (varlen) -> out_rot [T, Hq, D].
 
     CUDA -> Triton kernel (grid sized from ``max_query_len``, a Python int >= every chunk
     length; default: T; ``max_seq_len``, a Python int >= every seq_len or None, lets a step
     without any pure INT2 range run as one launch), CPU -> torch. ``chunk_from_cache``: read the (already written)
-    chunk from the caches by the decode read rule instead of key_rot/value_rot (pass None).
+    chunk from the caches by the decode read rule instead of key_rot/value_rot (pass None). flash: the served read
+    as FlashAttention over gathered rows (triton_ops.AttentionConfig.prefill_flash: None = on large calls where it
+    runs, False = never, True = always, an error where it cannot run, including CPU).
     Other arguments: torch_ops.oscar_prefill.
     """
     impl = implementation_for(int2_cache)
     if impl is torch_ops:
+        if flash:
+            raise ValueError("flash=True: FlashAttention prefill runs only on CUDA GPUs; on CPU leave flash unset "
+                             "or false.")
         return torch_ops.oscar_prefill(query_rot, key_rot, value_rot, int2_cache, window_k, window_v, layout,
                                        block_table, window_block_table, query_start_loc, seq_lens, sink,
                                        recent, softmax_scale, out, chunk_from_cache)
     return impl.oscar_prefill(query_rot, key_rot, value_rot, int2_cache, window_k, window_v, layout,
                               block_table, window_block_table, query_start_loc, seq_lens, sink, recent,
-                              softmax_scale, out, max_query_len, chunk_from_cache=chunk_from_cache,
-                              max_seq_len=max_seq_len)
+                              softmax_scale, out, max_query_len, impl.prefill_config(flash),
+                              chunk_from_cache=chunk_from_cache, max_seq_len=max_seq_len)
 
 
 __all__ = [

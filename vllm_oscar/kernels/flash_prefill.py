@@ -283,13 +283,13 @@ def flash_device_unavailable(device: torch.device) -> Optional[str]:
     return None
 
 
-def flash_unavailable(query: torch.Tensor, layout: PageLayout, recent: int) -> Optional[str]:
-    """Why flash_prefill cannot run these tensors (None: it can)."""
+def flash_unavailable(device: torch.device, head_dim: int, recent: int) -> Optional[str]:
+    """Why flash_prefill cannot run on ``device`` at this head_dim and recent window (None: it can)."""
     if recent < 1:
         return "no recent window (the near range would be empty)"
-    if layout.head_dim > FLASH_MAX_HEAD_DIM or layout.head_dim % 8:
-        return f"head_dim {layout.head_dim} (FlashAttention takes multiples of 8 up to {FLASH_MAX_HEAD_DIM})"
-    return flash_device_unavailable(query.device)
+    if head_dim > FLASH_MAX_HEAD_DIM or head_dim % 8:
+        return f"head_dim {head_dim} (FlashAttention takes multiples of 8 up to {FLASH_MAX_HEAD_DIM})"
+    return flash_device_unavailable(device)
 
 
 def flash_prefill(
