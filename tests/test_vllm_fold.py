@@ -65,6 +65,7 @@ def test_the_default_folds_every_smollm2_layer_and_none_folds_nothing(runs):
     # whatever the fold (attention.deferred_writes; no capture on CPU, so outputs are as always here).
     assert folded["side_write_deferred_layers"] == unfolded["side_write_deferred_layers"] == 30
     assert folded["decode_plan_table"] is None  # no CUDA device: no table of measured decode plans
+    assert folded["prefill_workspace_fallbacks"] == 0  # CPU prefill: no FlashAttention path to turn away
 
 
 def test_the_fold_keeps_smollm2_as_close_to_bf16_as_unfolded(runs, record_property):
