@@ -258,6 +258,13 @@ def test_prefill_tune_without_launch_flags_times_exactly_the_shipped_prefill_con
     assert all(c.block_t == triton_ops.DEFAULT_PREFILL.block_t for c in warps)
 
 
+def test_served_launch_configs_are_built_once_per_combination() -> None:
+    """The configs a served step asks for per call come from caches (no dataclass built on every decode)."""
+    assert triton_ops.decode_config(None, True, False) is triton_ops.decode_config(None, True, False)
+    assert triton_ops.prefill_config(None) is triton_ops.prefill_config(None) == triton_ops.DEFAULT_PREFILL
+    assert triton_ops.prefill_config(False).prefill_flash is False
+
+
 def test_bench_prefill_times_the_shipped_config_per_flash_setting_eagerly_by_default() -> None:
     from vllm_oscar.commands.bench import prefill_configs
 

@@ -567,12 +567,12 @@ def _tile_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: int
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def prefill_config(flash: Optional[bool]) -> AttentionConfig:
     """DEFAULT_PREFILL with prefill_flash = flash (built once per value)."""
     return dataclasses.replace(DEFAULT_PREFILL, prefill_flash=flash)
 
 
+@functools.lru_cache(maxsize=None)
 def decode_config(int8_keys: Optional[bool], cuda_graph: bool, beside_write: bool = False) -> AttentionConfig:
     """DEFAULT_DECODE with these fields (one object per combination: built once, not per decode call)."""
     return dataclasses.replace(DEFAULT_DECODE, int8_keys=int8_keys, cuda_graph=cuda_graph, beside_write=beside_write)
