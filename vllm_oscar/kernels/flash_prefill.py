@@ -58,8 +58,9 @@ FLASH_PREFILL_MIN_WORK = 2 ** 34
 #: The most bytes the default lets one call's gathered K and V rows take, bounded by requests x longest seq_len x
 #: Hkv x D x 2 x 2 bytes: vLLM sizes its KV cache after a profiling step whose prefill has no long prefix, so this
 #: workspace is memory it did not count. Above it the Triton prefill kernel runs (logged, counted in
-#: workspace_fallbacks); 512 MiB holds one 128K-token request at Qwen3-8B geometry (8 KV heads, D = 128).
-FLASH_PREFILL_MAX_WORKSPACE = 512 * 2 ** 20
+#: workspace_fallbacks). 1 GiB holds every measured cell (Qwen3-8B geometry, 8 KV heads, D = 128: four requests at a
+#: 32K prefix, 0.53 GiB) and two 128K-token requests at that geometry.
+FLASH_PREFILL_MAX_WORKSPACE = 2 ** 30
 
 #: attend(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window) -> (out [Tq, Hq, D] q's dtype, lse [Tq, Hq] fp32,
 #: natural log): bottom-right causal varlen attention, left_window None = unbounded (FlashAttention's semantics).
