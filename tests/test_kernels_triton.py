@@ -1060,10 +1060,10 @@ def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recen
         qsl.append(qsl[-1] + chunk)
     query = torch.randn(qsl[-1] + 2, hq, dim, generator=gen)
     out = torch.full_like(query, 7.0)
-    flash_prefill.flash_prefill(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                state.window_block_table, torch.tensor(qsl, dtype=torch.int32), state.seq_lens,
-                                recent, sink, 0.05, out, triton_ops._plane_offsets(layout),
-                                attend=_ref_varlen_attention)
+    caches = flash_prefill.PagedCaches(state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                       state.window_block_table)
+    flash_prefill.flash_prefill(query, caches, torch.tensor(qsl, dtype=torch.int32), state.seq_lens, recent, sink,
+                                0.05, out, triton_ops._plane_offsets(layout), attend=_ref_varlen_attention)
     expected = ref_prefill_from_cache(state, query[1:].double(), [q - 1 for q in qsl], sink, recent, 0.05)
     for row in range(qsl[0], qsl[-1]):
         assert relative_error(out[row], expected[row - 1]) < BF16_TOLERANCE, f"row {row}"
@@ -1115,7 +1115,7 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
-    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args: calls.append(args) or args[12])
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args: calls.append(args) or args[7])
     monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
     monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MAX_WORKSPACE", workspace)

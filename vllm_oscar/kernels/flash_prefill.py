@@ -164,6 +164,20 @@ def merge_far_near_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
+class PagedCaches:
+    """What a prefill reads besides its queries: the INT2 pages [blocks, Hkv, layout.head_region_bytes] uint8, the
+    BF16 window store K and V [window blocks, block_size, Hkv, D], their layout, and the block tables [B, max_blocks]
+    int32 (window_block_table: -1 = no window block, read INT2)."""
+
+    int2: torch.Tensor
+    window_k: torch.Tensor
+    window_v: torch.Tensor
+    layout: PageLayout
+    block_table: torch.Tensor
+    window_block_table: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
 class PrefillRanges:
     """Per-request host values of one flash_prefill call: chunk rows, prefix, and the far / near key ranges
     (first position, count); ``device`` holds them packed for the kernels (one host-to-device copy)."""
@@ -213,19 +227,19 @@ def _cumulative(counts: list[int]) -> list[int]:
 
 
 def gather_rows(first: torch.Tensor, count: torch.Tensor, offsets: torch.Tensor, total: int, longest: int,
-                copy_below: int, int2_cache: torch.Tensor, window_k: torch.Tensor, window_v: torch.Tensor,
-                layout: PageLayout, block_table: torch.Tensor, window_block_table: torch.Tensor, dtype: torch.dtype,
-                plane_offsets: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+                copy_below: int, caches: PagedCaches, dtype: torch.dtype, plane_offsets: dict[str, int]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V rows [total, Hkv, D] ``dtype`` of positions first[b] + i, i < count[b], request after request at
     offsets[b] (device int32 [B] each; longest = max count), by gather_rows_kernel."""
+    layout, int2_cache, window_k = caches.layout, caches.int2, caches.window_k
     hkv, d = int2_cache.shape[1], layout.head_dim
     out_k = torch.empty(total, hkv, d, dtype=dtype, device=int2_cache.device)
     out_v = torch.empty_like(out_k)
     if total:
         gather_rows_kernel[(triton.cdiv(longest, GATHER_BLOCK), count.shape[0], hkv)](
             int2_cache, int2_cache.stride(0), int2_cache.stride(1),
-            window_k, window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
-            block_table, window_block_table, block_table.stride(0),
+            window_k, caches.window_v, window_k.stride(0), window_k.stride(1), window_k.stride(2),
+            caches.block_table, caches.window_block_table, caches.block_table.stride(0),
             first, count, offsets, copy_below,
             out_k, out_v, out_k.stride(0), out_k.stride(1),
             D=d, G=layout.group_size, BS=layout.block_size, SCALE_T=TL_DTYPES[layout.scale_dtype],
@@ -293,23 +307,9 @@ def flash_unavailable(device: torch.device, head_dim: int, recent: int) -> Optio
     return flash_device_unavailable(device)
 
 
-def flash_prefill(
-    query_rot: torch.Tensor,
-    int2_cache: torch.Tensor,
-    window_k: torch.Tensor,
-    window_v: torch.Tensor,
-    layout: PageLayout,
-    block_table: torch.Tensor,
-    window_block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    recent: int,
-    sink: int,
-    softmax_scale: float,
-    out: torch.Tensor,
-    plane_offsets: dict[str, int],
-    attend: VarlenAttention = flash_varlen,
-) -> torch.Tensor:
+def flash_prefill(query_rot: torch.Tensor, caches: PagedCaches, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                  recent: int, sink: int, softmax_scale: float, out: torch.Tensor, plane_offsets: dict[str, int],
+                  attend: VarlenAttention = flash_varlen) -> torch.Tensor:
     """oscar_prefill(chunk_from_cache=True) by the far / near split (module docstring); arguments as
     torch_ops.oscar_prefill (checked by the caller), out [T, Hq, D] written at the rows of requests.
 
@@ -323,19 +323,19 @@ def flash_prefill(
     ranges = PrefillRanges.of(lengths, [end - begin for begin, end in zip(starts, starts[1:])], recent)
     device = query_rot.device
     views = ranges.packed(device)
-    dtype = window_k.dtype if window_k.dtype in FLASH_DTYPES else torch.bfloat16
+    dtype = caches.window_k.dtype if caches.window_k.dtype in FLASH_DTYPES else torch.bfloat16
     q = query_rot[starts[0]:starts[-1]].to(dtype)
     max_q = max(ranges.chunks)
-    caches = (int2_cache, window_k, window_v, layout, block_table, window_block_table, dtype, plane_offsets)
+    reads = (caches, dtype, plane_offsets)
     near_k, near_v = gather_rows(views["near_first"], views["near_count"], views["cu_near"][:-1],
-                                 sum(ranges.near_count), max(ranges.near_count), max(lengths), *caches)
+                                 sum(ranges.near_count), max(ranges.near_count), max(lengths), *reads)
     near_out, near_lse = attend(q, near_k, near_v, views["cu_q"], views["cu_near"], max_q, max(ranges.near_count),
                                 softmax_scale, recent - 1)
     del near_k, near_v
     has_far = max(ranges.far_count) > 0
     if has_far:
         far_k, far_v = gather_rows(views["far_first"], views["far_count"], views["cu_far"][:-1],
-                                   sum(ranges.far_count), max(ranges.far_count), sink, *caches)
+                                   sum(ranges.far_count), max(ranges.far_count), sink, *reads)
         far_out, far_lse = attend(q, far_k, far_v, views["cu_q"], views["cu_far"], max_q, max(ranges.far_count),
                                   softmax_scale, None)
         del far_k, far_v

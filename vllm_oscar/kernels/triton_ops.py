@@ -27,7 +27,7 @@ from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_ext
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.flash_prefill import (FLASH_PREFILL_MAX_WORKSPACE, FLASH_PREFILL_MIN_WORK, count_workspace_fallback,
-                                              flash_prefill, flash_unavailable, workspace_bound)
+                                              PagedCaches, flash_prefill, flash_unavailable, workspace_bound)
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -1655,8 +1655,8 @@ def oscar_prefill(
                         chunk_from_cache)
     _check_triton_layout(layout)
     if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len, block_table, hkv):
-        return flash_prefill(query_rot, int2_cache, window_k, window_v, layout, block_table, window_block_table,
-                             query_start_loc, seq_lens, recent, sink, softmax_scale,
+        caches = PagedCaches(int2_cache, window_k, window_v, layout, block_table, window_block_table)
+        return flash_prefill(query_rot, caches, query_start_loc, seq_lens, recent, sink, softmax_scale,
                              torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout))
     new_k, new_v = (query_rot, query_rot) if chunk_from_cache else (key_rot, value_rot)  # unused if from cache
     _check_last_dim_contiguous(query_rot=query_rot, key_rot=new_k, value_rot=new_v,
