@@ -274,7 +274,7 @@ def _refit(rows: torch.Tensor, initial: QuantizedRows, iterations: int, scale_fl
         if 4 * count < settled.numel():
             continue
         if home is None:
-            home = torch.arange(settled.numel())
+            home = torch.arange(settled.numel(), device=x.device)
             saved = (best_codes.clone(), best_scale.clone(), best_offset.clone())
         gone, keep = settled.nonzero().squeeze(1), (~settled).nonzero().squeeze(1)
         for full, part in zip(saved, (best_codes, best_scale, best_offset)):
