@@ -25,6 +25,7 @@ to that dtype before the merge.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Callable, Optional
 
@@ -285,8 +286,10 @@ def count_workspace_fallback(bound: int) -> None:
     workspace_fallbacks += 1
 
 
+@functools.lru_cache(maxsize=None)
 def flash_device_unavailable(device: torch.device) -> Optional[str]:
-    """Why flash_prefill cannot run on ``device`` whatever the shapes (None: it can)."""
+    """Why flash_prefill cannot run on ``device`` whatever the shapes (None: it can); asked once per device (every
+    prefill call routes through it)."""
     if device.type != "cuda":
         return f"tensors on {device.type}, not CUDA"
     if torch.cuda.get_device_capability(device) < FLASH_MIN_CAPABILITY:
