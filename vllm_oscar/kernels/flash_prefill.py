@@ -52,7 +52,8 @@ FLASH_DTYPES = (torch.bfloat16, torch.float16)
 #: The default (AttentionConfig.prefill_flash None) runs flash_prefill where a call's attention work, counted as
 #: query rows x max_seq_len x query heads x head_dim (at least sum over requests of chunk x seq_len x Hq x D),
 #: reaches this; below it the Triton prefill kernel is faster, flash_prefill's host work (a synchronisation, three
-#: Triton and two FlashAttention launches: ~0.4-0.6 ms per call on an H100) being larger than the attention there.
+#: Triton and two FlashAttention launches; its smallest measured calls take 0.5-0.8 ms on an H100) being larger than
+#: the attention there.
 #: Measured (H100, eager, docs/PERFORMANCE.md "Chunked prefill"): Qwen3-8B geometry 2048 fresh tokens (2^34) 0.54
 #: against 0.56 ms, 512 tokens over a 4K prefix (2^33.2) 0.78 against 0.48.
 FLASH_PREFILL_MIN_WORK = 2 ** 34
