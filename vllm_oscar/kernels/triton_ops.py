@@ -471,8 +471,8 @@ class AttentionConfig:
     Triton prefill kernel; the same read rule. None (the default) = where flash_prefill.flash_unavailable finds no
     reason against it (a CUDA GPU of compute capability >= 8.0, head_dim a multiple of 8 up to 256, a recent window,
     a torch built with FlashAttention) and the call's work, query rows x max_seq_len (query rows squared when
-    max_seq_len is not given) x Hq x D, reaches flash_prefill.FLASH_PREFILL_MIN_WORK (H100, eager: up to 1.7x faster
-    at 32K prefixes and 2048-token chunks, 2-4x slower on short chunks over short prefixes, which the threshold
+    max_seq_len is not given) x Hq x D, reaches flash_prefill.FLASH_PREFILL_MIN_WORK (H100, eager: 1.03-2.6x faster
+    where it picks FlashAttention, up to 1.7x at Qwen3-8B geometry; 1.04-4.9x slower on the calls below it, which it
     leaves to the Triton kernel), unless its gathered rows could exceed flash_prefill.FLASH_PREFILL_MAX_WORKSPACE
     (requests x max_seq_len bound; then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
