@@ -42,6 +42,7 @@ from kernels_reference import (check_write_case, int8_rounded_query, random_page
                                write_case)
 from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, GRID_REFIT_ITERATIONS, SERVED_REFIT_ITERATIONS  # noqa: E402
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
+from vllm_oscar.kernels.flash_prefill import PrefillPlan  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
 from vllm_oscar.quant import unpack_codes  # noqa: E402
 
@@ -420,14 +421,17 @@ def check_prefill(report: list) -> None:
               f"max rel err {max(errors):.2e} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
     # chunk_from_cache: the chunk is read from the caches by the rule (as decoding would), by FlashAttention over
-    # gathered rows (flash_prefill; the default on large calls) and by the Triton prefill kernel.
-    for flash in (True, False):
+    # gathered rows (flash_prefill; the default on large calls) with its ranges planned on the host as the served
+    # step plans them (planned) or read by the call, and by the Triton prefill kernel.
+    for flash, planned in ((True, True), (True, False), (False, False)):
         out = torch.full_like(q, float("nan"))
+        plan = PrefillPlan.of(qsl, lens, recent, DEVICE) if planned else None
         triton_ops.oscar_prefill(q, None, None, state.cache, state.window_k, state.window_v, layout,
                                  state.block_table, state.window_block_table,
                                  torch.tensor(qsl, dtype=torch.int32, device=DEVICE), state.seq_lens, sink, recent,
                                  scale, out=out, max_query_len=max(chunks), chunk_from_cache=True,
-                                 config=dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flash))
+                                 config=dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flash),
+                                 flash_plan=plan)
         errors = []
         for b, n in enumerate(lens):
             lo, hi = qsl[b], qsl[b + 1]
@@ -437,8 +441,9 @@ def check_prefill(report: list) -> None:
                                   dense_context(state, b, n, DEVICE), sink, recent, scale)
             errors.append(rel(out[lo:hi], exp))
         ok = max(errors) < TOLERANCE
-        report.append({"check": "prefill_chunk_from_cache", "prefill_flash": flash, "rel_errors": errors, "ok": ok})
-        print(f"prefill chunk_from_cache prefill_flash={flash}: max rel err {max(errors):.2e} "
+        report.append({"check": "prefill_chunk_from_cache", "prefill_flash": flash, "planned": planned,
+                       "rel_errors": errors, "ok": ok})
+        print(f"prefill chunk_from_cache prefill_flash={flash} planned={planned}: max rel err {max(errors):.2e} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
 
 

@@ -57,6 +57,7 @@ from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
 from vllm_oscar.config import DEFAULT_FOLD_MODE, FOLD_MODES, GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
 from vllm_oscar.kernels import PageLayout, measured_plans, triton_ops  # noqa: E402
+from vllm_oscar.kernels.flash_prefill import PrefillPlan, flash_unavailable  # noqa: E402
 
 NULL_BLOCK = 0  # vLLM reserves block 0; dummy (capture) requests point at it
 TOLERANCE = 1e-2  # graph vs eager outputs: the split counts differ (max_model_len vs the step's)
@@ -186,10 +187,16 @@ class ServedAttention:
             for position in range(self.lengths[request] - new, self.lengths[request]):
                 slots.append(self.rows[request][position // self.bs] * self.bs + position % self.bs)
         decodes = len(requests) if all(new == 1 for new in new_tokens) else 0  # a prefill step: no decodes
-        query_start = torch.tensor([0, *itertools.accumulate(new_tokens)], dtype=torch.int32, device=self.device)
+        starts = [0, *itertools.accumulate(new_tokens)]
+        query_start = torch.tensor(starts, dtype=torch.int32, device=self.device)
+        recent = self.config.recent_tokens
+        # as the backend's builder: a prefill step's ranges planned on the host where FlashAttention prefill may run
+        flash_plan = (PrefillPlan.of(starts, lengths, recent, self.device)
+                      if not decodes and self.config.flash_prefill is not False
+                      and flash_unavailable(self.device, self.dim, recent) is None else None)
         metadata = OscarMetadata(tokens_padded, decodes, max(lengths), max(new_tokens), bt, wtable,
                                  self.seq_lens[:rows_padded], query_start, wslots,
-                                 serial_write=self.buffers.serial_write)
+                                 serial_write=self.buffers.serial_write, prefill_plan=flash_plan)
         return metadata, torch.tensor(slots, dtype=torch.int64, device=self.device)
 
     # -- device side: what the captured graph holds -------------------------------------------

@@ -270,6 +270,7 @@ def test_bench_prefill_times_the_shipped_config_per_flash_setting_eagerly_by_def
 
     args = _bench_args(["prefill"])
     assert prefill_configs(args) == [triton_ops.DEFAULT_PREFILL] and args.prefill_timing == "eager"
+    assert args.prefill_flash_plan == ["step"]  # as served: one host plan per step, no synchronisation per layer
     args = _bench_args(["prefill", "--prefill-flash", "0", "1", "auto", "--prefill-timing", "graph"])
     assert prefill_configs(args) == [dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flag)
                                      for flag in (False, True, None)]

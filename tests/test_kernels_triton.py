@@ -1039,17 +1039,22 @@ def _ref_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window)
     return out.to(q.dtype), lse.float()
 
 
-@pytest.mark.parametrize("chunks, lens, sink, recent, window_dtype, dropped", [
-    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 1),  # a prefix, a one-token chunk, a fresh prompt, none
-    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 0),
-    ([33, 9], [33, 140], 16, 32, torch.float16, 0),  # chunks shorter and longer than recent; fp16 window copies
-    ([25], [25], 4, 64, torch.bfloat16, 0),  # the windows hold the whole prompt: no far position at all
+@pytest.mark.parametrize("chunks, lens, sink, recent, window_dtype, dropped, planned", [
+    # a prefix, a one-token chunk, a fresh prompt, none
+    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 1, False),
+    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 0, True),
+    ([33, 9], [33, 140], 16, 32, torch.float16, 0, False),  # chunks shorter and longer than recent; fp16 copies
+    ([33, 9], [33, 140], 16, 32, torch.float16, 0, True),
+    ([25], [25], 4, 64, torch.bfloat16, 0, False),  # the windows hold the whole prompt: no far position at all
 ])
-def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recent, window_dtype, dropped) -> None:
+def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recent, window_dtype, dropped,
+                                                       planned) -> None:
     """flash_prefill's far / near split (with a float64 stand-in for FlashAttention) against the float64 read rule,
     with ``dropped`` window blocks per request (their positions read from INT2), the rows outside the requests
     untouched. A softmax scale of 0.05 keeps every position's weight large enough that reading one the wrong way
-    (sink copies in the far range, the row at t = recent) shows above the bf16 rounding."""
+    (sink copies in the far range, the row at t = recent) shows above the bf16 rounding. ``planned``: the ranges
+    come from a host PrefillPlan (as the served step gives them) and the device query_start_loc it would otherwise
+    read is poisoned (all zeros: no rows)."""
     gen = torch.Generator().manual_seed(sum(lens) + recent + dropped)
     hq, hkv, dim, bs = 4, 2, 64, 16
     layout = PageLayout(dim, 32, bs, torch.float16)
@@ -1062,12 +1067,31 @@ def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recen
     out = torch.full_like(query, 7.0)
     caches = flash_prefill.PagedCaches(state.cache, state.window_k, state.window_v, layout, state.block_table,
                                        state.window_block_table)
-    flash_prefill.flash_prefill(query, caches, torch.tensor(qsl, dtype=torch.int32), state.seq_lens, recent, sink,
-                                0.05, out, triton_ops._plane_offsets(layout), attend=_ref_varlen_attention)
+    plan = flash_prefill.PrefillPlan.of(qsl, lens, recent, query.device) if planned else None
+    device_qsl = torch.tensor([0] * len(qsl) if planned else qsl, dtype=torch.int32)
+    flash_prefill.flash_prefill(query, caches, device_qsl, state.seq_lens, recent, sink,
+                                0.05, out, triton_ops._plane_offsets(layout), attend=_ref_varlen_attention, plan=plan)
     expected = ref_prefill_from_cache(state, query[1:].double(), [q - 1 for q in qsl], sink, recent, 0.05)
     for row in range(qsl[0], qsl[-1]):
         assert relative_error(out[row], expected[row - 1]) < BF16_TOLERANCE, f"row {row}"
     assert bool((out[0] == 7.0).all()) and bool((out[qsl[-1]:] == 7.0).all())
+
+
+def test_flash_prefill_refuses_a_plan_of_another_call() -> None:
+    """A plan built for another batch or recent window is an error naming both, not a wrong read."""
+    layout = PageLayout(64, 32, 16, torch.float16)
+    state = random_paged_state([30, 20], 2, layout, 4, 8, torch.Generator().manual_seed(3))
+    caches = flash_prefill.PagedCaches(state.cache, state.window_k, state.window_v, layout, state.block_table,
+                                       state.window_block_table)
+    query = torch.randn(50, 4, 64)
+    qsl = torch.tensor([0, 30, 50], dtype=torch.int32)
+    for plan, message in ((flash_prefill.PrefillPlan.of([0, 30], [30], 8, query.device), "built for 1 requests"),
+                          (flash_prefill.PrefillPlan.of([0, 30, 50], [30, 20], 16, query.device), "window of 16")):
+        with pytest.raises(ValueError, match=message):
+            flash_prefill.flash_prefill(query, caches, qsl, state.seq_lens, 8, 4, 0.1, torch.zeros_like(query),
+                                        triton_ops._plane_offsets(layout), attend=_ref_varlen_attention, plan=plan)
+    with pytest.raises(ValueError, match="B \\+ 1 query_start_loc values"):
+        flash_prefill.PrefillPlan.of([0, 30], [30, 20], 8, query.device)
 
 
 @pytest.mark.parametrize("padded_lse", [False, True])
@@ -1115,7 +1139,7 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
-    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args: calls.append(args) or args[7])
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(args) or args[7])
     monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
     monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MAX_WORKSPACE", workspace)

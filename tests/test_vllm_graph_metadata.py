@@ -22,6 +22,8 @@ def _builder() -> OscarMetadataBuilder:
                                          BS, SINK, RECENT)
     builder.window_buffers = WindowPlanBuffers(MAX_REQS, MAX_TOKENS, torch.device("cpu"))
     builder.max_model_len = MAX_MODEL_LEN
+    builder.recent_tokens = RECENT
+    builder.plans_flash_prefill = False  # CPU: no FlashAttention prefill
     return builder
 
 
@@ -88,4 +90,20 @@ def test_a_mixed_step_sizes_its_prefill_part_by_the_prefills_alone():
     assert mixed.num_decodes == 1 and mixed.max_seq_len == 100 and mixed.prefill_max_seq_len == 20
     decodes = builder.build(0, _common([[1, 2, 3, 4, 5, 6, 7]], [101], [1], 1, 1))
     assert decodes.prefill_max_seq_len is None
+    assert mixed.prefill_plan is None  # built only where FlashAttention prefill may run
+
+
+def test_a_step_plans_flash_prefill_ranges_on_the_host_once():
+    """Where FlashAttention prefill may run, build() plans the prefill requests' ranges from vLLM's host values
+    (query_start_loc rebased past the decode tokens), for every layer of the step; a decode-only step plans none."""
+    builder = _builder()
+    builder.plans_flash_prefill = True
+    mixed = builder.build(0, _common([[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12]], [100, 20, 40],
+                                     [1, 20, 7], 3, 28))
+    plan = mixed.prefill_plan
+    assert plan.rows == (0, 27) and plan.recent == RECENT
+    assert plan.ranges.chunks == [20, 7] and plan.ranges.prefixes == [0, 33]
+    assert plan.ranges.far_count == [0, 40 - RECENT] and plan.ranges.near_first == [0, 33 - RECENT + 1]
+    assert plan.views["cu_q"].tolist() == mixed.prefill_query_start_loc.tolist()
+    assert builder.build(0, _common([[1, 2, 3, 4, 5, 6, 7]], [101], [1], 1, 1)).prefill_plan is None
 

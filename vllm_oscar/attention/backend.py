@@ -44,7 +44,7 @@ from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.config import (BACKEND_NAME, GPU_DECODE_BLOCK_SIZE, INT8_MMA_MIN_HEAD_DIM, KERNEL_BLOCK_MULTIPLE,
                                 KV_CACHE_DTYPE_NAME, OscarConfig)
 from vllm_oscar.kernels import PageLayout
-from vllm_oscar.kernels.flash_prefill import flash_unavailable
+from vllm_oscar.kernels.flash_prefill import PrefillPlan, flash_unavailable
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -286,6 +286,10 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
         scheduler = vllm_config.scheduler_config
         self.window_buffers = WindowPlanBuffers(scheduler.max_num_seqs, scheduler.max_num_batched_tokens, device)
         self.max_model_len = vllm_config.model_config.max_model_len
+        self.recent_tokens = config.recent_tokens
+        #: Whether a step's prefill part may run as FlashAttention (then each step plans its ranges on the host).
+        self.plans_flash_prefill = config.flash_prefill is not False and flash_unavailable(
+            torch.device(device), kv_cache_spec.head_size, config.recent_tokens) is None
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -299,6 +303,12 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
         plan = self.manager.plan(block_table.cpu(), seq_lens_cpu[:num_reqs].tolist(), starts.diff().tolist())
         num_tokens = max(cam.num_actual_tokens, int(starts[-1]))  # with a CUDA graph's padding tokens
         window_block_table, window_slot_mapping = self.window_buffers.load(plan, num_tokens)
+        has_prefill = num_reqs > num_decodes
+        prefill_plan = None
+        if has_prefill and self.plans_flash_prefill:
+            prefill_starts = (starts[num_decodes:] - num_decode_tokens).tolist()
+            prefill_plan = PrefillPlan.of(prefill_starts, seq_lens_cpu[num_decodes:num_reqs].tolist(),
+                                          self.recent_tokens, self.window_buffers.device)
         return OscarMetadata(
             num_actual_tokens=num_tokens,
             num_decodes=num_decodes,
@@ -310,7 +320,8 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
             prefill_query_start_loc=cam.query_start_loc[num_decodes: num_reqs + 1] - num_decode_tokens,
             window_slot_mapping=window_slot_mapping,
             serial_write=self.window_buffers.serial_write,
-            prefill_max_seq_len=int(seq_lens_cpu[num_decodes:num_reqs].max()) if num_reqs > num_decodes else None,
+            prefill_max_seq_len=int(seq_lens_cpu[num_decodes:num_reqs].max()) if has_prefill else None,
+            prefill_plan=prefill_plan,
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> OscarMetadata:

@@ -11,13 +11,16 @@ decode step runs, CUDA-graph capture and replay included.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from vllm_oscar.attention.rotations import LayerRotations
 from vllm_oscar.config import OscarConfig
 from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_rotate, oscar_write
+
+if TYPE_CHECKING:
+    from vllm_oscar.kernels.flash_prefill import PrefillPlan
 
 
 @dataclasses.dataclass
@@ -56,6 +59,10 @@ class OscarMetadata:
     #: (FlashAttention or the Triton kernel, flash_prefill.FLASH_PREFILL_MIN_WORK; the Triton kernel's splits), which
     #: max_seq_len, raised by long decodes in the same step, would overstate. None: max_seq_len.
     prefill_max_seq_len: Optional[int] = None
+    #: The prefill requests' ranges for FlashAttention prefill (host values and their device copy, built once per
+    #: step), so that no layer synchronises to read them. None: not built (CPU, FlashAttention unavailable or
+    #: turned off, no prefill); a FlashAttention prefill then reads them itself.
+    prefill_plan: Optional[PrefillPlan] = None
 
 
 @dataclasses.dataclass
@@ -194,6 +201,7 @@ def attend_step(m: OscarMetadata, query: torch.Tensor, rotations: LayerRotations
                       m.block_table[bd:], m.window_block_table[bd:], m.prefill_query_start_loc, m.seq_lens[bd:],
                       sink, recent, softmax_scale, out=out_rot[bd:], max_query_len=m.max_query_len,
                       chunk_from_cache=True, flash=config.flash_prefill,
-                      max_seq_len=m.max_seq_len if m.prefill_max_seq_len is None else m.prefill_max_seq_len)
+                      max_seq_len=m.max_seq_len if m.prefill_max_seq_len is None else m.prefill_max_seq_len,
+                      flash_plan=m.prefill_plan)
     if not rotations.output_rotated:
         oscar_rotate(out_rot, rotations.v_rotation, inverse=True, out=output[:n])

@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "prefill kernel (0), or by the product's rule (auto: FlashAttention from "
                              "FLASH_PREFILL_MIN_WORK on); several values time each in turn per case "
                              "(AttentionConfig.prefill_flash)")
+    parser.add_argument("--prefill-flash-plan", nargs="+", default=["step"], choices=("step", "call"),
+                        help="prefill: FlashAttention prefill's ranges planned once per step on the host, as the "
+                             "served backend does (step; no synchronisation per call), or read by each call (call: "
+                             "one synchronisation per layer)")
     parser.add_argument("--prefill-timing", choices=("eager", "graph"), default="eager",
                         help="prefill: time OSCAR and BF16 SDPA as eager launches (host work included, as vLLM runs "
                              "prefill steps; default) or as CUDA-graph replays (the GPU time alone; FlashAttention "
@@ -284,15 +288,15 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
 
     configs = prefill_configs(args)
     rows = []
-    for geometry, prefix, chunk, batch, config in itertools.product(args.geometry, args.prefixes, args.chunks,
-                                                                    args.prefill_batches, configs):
+    for geometry, prefix, chunk, batch, config, plan in itertools.product(
+            args.geometry, args.prefixes, args.chunks, args.prefill_batches, configs, args.prefill_flash_plan):
         rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device, config,
                                      with_baseline=not args.prefill_tune, chunk_from_cache=not args.prefill_new_rows,
-                                     eager=args.prefill_timing == "eager"))
+                                     eager=args.prefill_timing == "eager", flash_plan=plan == "step"))
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
               f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']} "
-              f"apart={c['prefill_int2_apart']} flash={c['prefill_flash']}", flush=True)
+              f"apart={c['prefill_int2_apart']} flash={c['prefill_flash']} plan={plan}", flush=True)
     print(format_prefill_table(rows))
     return rows
 

@@ -14,7 +14,7 @@ tensor arrives, so the CPU path needs no GPU toolchain.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -22,6 +22,9 @@ from vllm_oscar.config import REFIT_SCALE_FLOOR, RefitIterations
 from vllm_oscar.kernels import torch_ops
 from vllm_oscar.kernels.layout import PLANES, PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
+
+if TYPE_CHECKING:
+    from vllm_oscar.kernels.flash_prefill import PrefillPlan
 
 
 def implementation_for(tensor: torch.Tensor) -> ModuleType:
@@ -149,6 +152,7 @@ def oscar_prefill(
     chunk_from_cache: bool = False,
     max_seq_len: Optional[int] = None,
     flash: Optional[bool] = None,
+    flash_plan: Optional[PrefillPlan] = None,
 ) -> torch.Tensor:
     """Chunked prefill over a cached prefix (varlen) -> out_rot [T, Hq, D].
 
@@ -157,8 +161,9 @@ def oscar_prefill(
     without any pure INT2 range run as one launch), CPU -> torch. ``chunk_from_cache``: read the (already written)
     chunk from the caches by the decode read rule instead of key_rot/value_rot (pass None). flash: the served read
     as FlashAttention over gathered rows (triton_ops.AttentionConfig.prefill_flash: None = on large calls where it
-    runs, False = never, True = always, an error where it cannot run, including CPU).
-    Other arguments: torch_ops.oscar_prefill.
+    runs, False = never, True = always, an error where it cannot run, including CPU). flash_plan: the step's host
+    ranges of query_start_loc and seq_lens (flash_prefill.PrefillPlan.of), which spare FlashAttention prefill its
+    synchronisation; unused elsewhere. Other arguments: torch_ops.oscar_prefill.
     """
     impl = implementation_for(int2_cache)
     if impl is torch_ops:
@@ -171,7 +176,7 @@ def oscar_prefill(
     return impl.oscar_prefill(query_rot, key_rot, value_rot, int2_cache, window_k, window_v, layout,
                               block_table, window_block_table, query_start_loc, seq_lens, sink, recent,
                               softmax_scale, out, max_query_len, impl.prefill_config(flash),
-                              chunk_from_cache=chunk_from_cache, max_seq_len=max_seq_len)
+                              chunk_from_cache=chunk_from_cache, max_seq_len=max_seq_len, flash_plan=flash_plan)
 
 
 __all__ = [

@@ -220,6 +220,28 @@ class PrefillRanges:
         return views
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefillPlan:
+    """One step's flash_prefill ranges, built on the host once per step (vLLM's metadata builder holds the
+    query_start_loc and seq_lens on the host) and read by every layer's call: no synchronisation and no copy per
+    layer. ``rows`` = (first, end) packed query row of the prefill requests; ``views`` = PrefillRanges.packed."""
+
+    ranges: PrefillRanges
+    rows: tuple[int, int]
+    recent: int
+    views: dict[str, torch.Tensor]
+
+    @staticmethod
+    def of(query_start_loc: list[int], seq_lens: list[int], recent: int, device: torch.device) -> "PrefillPlan":
+        """The plan of requests with host query_start_loc [B + 1] and seq_lens [B] (Python ints)."""
+        if len(query_start_loc) != len(seq_lens) + 1:
+            raise ValueError(f"a prefill plan needs B + 1 query_start_loc values for B seq_lens; got "
+                             f"{len(query_start_loc)} and {len(seq_lens)}.")
+        chunks = [end - begin for begin, end in zip(query_start_loc, query_start_loc[1:])]
+        ranges = PrefillRanges.of(seq_lens, chunks, recent)
+        return PrefillPlan(ranges, (query_start_loc[0], query_start_loc[-1]), recent, ranges.packed(device))
+
+
 def _cumulative(counts: list[int]) -> list[int]:
     """[0, c0, c0 + c1, ...]: the row offsets of packed varlen rows."""
     offsets = [0]
@@ -313,26 +335,31 @@ def flash_unavailable(device: torch.device, head_dim: int, recent: int) -> Optio
 
 def flash_prefill(query_rot: torch.Tensor, caches: PagedCaches, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                   recent: int, sink: int, softmax_scale: float, out: torch.Tensor, plane_offsets: dict[str, int],
-                  attend: VarlenAttention = flash_varlen) -> torch.Tensor:
+                  attend: VarlenAttention = flash_varlen, plan: Optional[PrefillPlan] = None) -> torch.Tensor:
     """oscar_prefill(chunk_from_cache=True) by the far / near split (module docstring); arguments as
     torch_ops.oscar_prefill (checked by the caller), out [T, Hq, D] written at the rows of requests.
 
-    Reads query_start_loc and seq_lens on the host (one synchronisation; prefill steps run eagerly), then copies
-    the ranges to the device in one pinned, non-blocking copy."""
+    plan: the step's PrefillPlan of these query_start_loc and seq_lens (no synchronisation, no copy). Without one
+    this call reads them on the host (one synchronisation; prefill steps run eagerly) and copies the ranges to the
+    device in one pinned, non-blocking copy."""
     batch = seq_lens.shape[0]
-    host = torch.cat((query_start_loc.to(seq_lens.dtype), seq_lens)).tolist()
-    starts, lengths = host[:batch + 1], host[batch + 1:]
-    if starts[-1] <= starts[0]:
+    if plan is None:
+        host = torch.cat((query_start_loc.to(seq_lens.dtype), seq_lens)).tolist()
+        plan = PrefillPlan.of(host[:batch + 1], host[batch + 1:], recent, query_rot.device)
+    elif len(plan.ranges.chunks) != batch or plan.recent != recent:
+        raise ValueError(f"the prefill plan was built for {len(plan.ranges.chunks)} requests and a recent window of "
+                         f"{plan.recent}; this call has {batch} requests and recent={recent}. Build the plan "
+                         "(PrefillPlan.of) from this call's query_start_loc and seq_lens.")
+    (first_row, end_row), ranges, views = plan.rows, plan.ranges, plan.views
+    if end_row <= first_row:
         return out
-    ranges = PrefillRanges.of(lengths, [end - begin for begin, end in zip(starts, starts[1:])], recent)
-    device = query_rot.device
-    views = ranges.packed(device)
     dtype = caches.window_k.dtype if caches.window_k.dtype in FLASH_DTYPES else torch.bfloat16
-    q = query_rot[starts[0]:starts[-1]].to(dtype)
+    q = query_rot[first_row:end_row].to(dtype)
     max_q = max(ranges.chunks)
     reads = (caches, dtype, plane_offsets)
+    longest = max(prefix + chunk for prefix, chunk in zip(ranges.prefixes, ranges.chunks))
     near_k, near_v = gather_rows(views["near_first"], views["near_count"], views["cu_near"][:-1],
-                                 sum(ranges.near_count), max(ranges.near_count), max(lengths), *reads)
+                                 sum(ranges.near_count), max(ranges.near_count), longest, *reads)
     near_out, near_lse = attend(q, near_k, near_v, views["cu_q"], views["cu_near"], max_q, max(ranges.near_count),
                                 softmax_scale, recent - 1)
     del near_k, near_v
@@ -349,7 +376,7 @@ def flash_prefill(query_rot: torch.Tensor, caches: PagedCaches, query_start_loc:
         far_out, far_lse, near_out, near_lse, out, views["cu_q"], views["prefix"],
         far_out.stride(0), far_out.stride(1), far_lse.stride(0), far_lse.stride(1),
         near_out.stride(0), near_out.stride(1), near_lse.stride(0), near_lse.stride(1),
-        out.stride(0), out.stride(1), starts[0], recent,
+        out.stride(0), out.stride(1), first_row, recent,
         D=q.shape[2], BLOCK=MERGE_BLOCK, HAS_FAR=has_far,
     )
     return out

@@ -79,28 +79,34 @@ def prefill_call(oscar_prefill: Callable[..., torch.Tensor], case: PrefillCase, 
 
 def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_size: int, reps: int,
                      device: torch.device, config=None, with_baseline: bool = True,
-                     chunk_from_cache: bool = True, eager: bool = False) -> dict:
+                     chunk_from_cache: bool = True, eager: bool = False, flash_plan: bool = True) -> dict:
     """Time OSCAR's chunked prefill (launch config: triton_ops.DEFAULT_PREFILL unless given; served
     read unless chunk_from_cache is False) and, with_baseline, the BF16 SDPA prefill for one case; a
     JSON-able dict. eager: both timed as eager launches (time_eager), else as CUDA-graph replays (time_graph; a
-    path that synchronises with the host, as flash_prefill does, cannot be captured and reports an error)."""
+    path that synchronises with the host cannot be captured and reports an error). flash_plan: FlashAttention
+    prefill reads its ranges from a PrefillPlan built before the timing, as the served step builds one for all its
+    layers (False: each call reads the lengths on the host, one synchronisation per call)."""
     from torch.nn.attention.bias import causal_lower_right
 
     from vllm_oscar.kernels import triton_ops
+    from vllm_oscar.kernels.flash_prefill import PrefillPlan
 
     hq, hkv, dim = geometry_heads(geometry)
     total = prefix + chunk
     flops = attention_flops(batch, hq, dim, prefix, chunk)
     result: dict = {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
                     "block_size": block_size, "hq": hq, "hkv": hkv, "head_dim": dim, "flops": flops,
-                    "chunk_from_cache": chunk_from_cache, "timing": "eager" if eager else "graph"}
+                    "chunk_from_cache": chunk_from_cache, "timing": "eager" if eager else "graph",
+                    "flash_plan": "step" if flash_plan else "call"}
     gen = torch.Generator(device=device).manual_seed(total * 131 + batch)
     case = make_prefill_case(batch, prefix, chunk, hq, hkv, dim, block_size, device, gen, chunk_from_cache)
     config = config or triton_ops.DEFAULT_PREFILL
     result["config"] = dataclasses.asdict(config)
+    plan = (PrefillPlan.of(case.starts.tolist(), case.cache.seq_lens.tolist(), DEFAULT_RECENT_TOKENS, device)
+            if flash_plan and chunk_from_cache else None)
     result["oscar"] = _timed(prefill_call(triton_ops.oscar_prefill, case, torch.empty_like(case.query),
-                                        max_query_len=chunk, max_seq_len=total, config=config), reps, flops,
-                            eager)
+                                        max_query_len=chunk, max_seq_len=total, config=config, flash_plan=plan),
+                            reps, flops, eager)
     del case
     torch.cuda.empty_cache()
     if not with_baseline:

@@ -27,7 +27,8 @@ from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_ext
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.flash_prefill import (FLASH_PREFILL_MAX_WORKSPACE, FLASH_PREFILL_MIN_WORK, count_workspace_fallback,
-                                              PagedCaches, flash_prefill, flash_unavailable, workspace_bound)
+                                              PagedCaches, PrefillPlan, flash_prefill, flash_unavailable,
+                                              workspace_bound)
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -1641,12 +1642,14 @@ def oscar_prefill(
     config: AttentionConfig = DEFAULT_PREFILL,
     chunk_from_cache: bool = False,
     max_seq_len: Optional[int] = None,
+    flash_plan: Optional[PrefillPlan] = None,
 ) -> torch.Tensor:
     """Varlen chunked prefill over a cached prefix; arguments as torch_ops.oscar_prefill.
 
     max_query_len: Python int >= every chunk length (default: T, always safe). max_seq_len: Python int
     >= every seq_len, or None (unknown: one launch); it lets the default config run a long pure INT2
-    prefix in its own launch (config.prefill_int2_apart).
+    prefix in its own launch (config.prefill_int2_apart). flash_plan: the host ranges of these query_start_loc and
+    seq_lens (flash_prefill.PrefillPlan), read where flash_prefill runs; None: that call reads them (one sync).
     Rows of query_rot that belong to no request are left untouched in ``out``.
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
@@ -1657,7 +1660,8 @@ def oscar_prefill(
     if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len, block_table, hkv):
         caches = PagedCaches(int2_cache, window_k, window_v, layout, block_table, window_block_table)
         return flash_prefill(query_rot, caches, query_start_loc, seq_lens, recent, sink, softmax_scale,
-                             torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout))
+                             torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout),
+                             plan=flash_plan)
     new_k, new_v = (query_rot, query_rot) if chunk_from_cache else (key_rot, value_rot)  # unused if from cache
     _check_last_dim_contiguous(query_rot=query_rot, key_rot=new_k, value_rot=new_v,
                                window_k=window_k, window_v=window_v)
