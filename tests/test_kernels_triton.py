@@ -1141,6 +1141,7 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(args) or args[7])
     monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
+    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_PROGRAMS", 2)  # one tile of rows x 2 heads
     monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
     monkeypatch.setattr(flash_prefill, "workspace_fallbacks", 0)
@@ -1151,6 +1152,26 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     assert len(calls) == int(expected)
     capped = prefill_flash is None and max_seq_len == 20 and not expected
     assert flash_prefill.workspace_fallbacks == int(capped)
+
+
+@pytest.mark.parametrize("rows, expected", [(129, True), (128, False)])
+def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, expected) -> None:
+    """Above the work threshold the default still leaves a call to the Triton kernel where FlashAttention would
+    run fewer than FLASH_PREFILL_MIN_PROGRAMS programs (cdiv(rows, FLASH_QUERY_TILE) x Hq: 2 heads here)."""
+    gen = torch.Generator().manual_seed(9)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([rows], 1, layout, 4, 8, gen)
+    query = torch.randn(rows, 2, 64, generator=gen).to(torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(args) or args[7])
+    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 1)
+    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_PROGRAMS", 4)
+    triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
+                             state.block_table, state.window_block_table, torch.tensor([0, rows], dtype=torch.int32),
+                             state.seq_lens, 4, 8, 0.125, chunk_from_cache=True, max_seq_len=rows,
+                             config=triton_ops.AttentionConfig(block_t=16))
+    assert len(calls) == int(expected)
 
 
 def test_prefill_flash_true_refuses_where_flash_cannot_run() -> None:

@@ -51,12 +51,19 @@ FLASH_MAX_HEAD_DIM = 256
 FLASH_DTYPES = (torch.bfloat16, torch.float16)
 #: The default (AttentionConfig.prefill_flash None) runs flash_prefill where a call's attention work, counted as
 #: query rows x max_seq_len x query heads x head_dim (at least sum over requests of chunk x seq_len x Hq x D),
-#: reaches this; below it the Triton prefill kernel is faster, flash_prefill's host work (a synchronisation, three
-#: Triton and two FlashAttention launches; its smallest measured calls take 0.5-0.8 ms on an H100) being larger than
-#: the attention there.
-#: Measured (H100, eager, docs/PERFORMANCE.md "Chunked prefill"): Qwen3-8B geometry 2048 fresh tokens (2^34) 0.54
-#: against 0.56 ms, 512 tokens over a 4K prefix (2^33.2) 0.78 against 0.48.
-FLASH_PREFILL_MIN_WORK = 2 ** 34
+#: reaches this and FlashAttention's launch has FLASH_PREFILL_MIN_PROGRAMS programs or more; below it the Triton
+#: prefill kernel is faster, flash_prefill's host work (four Triton and two FlashAttention launches; its smallest
+#: measured calls take 0.24-0.45 ms on an H100 with the step's PrefillPlan) being larger than the attention there.
+#: Measured (H100, eager, docs/PERFORMANCE.md "Chunked prefill"): SmolLM2 geometry 512 tokens over a 4K prefix x 4
+#: (2^32.3) 0.31 against 0.35 ms, 2048 fresh tokens (2^31.2) 0.24 against 0.21.
+FLASH_PREFILL_MIN_WORK = 2 ** 32
+#: Query rows per program of FlashAttention's forward kernel (head_dim <= 128 on sm80 / sm90).
+FLASH_QUERY_TILE = 128
+#: The default also wants cdiv(query rows, FLASH_QUERY_TILE) x Hq programs in each FlashAttention launch: it
+#: splits no request's keys, so fewer programs leave SMs idle while each walks a long prefix, where the Triton
+#: kernel splits the prefix. Measured (H100): SmolLM2 geometry 512 tokens over a 32K prefix (36 programs) 0.73
+#: against 0.63 ms; Qwen3-8B geometry 512 tokens over a 4K prefix (128 programs) 0.33 against 0.38.
+FLASH_PREFILL_MIN_PROGRAMS = 64
 #: The most bytes the default lets one call's gathered K and V rows take, bounded by requests x longest seq_len x
 #: Hkv x D x 2 x 2 bytes: vLLM sizes its KV cache after a profiling step whose prefill has no long prefix, so this
 #: workspace is memory it did not count. Above it the Triton prefill kernel runs (logged, counted in

@@ -26,8 +26,9 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
-from vllm_oscar.kernels.flash_prefill import (FLASH_PREFILL_MAX_WORKSPACE, FLASH_PREFILL_MIN_WORK, count_workspace_fallback,
-                                              PagedCaches, PrefillPlan, flash_prefill, flash_unavailable,
+from vllm_oscar.kernels.flash_prefill import (FLASH_PREFILL_MAX_WORKSPACE, FLASH_PREFILL_MIN_PROGRAMS,
+                                              FLASH_PREFILL_MIN_WORK, FLASH_QUERY_TILE, PagedCaches, PrefillPlan,
+                                              count_workspace_fallback, flash_prefill, flash_unavailable,
                                               workspace_bound)
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
@@ -472,9 +473,9 @@ class AttentionConfig:
     Triton prefill kernel; the same read rule. None (the default) = where flash_prefill.flash_unavailable finds no
     reason against it (a CUDA GPU of compute capability >= 8.0, head_dim a multiple of 8 up to 256, a recent window,
     a torch built with FlashAttention) and the call's work, query rows x max_seq_len (query rows squared when
-    max_seq_len is not given) x Hq x D, reaches flash_prefill.FLASH_PREFILL_MIN_WORK (H100, eager: 1.03-2.6x faster
-    where it picks FlashAttention, up to 1.7x at Qwen3-8B geometry; 1.04-4.9x slower on the calls below it, which it
-    leaves to the Triton kernel), unless its gathered rows could exceed flash_prefill.FLASH_PREFILL_MAX_WORKSPACE
+    max_seq_len is not given) x Hq x D, reaches flash_prefill.FLASH_PREFILL_MIN_WORK and its FlashAttention launch
+    has FLASH_PREFILL_MIN_PROGRAMS programs (docs/PERFORMANCE.md "Chunked prefill" has the measured ratios on
+    both sides), unless its gathered rows could exceed flash_prefill.FLASH_PREFILL_MAX_WORKSPACE
     (requests x max_seq_len bound; then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
     new rows (chunk_from_cache False) always runs the Triton kernel.
@@ -1601,6 +1602,8 @@ def _prefill_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: Pag
             return True
         rows, heads, dim = query_rot.shape
         if rows * (rows if max_seq_len is None else max_seq_len) * heads * dim < FLASH_PREFILL_MIN_WORK:
+            return False
+        if cdiv(rows, FLASH_QUERY_TILE) * heads < FLASH_PREFILL_MIN_PROGRAMS:
             return False
         table_positions = block_table.shape[1] * layout.block_size
         longest = table_positions if max_seq_len is None else min(max_seq_len, table_positions)
