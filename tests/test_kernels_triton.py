@@ -1140,9 +1140,8 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(args) or args[7])
-    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
-    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_PROGRAMS", 2)  # one tile of rows x 2 heads
-    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
+    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
+    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 2)  # one tile of rows x 2 heads
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
     monkeypatch.setattr(flash_prefill, "workspace_fallbacks", 0)
     triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
@@ -1165,13 +1164,55 @@ def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, ex
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(args) or args[7])
-    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_WORK", 1)
-    monkeypatch.setattr(triton_ops, "FLASH_PREFILL_MIN_PROGRAMS", 4)
+    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 1)
+    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 4)
     triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
                              state.block_table, state.window_block_table, torch.tensor([0, rows], dtype=torch.int32),
                              state.seq_lens, 4, 8, 0.125, chunk_from_cache=True, max_seq_len=rows,
                              config=triton_ops.AttentionConfig(block_t=16))
     assert len(calls) == int(expected)
+
+
+def test_call_size_of_a_plan_counts_pairs_programs_and_rows_exactly() -> None:
+    """CallSize.of_plan against brute-force counts: the query-key pairs each row reads (t + 1 for the row at
+    position t), FlashAttention's programs (query tiles of FLASH_QUERY_TILE rows per request x Hq), and the larger of
+    the far and near gathers (positions < L - recent; positions of the last recent - 1 before the chunk and the
+    chunk's own)."""
+    starts, lens, recent, heads, kv_heads, dim = [0, 200, 205, 205], [300, 5, 40], 8, 3, 1, 64
+    plan = flash_prefill.PrefillPlan.of(starts, lens, recent, torch.device("cpu"))
+    pairs = far = near = tiles = 0
+    for begin, end, length in zip(starts, starts[1:], lens):
+        chunk = end - begin
+        prefix = length - chunk
+        pairs += sum(t + 1 for t in range(prefix, length))
+        tiles += -(-chunk // flash_prefill.FLASH_QUERY_TILE)
+        if chunk:
+            far += sum(1 for s in range(length) if s < length - recent)
+            near += sum(1 for s in range(length) if s > prefix - recent)
+    size = flash_prefill.CallSize.of_plan(plan, heads, kv_heads, dim)
+    assert size == flash_prefill.CallSize(pairs * heads * dim, tiles * heads, max(far, near) * kv_heads * dim * 4)
+
+
+@pytest.mark.parametrize("planned", [False, True])
+def test_prefill_flash_default_sizes_a_planned_call_exactly(monkeypatch, planned) -> None:
+    """One request of 4 new rows over a prefix of 16: rows x max_seq_len bounds its work at 80 pairs per head
+    channel, the plan counts 74. With the threshold between the two, only the bound takes FlashAttention; the
+    planned call goes to the Triton kernel."""
+    gen = torch.Generator().manual_seed(10)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([20], 1, layout, 4, 8, gen)
+    rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
+    plan = flash_prefill.PrefillPlan.of([0, 4], [20], 8, rows.device) if planned else None
+    calls = []
+    monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(plan) or args[7])
+    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 75 * 2 * 64)
+    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 1)
+    triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
+                             state.window_block_table, torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8,
+                             0.125, chunk_from_cache=True, max_seq_len=20, flash_plan=plan,
+                             config=triton_ops.AttentionConfig(block_t=16))
+    assert calls == ([] if planned else [None])
 
 
 def test_prefill_flash_true_refuses_where_flash_cannot_run() -> None:

@@ -50,25 +50,25 @@ FLASH_MAX_HEAD_DIM = 256
 #: dtypes they take.
 FLASH_DTYPES = (torch.bfloat16, torch.float16)
 #: The default (AttentionConfig.prefill_flash None) runs flash_prefill where a call's attention work, counted as
-#: query rows x max_seq_len x query heads x head_dim (at least sum over requests of chunk x seq_len x Hq x D),
-#: reaches this and FlashAttention's launch has FLASH_PREFILL_MIN_PROGRAMS programs or more; below it the Triton
-#: prefill kernel is faster, flash_prefill's host work (four Triton and two FlashAttention launches; its smallest
-#: measured calls take 0.24-0.45 ms on an H100 with the step's PrefillPlan) being larger than the attention there.
-#: Measured (H100, eager, docs/PERFORMANCE.md "Chunked prefill"): SmolLM2 geometry 512 tokens over a 4K prefix x 4
-#: (2^32.3) 0.31 against 0.35 ms, 2048 fresh tokens (2^31.2) 0.24 against 0.21.
-FLASH_PREFILL_MIN_WORK = 2 ** 32
+#: query-key pairs x query heads x head_dim (a chunk of C rows over a prefix of P positions: C x P + C (C + 1) / 2
+#: pairs; bounded by query rows x max_seq_len where no PrefillPlan gives the chunks), reaches this and its
+#: FlashAttention launch has FLASH_PREFILL_MIN_PROGRAMS programs or more; below it the Triton prefill kernel is
+#: faster, flash_prefill's host work (four Triton and two FlashAttention launches; its smallest calls take 0.16-0.45
+#: ms with the step's plan, measured on an H100 and an H200) being larger than the attention there.
+#: Measured (H200, eager, docs/PERFORMANCE.md "Chunked prefill"): Qwen3-8B geometry 1024 fresh tokens (2^31) 0.26
+#: against 0.21 ms, SmolLM2 geometry 512 tokens over a 4K prefix x 2 (2^31.3) 0.27 against 0.34.
+FLASH_PREFILL_MIN_WORK = 2 ** 31
 #: Query rows per program of FlashAttention's forward kernel (head_dim <= 128 on sm80 / sm90).
 FLASH_QUERY_TILE = 128
-#: The default also wants cdiv(query rows, FLASH_QUERY_TILE) x Hq programs in each FlashAttention launch: it
-#: splits no request's keys, so fewer programs leave SMs idle while each walks a long prefix, where the Triton
-#: kernel splits the prefix. Measured (H100): SmolLM2 geometry 512 tokens over a 32K prefix (36 programs) 0.73
-#: against 0.63 ms; Qwen3-8B geometry 512 tokens over a 4K prefix (128 programs) 0.33 against 0.38.
+#: The default also wants sum over requests of cdiv(chunk, FLASH_QUERY_TILE) x Hq programs in each FlashAttention
+#: launch: it splits no request's keys, so fewer programs leave SMs idle while each walks a long prefix, where the
+#: Triton kernel splits the prefix. Measured (H200): SmolLM2 geometry 512 tokens over a 32K prefix (36 programs)
+#: 0.76 against 0.64 ms, 256 tokens x 4 over a 16K prefix (72 programs) 0.50 against 0.99.
 FLASH_PREFILL_MIN_PROGRAMS = 64
-#: The most bytes the default lets one call's gathered K and V rows take, bounded by requests x longest seq_len x
-#: Hkv x D x 2 x 2 bytes: vLLM sizes its KV cache after a profiling step whose prefill has no long prefix, so this
-#: workspace is memory it did not count. Above it the Triton prefill kernel runs (logged, counted in
-#: workspace_fallbacks). 1 GiB holds every measured cell (Qwen3-8B geometry, 8 KV heads, D = 128: four requests at a
-#: 32K prefix, 0.53 GiB) and two 128K-token requests at that geometry.
+#: The most bytes the default lets one call's gathered K and V rows take: vLLM sizes its KV cache after a profiling
+#: step whose prefill has no long prefix, so this workspace is memory it did not count. Above it the Triton prefill
+#: kernel runs (logged, counted in workspace_fallbacks). 1 GiB holds every measured cell (Qwen3-8B geometry, 8 KV
+#: heads, D = 128: four requests at a 32K prefix, 0.53 GiB) and two 128K-token requests at that geometry.
 FLASH_PREFILL_MAX_WORKSPACE = 2 ** 30
 
 #: attend(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window) -> (out [Tq, Hq, D] q's dtype, lse [Tq, Hq] fp32,
@@ -249,6 +249,44 @@ class PrefillPlan:
         return PrefillPlan(ranges, (query_start_loc[0], query_start_loc[-1]), recent, ranges.packed(device))
 
 
+@dataclasses.dataclass(frozen=True)
+class CallSize:
+    """What the default routing weighs for one call: ``work`` = query-key pairs x Hq x D, ``programs`` of its
+    FlashAttention launches, ``workspace`` = bytes of the gathered K and V rows (bf16 / fp16)."""
+
+    work: int
+    programs: int
+    workspace: int
+
+    @staticmethod
+    def of_plan(plan: PrefillPlan, heads: int, kv_heads: int, head_dim: int) -> "CallSize":
+        """Exact, from the step's chunks and prefixes (the near rows are freed before the far ones are gathered)."""
+        ranges = plan.ranges
+        pairs = sum(chunk * prefix + chunk * (chunk + 1) // 2 for chunk, prefix in zip(ranges.chunks, ranges.prefixes))
+        tiles = sum(triton.cdiv(chunk, FLASH_QUERY_TILE) for chunk in ranges.chunks)
+        rows = max(sum(ranges.far_count), sum(ranges.near_count))
+        return CallSize(pairs * heads * head_dim, tiles * heads, rows * kv_heads * head_dim * 2 * 2)
+
+    @staticmethod
+    def bound(rows: int, keys_per_row: int, requests: int, longest: int, heads: int, kv_heads: int,
+              head_dim: int) -> "CallSize":
+        """Without a plan: ``rows`` query rows reading <= ``keys_per_row`` positions each, of ``requests`` requests
+        of <= ``longest`` positions (requests x longest bounds the gathered rows; the rows counted as one request's
+        tiles)."""
+        return CallSize(rows * keys_per_row * heads * head_dim, triton.cdiv(rows, FLASH_QUERY_TILE) * heads,
+                        requests * longest * kv_heads * head_dim * 2 * 2)
+
+    def takes_flash(self) -> bool:
+        """The default's choice (FLASH_PREFILL_MIN_WORK, FLASH_PREFILL_MIN_PROGRAMS, FLASH_PREFILL_MAX_WORKSPACE); a
+        call the workspace cap turns away is counted (count_workspace_fallback)."""
+        if self.work < FLASH_PREFILL_MIN_WORK or self.programs < FLASH_PREFILL_MIN_PROGRAMS:
+            return False
+        if self.workspace > FLASH_PREFILL_MAX_WORKSPACE:
+            count_workspace_fallback(self.workspace)
+            return False
+        return True
+
+
 def _cumulative(counts: list[int]) -> list[int]:
     """[0, c0, c0 + c1, ...]: the row offsets of packed varlen rows."""
     offsets = [0]
@@ -294,14 +332,7 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.
     return out, lse
 
 
-def workspace_bound(requests: int, longest: int, kv_heads: int, head_dim: int) -> int:
-    """Bytes of gathered K and V rows (bf16 / fp16) of a call of ``requests`` requests of <= ``longest`` positions:
-    an upper bound of what flash_prefill allocates for them (far and near ranges hold < longest positions each and
-    the near rows are freed before the far ones are gathered)."""
-    return requests * longest * kv_heads * head_dim * 2 * 2
-
-
-#: Calls the default sent to the Triton kernel because workspace_bound exceeded FLASH_PREFILL_MAX_WORKSPACE.
+#: Calls the default sent to the Triton kernel because their workspace exceeded FLASH_PREFILL_MAX_WORKSPACE.
 workspace_fallbacks = 0
 
 

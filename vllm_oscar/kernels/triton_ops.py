@@ -26,10 +26,7 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
-from vllm_oscar.kernels.flash_prefill import (FLASH_PREFILL_MAX_WORKSPACE, FLASH_PREFILL_MIN_PROGRAMS,
-                                              FLASH_PREFILL_MIN_WORK, FLASH_QUERY_TILE, PagedCaches, PrefillPlan,
-                                              count_workspace_fallback, flash_prefill, flash_unavailable,
-                                              workspace_bound)
+from vllm_oscar.kernels.flash_prefill import CallSize, PagedCaches, PrefillPlan, flash_prefill, flash_unavailable
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -472,11 +469,11 @@ class AttentionConfig:
     into a far and a near range, two PyTorch FlashAttention varlen launches, a log-sum-exp merge) instead of the
     Triton prefill kernel; the same read rule. None (the default) = where flash_prefill.flash_unavailable finds no
     reason against it (a CUDA GPU of compute capability >= 8.0, head_dim a multiple of 8 up to 256, a recent window,
-    a torch built with FlashAttention) and the call's work, query rows x max_seq_len (query rows squared when
-    max_seq_len is not given) x Hq x D, reaches flash_prefill.FLASH_PREFILL_MIN_WORK and its FlashAttention launch
-    has FLASH_PREFILL_MIN_PROGRAMS programs (docs/PERFORMANCE.md "Chunked prefill" has the measured ratios on
-    both sides), unless its gathered rows could exceed flash_prefill.FLASH_PREFILL_MAX_WORKSPACE
-    (requests x max_seq_len bound; then the Triton kernel, logged and counted); True = wherever flash_unavailable
+    a torch built with FlashAttention) and the call's size (flash_prefill.CallSize: exact from the step's
+    PrefillPlan, else bounded by query rows x max_seq_len, query rows squared when max_seq_len is not given) has
+    flash_prefill.FLASH_PREFILL_MIN_WORK of work and FLASH_PREFILL_MIN_PROGRAMS FlashAttention programs
+    (docs/PERFORMANCE.md "Chunked prefill" has the measured ratios on both sides), unless its gathered rows could
+    exceed FLASH_PREFILL_MAX_WORKSPACE (then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
     new rows (chunk_from_cache False) always runs the Triton kernel.
     """
@@ -1590,10 +1587,11 @@ def prefill_split_count(config: AttentionConfig, programs: int, device: torch.de
 
 
 def _prefill_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: PageLayout, recent: int,
-                   max_seq_len: Optional[int], block_table: torch.Tensor, kv_heads: int) -> bool:
+                   max_seq_len: Optional[int], block_table: torch.Tensor, kv_heads: int,
+                   plan: Optional[PrefillPlan]) -> bool:
     """Whether oscar_prefill(chunk_from_cache=True) runs as flash_prefill (AttentionConfig.prefill_flash); says once
     per reason why not where the default finds one on a CUDA GPU, and counts the calls its workspace cap sends to
-    the Triton kernel (flash_prefill.count_workspace_fallback)."""
+    the Triton kernel (flash_prefill.CallSize.takes_flash: sized exactly from the step's plan, else bounded)."""
     if config.prefill_flash is False:
         return False
     reason = flash_unavailable(query_rot.device, layout.head_dim, recent)
@@ -1601,17 +1599,13 @@ def _prefill_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: Pag
         if config.prefill_flash:
             return True
         rows, heads, dim = query_rot.shape
-        if rows * (rows if max_seq_len is None else max_seq_len) * heads * dim < FLASH_PREFILL_MIN_WORK:
-            return False
-        if cdiv(rows, FLASH_QUERY_TILE) * heads < FLASH_PREFILL_MIN_PROGRAMS:
-            return False
+        if plan is not None:
+            return CallSize.of_plan(plan, heads, kv_heads, dim).takes_flash()
+        # unknown lengths: the work as if no row had a prefix, the gathered rows as long as the block table
         table_positions = block_table.shape[1] * layout.block_size
         longest = table_positions if max_seq_len is None else min(max_seq_len, table_positions)
-        bound = workspace_bound(block_table.shape[0], longest, kv_heads, dim)
-        if bound > FLASH_PREFILL_MAX_WORKSPACE:
-            count_workspace_fallback(bound)
-            return False
-        return True
+        return CallSize.bound(rows, rows if max_seq_len is None else max_seq_len, block_table.shape[0], longest,
+                              heads, kv_heads, dim).takes_flash()
     if config.prefill_flash:
         raise ValueError(f"prefill_flash=True, but FlashAttention prefill cannot run here: {reason}. Use "
                          f"prefill_flash=None (default: the Triton prefill kernel where it cannot) or False.")
@@ -1660,7 +1654,8 @@ def oscar_prefill(
     check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
                         chunk_from_cache)
     _check_triton_layout(layout)
-    if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len, block_table, hkv):
+    if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len, block_table, hkv,
+                                           flash_plan):
         caches = PagedCaches(int2_cache, window_k, window_v, layout, block_table, window_block_table)
         return flash_prefill(query_rot, caches, query_start_loc, seq_lens, recent, sink, softmax_scale,
                              torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout),
