@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill: FlashAttention prefill's ranges planned once per step on the host, as the "
                              "served backend does (step; no synchronisation per call), or read by each call (call: "
                              "one synchronisation per layer)")
+    parser.add_argument("--prefill-layers", type=int, default=1,
+                        help="prefill: calls per timed rep, back to back as the layers of one step (the time is per "
+                             "call; eagerly the host launches one while the GPU runs the one before)")
     parser.add_argument("--prefill-timing", choices=("eager", "graph"), default="eager",
                         help="prefill: time OSCAR and BF16 SDPA as eager launches (host work included, as vLLM runs "
                              "prefill steps; default) or as CUDA-graph replays (the GPU time alone; FlashAttention "
@@ -292,7 +295,8 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
             args.geometry, args.prefixes, args.chunks, args.prefill_batches, configs, args.prefill_flash_plan):
         rows.append(run_prefill_case(geometry, prefix, chunk, batch, args.block_size, args.reps, device, config,
                                      with_baseline=not args.prefill_tune, chunk_from_cache=not args.prefill_new_rows,
-                                     eager=args.prefill_timing == "eager", flash_plan=plan == "step"))
+                                     eager=args.prefill_timing == "eager", flash_plan=plan == "step",
+                                     layers=args.prefill_layers))
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
               f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']} "

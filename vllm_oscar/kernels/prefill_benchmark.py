@@ -79,13 +79,18 @@ def prefill_call(oscar_prefill: Callable[..., torch.Tensor], case: PrefillCase, 
 
 def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_size: int, reps: int,
                      device: torch.device, config=None, with_baseline: bool = True,
-                     chunk_from_cache: bool = True, eager: bool = False, flash_plan: bool = True) -> dict:
+                     chunk_from_cache: bool = True, eager: bool = False, flash_plan: bool = True,
+                     layers: int = 1) -> dict:
     """Time OSCAR's chunked prefill (launch config: triton_ops.DEFAULT_PREFILL unless given; served
     read unless chunk_from_cache is False) and, with_baseline, the BF16 SDPA prefill for one case; a
     JSON-able dict. eager: both timed as eager launches (time_eager), else as CUDA-graph replays (time_graph; a
     path that synchronises with the host cannot be captured and reports an error). flash_plan: FlashAttention
     prefill reads its ranges from a PrefillPlan built before the timing, as the served step builds one for all its
-    layers (False: each call reads the lengths on the host, one synchronisation per call)."""
+    layers (False: each call reads the lengths on the host, one synchronisation per call). layers: each timed rep
+    runs the call this many times back to back, as the layers of one step (eagerly, the host then launches a layer
+    while the GPU runs the one before, unless a call synchronises); the time is per call."""
+    if layers < 1:
+        raise ValueError(f"layers={layers}: time at least one call per rep.")
     from torch.nn.attention.bias import causal_lower_right
 
     from vllm_oscar.kernels import triton_ops
@@ -97,7 +102,7 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     result: dict = {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
                     "block_size": block_size, "hq": hq, "hkv": hkv, "head_dim": dim, "flops": flops,
                     "chunk_from_cache": chunk_from_cache, "timing": "eager" if eager else "graph",
-                    "flash_plan": "step" if flash_plan else "call"}
+                    "flash_plan": "step" if flash_plan else "call", "layers": layers}
     gen = torch.Generator(device=device).manual_seed(total * 131 + batch)
     case = make_prefill_case(batch, prefix, chunk, hq, hkv, dim, block_size, device, gen, chunk_from_cache)
     config = config or triton_ops.DEFAULT_PREFILL
@@ -106,7 +111,7 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
             if flash_plan and chunk_from_cache else None)
     result["oscar"] = _timed(prefill_call(triton_ops.oscar_prefill, case, torch.empty_like(case.query),
                                         max_query_len=chunk, max_seq_len=total, config=config, flash_plan=plan),
-                            reps, flops, eager)
+                            reps, flops, eager, layers)
     del case
     torch.cuda.empty_cache()
     if not with_baseline:
@@ -120,7 +125,7 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     def bf16() -> object:
         return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
 
-    result["bf16_sdpa"] = _timed(bf16, reps, flops, eager)
+    result["bf16_sdpa"] = _timed(bf16, reps, flops, eager, layers)
     del q4, k4, v4
     torch.cuda.empty_cache()
     if "ms" in result["oscar"] and "ms" in result["bf16_sdpa"]:
@@ -128,10 +133,11 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     return result
 
 
-def _timed(fn: Callable[[], object], reps: int, flops: float, eager: bool) -> dict:
-    """{"ms", "TFLOPs"} of fn launched eagerly or replayed in a CUDA graph, or {"error"} (reported, not hidden)."""
+def _timed(fn: Callable[[], object], reps: int, flops: float, eager: bool, layers: int = 1) -> dict:
+    """{"ms", "TFLOPs"} per call of fn, ``layers`` calls per rep launched eagerly or replayed in a CUDA graph, or
+    {"error"} (reported, not hidden)."""
     try:
-        ms = time_eager([fn], reps) if eager else time_graph([fn], reps)
+        ms = time_eager([fn] * layers, reps) if eager else time_graph([fn] * layers, reps)
     except Exception as error:  # noqa: BLE001 - a path that cannot run is a result of the benchmark
         return {"error": error_summary(error)}
     return {"ms": ms, "TFLOPs": flops / ms / 1e9}
