@@ -115,3 +115,15 @@ def test_backend_checks_flash_prefill_at_start_up(monkeypatch) -> None:
         backend.check_flash_prefill(config_from_options({"flash_prefill": True, "recent_tokens": 0}), layout,
                                     torch.device("cuda"))
 
+
+
+def test_speculative_decoding_is_refused_at_start_up():
+    """The metadata builder refuses a speculative config with a message naming the option to remove."""
+    from types import SimpleNamespace
+
+    from vllm_oscar.attention.backend import check_no_speculative_decoding
+
+    check_no_speculative_decoding(SimpleNamespace(speculative_config=None))
+    with pytest.raises(ValueError, match="does not support speculative decoding \\(got method 'ngram'\\): remove "
+                                         "--speculative-config"):
+        check_no_speculative_decoding(SimpleNamespace(speculative_config=SimpleNamespace(method="ngram")))

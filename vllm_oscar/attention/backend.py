@@ -173,6 +173,17 @@ def _process_config() -> OscarConfig:
     return _config_of_process
 
 
+def check_no_speculative_decoding(vllm_config: VllmConfig) -> None:
+    """Speculative decoding is refused at start-up: its verify rows run as OSCAR's prefill part, whose window plan
+    and FlashAttention ranges are built from vLLM's host seq_lens, which vLLM documents as optimistic for those rows
+    under async scheduling (every draft counted as accepted), and no OSCAR test covers it."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is not None:
+        method = getattr(speculative, "method", None)
+        raise ValueError(f"The OSCAR KV cache does not support speculative decoding (got method {method!r}): remove "
+                         "--speculative-config / speculative_config, or serve without kv_cache_dtype oscar.")
+
+
 def check_int8_keys(config: OscarConfig, layout: PageLayout, device: torch.device) -> None:
     """int8_keys=True where the int8 key path cannot run is an error at start-up, not at the first decode."""
     if not config.int8_keys:
@@ -276,6 +287,7 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        check_no_speculative_decoding(vllm_config)
         config = current_oscar_config(vllm_config)
         capacity, block_size = window_geometry(vllm_config, config)
         if kv_cache_spec.block_size != block_size:
@@ -305,7 +317,7 @@ class OscarMetadataBuilder(AttentionMetadataBuilder[OscarMetadata]):
         window_block_table, window_slot_mapping = self.window_buffers.load(plan, num_tokens)
         has_prefill = num_reqs > num_decodes
         prefill_plan = None
-        if has_prefill and self.plans_flash_prefill:
+        if has_prefill and self.plans_flash_prefill:  # seq_lens_cpu is exact for prefill rows (vLLM's docstring)
             prefill_starts = (starts[num_decodes:] - num_decode_tokens).tolist()
             prefill_plan = PrefillPlan.of(prefill_starts, seq_lens_cpu[num_decodes:num_reqs].tolist(),
                                           self.recent_tokens, self.window_buffers.device)
