@@ -230,8 +230,9 @@ class OscarConfig:
             CUDA; its cost: 1.6% of the INT2 key error in amplitude, scripts/int8_query_error.py). False:
             the bf16 query everywhere. True where it cannot apply (CPU, head_dim < 64) is an error.
         flash_prefill: large chunked-prefill calls run as FlashAttention over gathered rows
-            (kernels/flash_prefill.py; None: from FLASH_PREFILL_MIN_WORK of work on, where the GPU and torch run
-            FlashAttention; docs/PERFORMANCE.md "Chunked prefill"). False: the Triton prefill kernel always.
+            (kernels/flash_prefill.py; None: from FLASH_PREFILL_MIN_WORK of work and FLASH_PREFILL_MIN_PROGRAMS
+            programs on, where the GPU and torch run FlashAttention; docs/PERFORMANCE.md "Chunked prefill").
+            False: the Triton prefill kernel always.
             True: FlashAttention for every prefill call (an error where it cannot run: CPU, compute capability
             < 8.0, a torch without FlashAttention).
         fold_rotations: one of FOLD_MODES: "output" (the default) folds R_V into the model's W_o at load
