@@ -300,7 +300,8 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
               f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']} "
-              f"apart={c['prefill_int2_apart']} flash={c['prefill_flash']} plan={plan}", flush=True)
+              f"apart={c['prefill_int2_apart']} flash={c['prefill_flash']} plan={plan} path={rows[-1]['path']}",
+              flush=True)
     print(format_prefill_table(rows))
     return rows
 

@@ -1586,9 +1586,9 @@ def prefill_split_count(config: AttentionConfig, programs: int, device: torch.de
     return config.prefill_splits
 
 
-def _prefill_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: PageLayout, recent: int,
-                   max_seq_len: Optional[int], block_table: torch.Tensor, kv_heads: int,
-                   plan: Optional[PrefillPlan]) -> bool:
+def prefill_takes_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: PageLayout, recent: int,
+                        max_seq_len: Optional[int], block_table: torch.Tensor, kv_heads: int,
+                        plan: Optional[PrefillPlan]) -> bool:
     """Whether oscar_prefill(chunk_from_cache=True) runs as flash_prefill (AttentionConfig.prefill_flash); says once
     per reason why not where the default finds one on a CUDA GPU, and counts the calls its workspace cap sends to
     the Triton kernel (flash_prefill.CallSize.takes_flash: sized exactly from the step's plan, else bounded)."""
@@ -1654,8 +1654,8 @@ def oscar_prefill(
     check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
                         chunk_from_cache)
     _check_triton_layout(layout)
-    if chunk_from_cache and _prefill_flash(config, query_rot, layout, recent, max_seq_len, block_table, hkv,
-                                           flash_plan):
+    if chunk_from_cache and prefill_takes_flash(config, query_rot, layout, recent, max_seq_len, block_table,
+                                                hkv, flash_plan):
         caches = PagedCaches(int2_cache, window_k, window_v, layout, block_table, window_block_table)
         return flash_prefill(query_rot, caches, query_start_loc, seq_lens, recent, sink, softmax_scale,
                              torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout),
@@ -1724,5 +1724,6 @@ def oscar_prefill(
     return out
 
 
-__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_plan", "decode_split_count", "decode_splits", "resolved_block_t",
-           "oscar_decode", "oscar_prefill", "oscar_rotate", "prefill_split_count", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
+__all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_plan", "decode_split_count",
+           "decode_splits", "resolved_block_t", "oscar_decode", "oscar_prefill", "oscar_rotate",
+           "prefill_split_count", "prefill_takes_flash", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
