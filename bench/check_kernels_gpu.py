@@ -423,14 +423,16 @@ def check_prefill(report: list) -> None:
     # chunk_from_cache: the chunk is read from the caches by the rule (as decoding would), by FlashAttention over
     # gathered rows (flash_prefill; the default on large calls) with its ranges planned on the host as the served
     # step plans them (planned) or read by the call, and by the Triton prefill kernel.
-    for flash, planned in ((True, True), (True, False), (False, False)):
+    # split: the far positions every row sees in key segments (prefill_flash_split; 2 segments for request 0 here).
+    for flash, planned, split in ((True, True, False), (True, False, False), (True, True, True),
+                                  (False, False, False)):
         out = torch.full_like(q, float("nan"))
         plan = PrefillPlan.of(qsl, lens, recent, DEVICE) if planned else None
+        config = dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flash, prefill_flash_split=split)
         triton_ops.oscar_prefill(q, None, None, state.cache, state.window_k, state.window_v, layout,
                                  state.block_table, state.window_block_table,
                                  torch.tensor(qsl, dtype=torch.int32, device=DEVICE), state.seq_lens, sink, recent,
-                                 scale, out=out, max_query_len=max(chunks), chunk_from_cache=True,
-                                 config=dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flash),
+                                 scale, out=out, max_query_len=max(chunks), chunk_from_cache=True, config=config,
                                  flash_plan=plan)
         errors = []
         for b, n in enumerate(lens):
@@ -442,8 +444,9 @@ def check_prefill(report: list) -> None:
             errors.append(rel(out[lo:hi], exp))
         ok = max(errors) < TOLERANCE
         report.append({"check": "prefill_chunk_from_cache", "prefill_flash": flash, "planned": planned,
-                       "rel_errors": errors, "ok": ok})
-        print(f"prefill chunk_from_cache prefill_flash={flash} planned={planned}: max rel err {max(errors):.2e} "
+                       "split": split, "rel_errors": errors, "ok": ok})
+        print(f"prefill chunk_from_cache prefill_flash={flash} planned={planned} split={split}: max rel err "
+              f"{max(errors):.2e} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
 
 

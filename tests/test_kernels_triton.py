@@ -1013,13 +1013,15 @@ def test_triton_prefill_window_tiles_read_bf16_only_inside_every_rows_window(rec
         assert relative_error(got[row], expected[row]) < BF16_TOLERANCE, f"row {row}"
 
 
-def _ref_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window):
+def _ref_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window, causal):
     """FlashAttention's varlen forward in float64, written from its documented semantics: query row i of a request
     with nq queries and nk keys sees key j iff i + nk - nq - left_window <= j <= i + nk - nq (bottom-right causal,
-    left_window None = unbounded); GQA; out in q's dtype, lse [Tq, Hq] (natural log, -inf for a row seeing nothing)."""
+    left_window None = unbounded), every key where not causal; GQA; out in q's dtype, lse [Tq, Hq] (natural log;
+    +inf for a row seeing nothing, as FlashAttention's unsplit forward writes it, so a merge that weighed such a
+    row's part would turn NaN)."""
     hq, hkv = q.shape[1], k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
-    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    lse = torch.full(q.shape[:2], float("inf"), dtype=torch.float64)
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
     assert max_q >= max(b - a for a, b in zip(bounds_q, bounds_q[1:]))
     assert max_k >= max(b - a for a, b in zip(bounds_k, bounds_k[1:]))
@@ -1029,7 +1031,7 @@ def _ref_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window)
         values = v[bounds_k[b]:bounds_k[b + 1]].double().repeat_interleave(hq // hkv, dim=1)
         for i in range(nq):
             row = bounds_q[b] + i
-            last = i + nk - nq
+            last = i + nk - nq if causal else nk - 1
             first = 0 if left_window is None else max(0, last - left_window)
             if last < first or last < 0:
                 continue
@@ -1039,22 +1041,26 @@ def _ref_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window)
     return out.to(q.dtype), lse.float()
 
 
-@pytest.mark.parametrize("chunks, lens, sink, recent, window_dtype, dropped, planned", [
+@pytest.mark.parametrize("chunks, lens, sink, recent, window_dtype, dropped, planned, segments", [
     # a prefix, a one-token chunk, a fresh prompt, none
-    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 1, False),
-    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 0, True),
-    ([33, 9], [33, 140], 16, 32, torch.float16, 0, False),  # chunks shorter and longer than recent; fp16 copies
-    ([33, 9], [33, 140], 16, 32, torch.float16, 0, True),
-    ([25], [25], 4, 64, torch.bfloat16, 0, False),  # the windows hold the whole prompt: no far position at all
+    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 1, False, 1),
+    ([40, 1, 17, 0], [75, 1, 17, 30], 5, 20, torch.bfloat16, 0, True, 1),
+    ([33, 9], [33, 140], 16, 32, torch.float16, 0, False, 1),  # chunks shorter and longer than recent; fp16 copies
+    ([33, 9], [33, 140], 16, 32, torch.float16, 0, True, 1),
+    ([25], [25], 4, 64, torch.bfloat16, 0, False, 1),  # the windows hold the whole prompt: no far position at all
+    # the far positions every chunk row sees in key segments: bodies of 37 (3 segments: 13, 12, 12), 80 (4 of 20),
+    # none (a fresh prompt), 2 (one segment: fewer keys than min_segment_keys), none (no chunk)
+    ([4, 3, 17, 2, 0], [60, 102, 17, 23, 30], 5, 20, torch.bfloat16, 1, True, 4),
+    ([4, 3, 17, 2, 0], [60, 102, 17, 23, 30], 5, 20, torch.bfloat16, 0, False, 4),
 ])
 def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recent, window_dtype, dropped,
-                                                       planned) -> None:
+                                                       planned, segments) -> None:
     """flash_prefill's far / near split (with a float64 stand-in for FlashAttention) against the float64 read rule,
     with ``dropped`` window blocks per request (their positions read from INT2), the rows outside the requests
     untouched. A softmax scale of 0.05 keeps every position's weight large enough that reading one the wrong way
     (sink copies in the far range, the row at t = recent) shows above the bf16 rounding. ``planned``: the ranges
     come from a host PrefillPlan (as the served step gives them) and the device query_start_loc it would otherwise
-    read is poisoned (all zeros: no rows)."""
+    read is poisoned (all zeros: no rows). ``segments`` > 1: the far range split (KeySplit, min_segment_keys 12)."""
     gen = torch.Generator().manual_seed(sum(lens) + recent + dropped)
     hq, hkv, dim, bs = 4, 2, 64, 16
     layout = PageLayout(dim, 32, bs, torch.float16)
@@ -1070,7 +1076,8 @@ def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recen
     plan = flash_prefill.PrefillPlan.of(qsl, lens, recent, query.device) if planned else None
     device_qsl = torch.tensor([0] * len(qsl) if planned else qsl, dtype=torch.int32)
     flash_prefill.flash_prefill(query, caches, device_qsl, state.seq_lens, recent, sink,
-                                0.05, out, triton_ops._plane_offsets(layout), attend=_ref_varlen_attention, plan=plan)
+                                0.05, out, triton_ops._plane_offsets(layout), attend=_ref_varlen_attention, plan=plan,
+                                key_segments=segments, min_segment_keys=12)
     expected = ref_prefill_from_cache(state, query[1:].double(), [q - 1 for q in qsl], sink, recent, 0.05)
     for row in range(qsl[0], qsl[-1]):
         assert relative_error(out[row], expected[row - 1]) < BF16_TOLERANCE, f"row {row}"
@@ -1094,15 +1101,43 @@ def test_flash_prefill_refuses_a_plan_of_another_call() -> None:
         flash_prefill.PrefillPlan.of([0, 30], [30, 20], 8, query.device)
 
 
+def test_key_split_cuts_the_positions_every_row_sees() -> None:
+    """KeySplit against brute force: per request the body is the far positions (s < L - recent) that every chunk
+    row t in [P, L) sees (s <= t - recent), cut into consecutive segments that cover it, each a sequence over a
+    copy of the request's chunk rows; the tail is the rest of the far range."""
+    starts, lens, recent = [0, 4, 7, 24, 26, 26], [60, 102, 17, 23, 30], 20
+    plan = flash_prefill.PrefillPlan.of(starts, lens, recent, torch.device("cpu"))
+    split = plan.split(4, 12)
+    assert plan.split(4, 12) is split  # once per step
+    views = {name: view.tolist() for name, view in split.views.items()}
+    bq, bk = 0, 0
+    for b, (begin, end, length) in enumerate(zip(starts, starts[1:], lens)):
+        prefix, chunk = length - (end - begin), end - begin
+        far = max(0, length - recent) if chunk else 0
+        body = sum(1 for s in range(far) if all(s <= t - recent for t in range(prefix, length)))
+        assert (split.body_count[b], split.tail_count[b]) == (body, far - body)
+        assert split.segments[b] == (max(1, min(4, body // 12)) if body else 0)
+        assert views["body_first"][b] == views["cu_bq"][bq]
+        for _ in range(split.segments[b]):
+            assert views["cu_bq"][bq + 1] - views["cu_bq"][bq] == chunk
+            assert views["query_index"][views["cu_bq"][bq]:views["cu_bq"][bq + 1]] == list(range(begin, end))
+            bq += 1
+        keys = views["cu_bk"][bk + split.segments[b]] - views["cu_bk"][bk]
+        bk += split.segments[b]
+        assert keys == body and views["cu_body"][b + 1] - views["cu_body"][b] == body
+    assert bq == len(views["cu_bq"]) - 1 == sum(split.segments)
+
+
 @pytest.mark.parametrize("padded_lse", [False, True])
 def test_flash_varlen_returns_lse_per_row(monkeypatch, padded_lse) -> None:
     """flash_varlen turns the kernel's log-sum-exp, [Hq, Tq] or the padded [B, Hq, max_q] of older kernels, into
-    [Tq, Hq] rows, and asks for the bottom-right causal mask with the left window given."""
+    [Tq, Hq] rows, and asks for the bottom-right causal mask with the left window given (no mask when not
+    causal)."""
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(7, 4, 8, generator=gen)
     k = torch.randn(9, 2, 8, generator=gen)
     cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
-    expected_out, expected_lse = _ref_varlen_attention(q, k, k, cu_q, cu_k, 4, 5, 0.5, 2)
+    expected_out, expected_lse = _ref_varlen_attention(q, k, k, cu_q, cu_k, 4, 5, 0.5, 2, True)
     calls = []
 
     def kernel(q_, k_, v_, cu_q_, cu_k_, max_q, max_k, dropout, causal, debug, *, scale, window_size_left,
@@ -1119,6 +1154,8 @@ def test_flash_varlen_returns_lse_per_row(monkeypatch, padded_lse) -> None:
     out, lse = flash_prefill.flash_varlen(q, k, k, cu_q, cu_k, 4, 5, 0.5, 2)
     assert calls == [(True, 2, 0, 0.5, 0.0)]
     assert out is expected_out and torch.equal(lse, expected_lse)
+    flash_prefill.flash_varlen(q, k, k, cu_q, cu_k, 4, 5, 0.5, None, False)  # the unmasked form
+    assert calls[1] == (False, None, None, 0.5, 0.0)
 
 
 @pytest.mark.parametrize("prefill_flash, max_seq_len, workspace, expected", [
@@ -1139,7 +1176,7 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
-    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(args) or args[7])
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, **kwargs: calls.append(args) or args[7])
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 2)  # one tile of rows x 2 heads
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
@@ -1153,24 +1190,29 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     assert flash_prefill.workspace_fallbacks == int(capped)
 
 
-@pytest.mark.parametrize("rows, expected", [(129, True), (128, False)])
-def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, expected) -> None:
+@pytest.mark.parametrize("rows, split, expected", [(129, False, True), (128, False, False), (128, True, True)])
+def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, split, expected) -> None:
     """Above the work threshold the default still leaves a call to the Triton kernel where FlashAttention would
-    run fewer than FLASH_PREFILL_MIN_PROGRAMS programs (cdiv(rows, FLASH_QUERY_TILE) x Hq: 2 heads here)."""
+    run fewer than FLASH_PREFILL_MIN_PROGRAMS programs (cdiv(rows, FLASH_QUERY_TILE) x Hq: 2 heads here), unless
+    prefill_flash_split is on (the key segments make the programs)."""
     gen = torch.Generator().manual_seed(9)
     layout = PageLayout(64, 64, 16, torch.float16)
     state = random_paged_state([rows], 1, layout, 4, 8, gen)
     query = torch.randn(rows, 2, 64, generator=gen).to(torch.bfloat16)
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
-    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(args) or args[7])
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, **kwargs: calls.append(kwargs) or args[7])
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 1)
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 4)
     triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
                              state.block_table, state.window_block_table, torch.tensor([0, rows], dtype=torch.int32),
                              state.seq_lens, 4, 8, 0.125, chunk_from_cache=True, max_seq_len=rows,
-                             config=triton_ops.AttentionConfig(block_t=16))
+                             config=triton_ops.AttentionConfig(block_t=16, prefill_flash_split=split))
     assert len(calls) == int(expected)
+    if split:  # ceil(2 per SM x 132 SMs / (1 tile x 2 heads)) segments of >= FLASH_SPLIT_MIN_KEYS positions
+        assert (calls[0]["key_segments"], calls[0]["min_segment_keys"]) == (132, flash_prefill.FLASH_SPLIT_MIN_KEYS)
+    elif calls:
+        assert calls[0]["key_segments"] == 1
 
 
 def test_call_size_of_a_plan_counts_pairs_programs_and_rows_exactly() -> None:
@@ -1205,7 +1247,7 @@ def test_prefill_flash_default_sizes_a_planned_call_exactly(monkeypatch, planned
     plan = flash_prefill.PrefillPlan.of([0, 4], [20], 8, rows.device) if planned else None
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
-    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan: calls.append(plan) or args[7])
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan, **kwargs: calls.append(plan) or args[7])
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 75 * 2 * 64)
     monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 1)
     triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
@@ -1213,6 +1255,21 @@ def test_prefill_flash_default_sizes_a_planned_call_exactly(monkeypatch, planned
                              0.125, chunk_from_cache=True, max_seq_len=20, flash_plan=plan,
                              config=triton_ops.AttentionConfig(block_t=16))
     assert calls == ([] if planned else [None])
+
+
+@pytest.mark.parametrize("chunks, planned, expected", [([512], True, 8), ([100, 100, 100], True, 10),
+                                                      ([100, 100, 100], False, 10), ([4096] * 8, True, 1)])
+def test_key_segments_aim_at_programs_per_sm(monkeypatch, chunks, planned, expected) -> None:
+    """Under prefill_flash_split, flash_prefill gets ceil(FLASH_SPLIT_PROGRAMS_PER_SM x SMs / (query tiles x Hq))
+    key segments (132 SMs stand in on CPU; 9 heads): 4 tiles -> 36 programs -> 8; three chunks of 100 rows are 3
+    tiles with a plan, and 3 with the rows as one request too (300 rows); 256 tiles are enough alone."""
+    query = torch.zeros(sum(chunks), 9, 64)
+    starts = [0]
+    for chunk in chunks:
+        starts.append(starts[-1] + chunk)
+    plan = flash_prefill.PrefillPlan.of(starts, [chunk + 5000 for chunk in chunks], 256, query.device) if planned else None
+    config = triton_ops.AttentionConfig(prefill_flash_split=True)
+    assert triton_ops.key_segments(query, config, plan) == expected
 
 
 def test_prefill_flash_true_refuses_where_flash_cannot_run() -> None:

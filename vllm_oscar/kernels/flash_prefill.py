@@ -65,16 +65,21 @@ FLASH_QUERY_TILE = 128
 #: Triton kernel splits the prefix. Measured (H200): SmolLM2 geometry 512 tokens over a 32K prefix (36 programs)
 #: 0.76 against 0.64 ms, 256 tokens x 4 over a 16K prefix (72 programs) 0.50 against 0.99.
 FLASH_PREFILL_MIN_PROGRAMS = 64
+#: AttentionConfig.prefill_flash_split (opt-in): FlashAttention programs per SM that the key segments aim for, and
+#: the fewest positions per segment.
+FLASH_SPLIT_PROGRAMS_PER_SM = 2
+FLASH_SPLIT_MIN_KEYS = 1024
 #: The most bytes the default lets one call's gathered K and V rows take: vLLM sizes its KV cache after a profiling
 #: step whose prefill has no long prefix, so this workspace is memory it did not count. Above it the Triton prefill
 #: kernel runs (logged, counted in workspace_fallbacks). 1 GiB holds every measured cell (Qwen3-8B geometry, 8 KV
 #: heads, D = 128: four requests at a 32K prefix, 0.53 GiB) and two 128K-token requests at that geometry.
 FLASH_PREFILL_MAX_WORKSPACE = 2 ** 30
 
-#: attend(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window) -> (out [Tq, Hq, D] q's dtype, lse [Tq, Hq] fp32,
-#: natural log): bottom-right causal varlen attention, left_window None = unbounded (FlashAttention's semantics).
+#: attend(q, k, v, cu_q, cu_k, max_q, max_k, scale, left_window, causal) -> (out [Tq, Hq, D] q's dtype, lse [Tq, Hq]
+#: fp32, natural log): varlen attention, bottom-right causal with left_window None = unbounded where causal, every
+#: key of the sequence where not (FlashAttention's semantics).
 VarlenAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, float,
-                            Optional[int]], tuple[torch.Tensor, torch.Tensor]]
+                            Optional[int], bool], tuple[torch.Tensor, torch.Tensor]]
 
 
 @triton.jit
@@ -140,34 +145,62 @@ def _gather_plane(base, codes_at, SCALE: tl.constexpr, ZERO: tl.constexpr, param
 
 @triton.jit
 def merge_far_near_kernel(
-    far_out, far_lse, near_out, near_lse, out, cu_q, prefix,
+    far_out, far_lse, near_out, near_lse, out, cu_q, prefix, far_first,
+    body_out, body_lse, body_first, body_segments,
     stride_fo, stride_fh, stride_fl, stride_flh, stride_no, stride_nh, stride_nl, stride_nlh, stride_o, stride_oh,
+    stride_bo, stride_bh, stride_bl, stride_blh,
     row0, recent,
-    D: tl.constexpr, BLOCK: tl.constexpr, HAS_FAR: tl.constexpr,
+    D: tl.constexpr, BLOCK: tl.constexpr, HAS_FAR: tl.constexpr, HAS_BODY: tl.constexpr,
 ):
-    """out[row0 + r, h] = the log-sum-exp merge of the far and near parts of row r (packed rows; lse natural log,
-    [rows, Hq] with strides), the near part alone where the row's position prefix[b] + i < recent sees no far
-    position (or not HAS_FAR). Grid (cdiv(max chunk, BLOCK), B, Hq)."""
+    """out[row0 + r, h] = the log-sum-exp merge of row r's parts (packed rows; lse natural log, [rows, Hq] with
+    strides): the near part; the far part (keys from far_first[b] on, bottom-right causal), where the row's position
+    t = prefix[b] + i has t - recent >= far_first[b] (and HAS_FAR); with HAS_BODY, body_segments[b] parts that every
+    row of request b sees, the one of segment s at body row body_first[b] + s x chunk + i. Grid (cdiv(max chunk,
+    BLOCK), B, Hq)."""
     request = tl.program_id(1)
     head = tl.program_id(2).to(tl.int64)
     begin = tl.load(cu_q + request)
+    chunk = tl.load(cu_q + request + 1) - begin
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = i < tl.load(cu_q + request + 1) - begin
+    live = i < chunk
     row = (begin + i).to(tl.int64)
     cols = tl.arange(0, D)
     mask = live[:, None]
     near = tl.load(near_out + row[:, None] * stride_no + head * stride_nh + cols[None, :], mask=mask, other=0)
     merged = near.to(tl.float32)
-    if HAS_FAR:
-        sees_far = live & (tl.load(prefix + request) + i >= recent)
+    if HAS_FAR or HAS_BODY:
         lse_near = tl.load(near_lse + row * stride_nl + head * stride_nlh, mask=live, other=0)
-        lse_far = tl.load(far_lse + row * stride_fl + head * stride_flh, mask=sees_far, other=0)
-        top = tl.where(sees_far, tl.maximum(lse_far, lse_near), lse_near)
-        w_far = tl.where(sees_far, tl.exp(lse_far - top), 0.0)
+        top = lse_near
+        if HAS_FAR:
+            sees_far = live & (tl.load(prefix + request) + i - recent >= tl.load(far_first + request))
+            lse_far = tl.load(far_lse + row * stride_fl + head * stride_flh, mask=sees_far, other=0)
+            top = tl.where(sees_far, tl.maximum(lse_far, top), top)
+        if HAS_BODY:
+            segments = tl.load(body_segments + request)
+            first = tl.load(body_first + request).to(tl.int64)
+            for segment in range(0, segments):
+                body_row = first + segment * chunk + i
+                top = tl.maximum(top, tl.load(body_lse + body_row * stride_bl + head * stride_blh, mask=live,
+                                              other=float("-inf")))
         w_near = tl.exp(lse_near - top)
-        far = tl.load(far_out + row[:, None] * stride_fo + head * stride_fh + cols[None, :],
-                      mask=sees_far[:, None], other=0).to(tl.float32)
-        merged = (far * w_far[:, None] + merged * w_near[:, None]) / (w_far + w_near)[:, None]
+        total = w_near
+        merged = merged * w_near[:, None]
+        if HAS_FAR:
+            w_far = tl.where(sees_far, tl.exp(lse_far - top), 0.0)
+            far = tl.load(far_out + row[:, None] * stride_fo + head * stride_fh + cols[None, :],
+                          mask=sees_far[:, None], other=0).to(tl.float32)
+            merged += far * w_far[:, None]
+            total += w_far
+        if HAS_BODY:
+            for segment in range(0, segments):
+                body_row = first + segment * chunk + i
+                w_body = tl.exp(tl.load(body_lse + body_row * stride_bl + head * stride_blh, mask=live, other=0)
+                                - top)
+                body = tl.load(body_out + body_row[:, None] * stride_bo + head * stride_bh + cols[None, :], mask=mask,
+                               other=0).to(tl.float32)
+                merged += body * w_body[:, None]
+                total += w_body
+        merged = merged / total[:, None]
     tl.store(out + (row0 + row)[:, None] * stride_o + head * stride_oh + cols[None, :],
              merged.to(out.dtype.element_ty), mask=mask)
 
@@ -215,16 +248,7 @@ class PrefillRanges:
         fields = {"cu_q": _cumulative(self.chunks), "far_first": [0] * batch, "far_count": self.far_count,
                   "cu_far": _cumulative(self.far_count), "near_first": self.near_first, "near_count": self.near_count,
                   "cu_near": _cumulative(self.near_count), "prefix": self.prefixes}
-        flat = [value for values in fields.values() for value in values]
-        host = torch.tensor(flat, dtype=torch.int32)
-        if device.type == "cuda":
-            host = host.pin_memory()
-        packed = host.to(device, non_blocking=True)
-        views, start = {}, 0
-        for name, values in fields.items():
-            views[name] = packed[start:start + len(values)]
-            start += len(values)
-        return views
+        return _packed(fields, device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +261,8 @@ class PrefillPlan:
     rows: tuple[int, int]
     recent: int
     views: dict[str, torch.Tensor]
+    #: KeySplit per (key_segments, min_keys), built at the first call that asks (once per step).
+    splits: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(query_start_loc: list[int], seq_lens: list[int], recent: int, device: torch.device) -> "PrefillPlan":
@@ -247,6 +273,54 @@ class PrefillPlan:
         chunks = [end - begin for begin, end in zip(query_start_loc, query_start_loc[1:])]
         ranges = PrefillRanges.of(seq_lens, chunks, recent)
         return PrefillPlan(ranges, (query_start_loc[0], query_start_loc[-1]), recent, ranges.packed(device))
+
+    def split(self, key_segments: int, min_keys: int) -> "KeySplit":
+        """This plan's KeySplit (cached): each request's body in up to ``key_segments`` segments of >= min_keys."""
+        key = (key_segments, min_keys)
+        if key not in self.splits:
+            self.splits[key] = KeySplit.of(self.ranges, self.recent, key_segments, min_keys,
+                                           self.views["cu_q"].device)
+        return self.splits[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySplit:
+    """The far range of each request split for more FlashAttention programs (host lists; ``views`` on the device).
+
+    Far positions s < T = min(L - recent, max(0, P - recent + 1)) are seen by every chunk row (row t sees s <= t -
+    recent, and t >= P): this body is gathered as one range per request and attended without a mask as
+    ``segments[b]`` varlen sequences of consecutive positions (``segment_keys``, request after request), each over
+    a copy of the request's chunk rows; the tail [T, L - recent) keeps the bottom-right causal mask.
+    segments[b] = max(1, min(key_segments, T // min_keys)), 0 without a body."""
+
+    body_count: list[int]
+    tail_count: list[int]
+    segments: list[int]
+    segment_keys: list[int]
+    views: dict[str, torch.Tensor]
+
+    @staticmethod
+    def of(ranges: PrefillRanges, recent: int, key_segments: int, min_keys: int, device: torch.device) -> "KeySplit":
+        if key_segments < 1 or min_keys < 1:
+            raise ValueError(f"key_segments={key_segments}, min_keys={min_keys}: both must be >= 1.")
+        body = [min(far, max(0, prefix - recent + 1)) if chunk else 0
+                for chunk, prefix, far in zip(ranges.chunks, ranges.prefixes, ranges.far_count)]
+        segments = [max(1, min(key_segments, seen // min_keys)) if seen else 0 for seen in body]
+        segment_keys = [keys for seen, count in zip(body, segments) for keys in _even_cuts(seen, count)]
+        cu_q, cu_body = _cumulative(ranges.chunks), _cumulative(body)
+        query_index, cu_bq, cu_bk, body_first = [], [0], [0], []
+        keys = iter(segment_keys)
+        for b, count in enumerate(segments):
+            body_first.append(cu_bq[-1])
+            for _ in range(count):
+                query_index.extend(range(cu_q[b], cu_q[b + 1]))
+                cu_bq.append(cu_bq[-1] + ranges.chunks[b])
+                cu_bk.append(cu_bk[-1] + next(keys))
+        tail = [far - seen for far, seen in zip(ranges.far_count, body)]
+        fields = {"body_first_position": [0] * len(body), "body_count": body, "cu_body": cu_body,
+                  "tail_first": body, "tail_count": tail, "cu_tail": _cumulative(tail), "segments": segments,
+                  "body_first": body_first, "cu_bq": cu_bq, "cu_bk": cu_bk, "query_index": query_index}
+        return KeySplit(body, tail, segments, segment_keys, _packed(fields, device))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,15 +350,35 @@ class CallSize:
         return CallSize(rows * keys_per_row * heads * head_dim, triton.cdiv(rows, FLASH_QUERY_TILE) * heads,
                         requests * longest * kv_heads * head_dim * 2 * 2)
 
-    def takes_flash(self) -> bool:
-        """The default's choice (FLASH_PREFILL_MIN_WORK, FLASH_PREFILL_MIN_PROGRAMS, FLASH_PREFILL_MAX_WORKSPACE); a
-        call the workspace cap turns away is counted (count_workspace_fallback)."""
-        if self.work < FLASH_PREFILL_MIN_WORK or self.programs < FLASH_PREFILL_MIN_PROGRAMS:
+    def takes_flash(self, min_programs: Optional[int] = None) -> bool:
+        """The default's choice (FLASH_PREFILL_MIN_WORK, ``min_programs`` = FLASH_PREFILL_MIN_PROGRAMS unless given,
+        FLASH_PREFILL_MAX_WORKSPACE); a call the workspace cap turns away is counted (count_workspace_fallback)."""
+        min_programs = FLASH_PREFILL_MIN_PROGRAMS if min_programs is None else min_programs
+        if self.work < FLASH_PREFILL_MIN_WORK or self.programs < min_programs:
             return False
         if self.workspace > FLASH_PREFILL_MAX_WORKSPACE:
             count_workspace_fallback(self.workspace)
             return False
         return True
+
+
+def _packed(fields: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
+    """The int32 lists as views of one device tensor, copied from pinned host memory without blocking."""
+    flat = [value for values in fields.values() for value in values]
+    host = torch.tensor(flat, dtype=torch.int32)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    packed = host.to(device, non_blocking=True)
+    views, start = {}, 0
+    for name, values in fields.items():
+        views[name] = packed[start:start + len(values)]
+        start += len(values)
+    return views
+
+
+def _even_cuts(total: int, parts: int) -> list[int]:
+    """``parts`` lengths summing to ``total``, the first total % parts one longer."""
+    return [total // parts + (index < total % parts) for index in range(parts)]
 
 
 def _cumulative(counts: list[int]) -> list[int]:
@@ -318,10 +412,11 @@ def gather_rows(first: torch.Tensor, count: torch.Tensor, offsets: torch.Tensor,
 
 
 def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                 max_q: int, max_k: int, scale: float, left_window: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch's FlashAttention varlen forward, bottom-right causal (VarlenAttention)."""
+                 max_q: int, max_k: int, scale: float, left_window: Optional[int],
+                 causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's FlashAttention varlen forward (VarlenAttention)."""
     out, lse, *_ = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale,
+        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale,
         window_size_left=left_window, window_size_right=None if left_window is None else 0)
     if lse.dim() == 3:  # [B, Hq, max_q] (padded layout of older kernels) -> [Tq, Hq]
         starts = cu_q[:-1].long()
@@ -373,13 +468,15 @@ def flash_unavailable(device: torch.device, head_dim: int, recent: int) -> Optio
 
 def flash_prefill(query_rot: torch.Tensor, caches: PagedCaches, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                   recent: int, sink: int, softmax_scale: float, out: torch.Tensor, plane_offsets: dict[str, int],
-                  attend: VarlenAttention = flash_varlen, plan: Optional[PrefillPlan] = None) -> torch.Tensor:
+                  attend: VarlenAttention = flash_varlen, plan: Optional[PrefillPlan] = None,
+                  key_segments: int = 1, min_segment_keys: int = 1) -> torch.Tensor:
     """oscar_prefill(chunk_from_cache=True) by the far / near split (module docstring); arguments as
     torch_ops.oscar_prefill (checked by the caller), out [T, Hq, D] written at the rows of requests.
 
     plan: the step's PrefillPlan of these query_start_loc and seq_lens (no synchronisation, no copy). Without one
     this call reads them on the host (one synchronisation; prefill steps run eagerly) and copies the ranges to the
-    device in one pinned, non-blocking copy."""
+    device in one pinned, non-blocking copy. key_segments > 1: the far positions every chunk row sees are attended
+    as up to that many sequences of >= min_segment_keys positions per request (KeySplit), for more programs."""
     batch = seq_lens.shape[0]
     if plan is None:
         host = torch.cat((query_start_loc.to(seq_lens.dtype), seq_lens)).tolist()
@@ -399,22 +496,39 @@ def flash_prefill(query_rot: torch.Tensor, caches: PagedCaches, query_start_loc:
     near_k, near_v = gather_rows(views["near_first"], views["near_count"], views["cu_near"][:-1],
                                  sum(ranges.near_count), max(ranges.near_count), longest, *reads)
     near_out, near_lse = attend(q, near_k, near_v, views["cu_q"], views["cu_near"], max_q, max(ranges.near_count),
-                                softmax_scale, recent - 1)
+                                softmax_scale, recent - 1, True)
     del near_k, near_v
-    has_far = max(ranges.far_count) > 0
+    split = plan.split(key_segments, min_segment_keys) if key_segments > 1 else None
+    if split is None or not any(split.segments):  # the whole far range in one causal part
+        split = None
+        far_first, far_count, cu_far, far_counts = (views["far_first"], views["far_count"], views["cu_far"],
+                                                    ranges.far_count)
+    else:  # the far range's tail [T, L - recent) causal; the body [0, T) below, in segments
+        pieces = split.views
+        far_first, far_count, cu_far, far_counts = (pieces["tail_first"], pieces["tail_count"], pieces["cu_tail"],
+                                                    split.tail_count)
+    has_far = max(far_counts) > 0
+    far_out, far_lse = near_out, near_lse  # read by the merge only where has_far
     if has_far:
-        far_k, far_v = gather_rows(views["far_first"], views["far_count"], views["cu_far"][:-1],
-                                   sum(ranges.far_count), max(ranges.far_count), sink, *reads)
-        far_out, far_lse = attend(q, far_k, far_v, views["cu_q"], views["cu_far"], max_q, max(ranges.far_count),
-                                  softmax_scale, None)
+        far_k, far_v = gather_rows(far_first, far_count, cu_far[:-1], sum(far_counts), max(far_counts), sink, *reads)
+        far_out, far_lse = attend(q, far_k, far_v, views["cu_q"], cu_far, max_q, max(far_counts), softmax_scale,
+                                  None, True)
         del far_k, far_v
-    else:  # no row sees a far position: the merge reads the near part alone
-        far_out, far_lse = near_out, near_lse
+    body_out, body_lse = near_out, near_lse  # read by the merge only with a split
+    if split is not None:
+        body_k, body_v = gather_rows(pieces["body_first_position"], pieces["body_count"], pieces["cu_body"][:-1],
+                                     sum(split.body_count), max(split.body_count), sink, *reads)
+        body_out, body_lse = attend(q.index_select(0, pieces["query_index"]), body_k, body_v, pieces["cu_bq"],
+                                    pieces["cu_bk"], max_q, max(split.segment_keys), softmax_scale, None, False)
+        del body_k, body_v
+    bodies = (pieces["body_first"], pieces["segments"]) if split is not None else (far_first, far_first)
     merge_far_near_kernel[(triton.cdiv(max_q, MERGE_BLOCK), batch, q.shape[1])](
-        far_out, far_lse, near_out, near_lse, out, views["cu_q"], views["prefix"],
+        far_out, far_lse, near_out, near_lse, out, views["cu_q"], views["prefix"], far_first,
+        body_out, body_lse, *bodies,
         far_out.stride(0), far_out.stride(1), far_lse.stride(0), far_lse.stride(1),
         near_out.stride(0), near_out.stride(1), near_lse.stride(0), near_lse.stride(1),
-        out.stride(0), out.stride(1), first_row, recent,
-        D=q.shape[2], BLOCK=MERGE_BLOCK, HAS_FAR=has_far,
+        out.stride(0), out.stride(1), body_out.stride(0), body_out.stride(1), body_lse.stride(0), body_lse.stride(1),
+        first_row, recent,
+        D=q.shape[2], BLOCK=MERGE_BLOCK, HAS_FAR=has_far, HAS_BODY=split is not None,
     )
     return out

@@ -26,7 +26,8 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
-from vllm_oscar.kernels.flash_prefill import CallSize, PagedCaches, PrefillPlan, flash_prefill, flash_unavailable
+from vllm_oscar.kernels.flash_prefill import (FLASH_QUERY_TILE, FLASH_SPLIT_MIN_KEYS, FLASH_SPLIT_PROGRAMS_PER_SM,
+                                              CallSize, PagedCaches, PrefillPlan, flash_prefill, flash_unavailable)
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -475,7 +476,10 @@ class AttentionConfig:
     (docs/PERFORMANCE.md "Chunked prefill" has the measured ratios on both sides), unless its gathered rows could
     exceed FLASH_PREFILL_MAX_WORKSPACE (then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
-    new rows (chunk_from_cache False) always runs the Triton kernel.
+    new rows (chunk_from_cache False) always runs the Triton kernel;
+    prefill_flash_split (opt-in, not yet timed on a GPU): flash_prefill cuts the far positions every chunk row sees
+    into key segments (flash_prefill.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM
+    (segments of >= FLASH_SPLIT_MIN_KEYS positions), and the default then routes without the program floor.
     """
 
     block_t: Optional[int] = None
@@ -509,6 +513,7 @@ class AttentionConfig:
     gluon_copy_tma: Optional[bool] = None
     beside_write: bool = False
     prefill_flash: Optional[bool] = None
+    prefill_flash_split: bool = False
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -1599,19 +1604,31 @@ def prefill_takes_flash(config: AttentionConfig, query_rot: torch.Tensor, layout
         if config.prefill_flash:
             return True
         rows, heads, dim = query_rot.shape
+        min_programs = 0 if config.prefill_flash_split else None  # None: FLASH_PREFILL_MIN_PROGRAMS
         if plan is not None:
-            return CallSize.of_plan(plan, heads, kv_heads, dim).takes_flash()
+            return CallSize.of_plan(plan, heads, kv_heads, dim).takes_flash(min_programs)
         # unknown lengths: the work as if no row had a prefix, the gathered rows as long as the block table
         table_positions = block_table.shape[1] * layout.block_size
         longest = table_positions if max_seq_len is None else min(max_seq_len, table_positions)
         return CallSize.bound(rows, rows if max_seq_len is None else max_seq_len, block_table.shape[0], longest,
-                              heads, kv_heads, dim).takes_flash()
+                              heads, kv_heads, dim).takes_flash(min_programs)
     if config.prefill_flash:
         raise ValueError(f"prefill_flash=True, but FlashAttention prefill cannot run here: {reason}. Use "
                          f"prefill_flash=None (default: the Triton prefill kernel where it cannot) or False.")
     if query_rot.device.type == "cuda":
         _log_once(f"OSCAR: chunked prefill runs the Triton prefill kernel, not FlashAttention: {reason}.")
     return False
+
+
+def key_segments(query_rot: torch.Tensor, config: AttentionConfig, plan: Optional[PrefillPlan]) -> int:
+    """flash_prefill's key_segments under AttentionConfig.prefill_flash_split: enough segments per request that its
+    FlashAttention launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM (query tiles x Hq x segments; the query
+    rows as one request's tiles where no plan gives the chunks)."""
+    rows, heads, _ = query_rot.shape
+    tiles = (sum(cdiv(chunk, FLASH_QUERY_TILE) for chunk in plan.ranges.chunks) if plan is not None
+             else cdiv(rows, FLASH_QUERY_TILE))
+    target = FLASH_SPLIT_PROGRAMS_PER_SM * _device_sms(query_rot.device)
+    return max(1, cdiv(target, max(1, tiles * heads)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -1657,9 +1674,10 @@ def oscar_prefill(
     if chunk_from_cache and prefill_takes_flash(config, query_rot, layout, recent, max_seq_len, block_table,
                                                 hkv, flash_plan):
         caches = PagedCaches(int2_cache, window_k, window_v, layout, block_table, window_block_table)
+        segments = key_segments(query_rot, config, flash_plan) if config.prefill_flash_split else 1
         return flash_prefill(query_rot, caches, query_start_loc, seq_lens, recent, sink, softmax_scale,
                              torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout),
-                             plan=flash_plan)
+                             plan=flash_plan, key_segments=segments, min_segment_keys=FLASH_SPLIT_MIN_KEYS)
     new_k, new_v = (query_rot, query_rot) if chunk_from_cache else (key_rot, value_rot)  # unused if from cache
     _check_last_dim_contiguous(query_rot=query_rot, key_rot=new_k, value_rot=new_v,
                                window_k=window_k, window_v=window_v)
