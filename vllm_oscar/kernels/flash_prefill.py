@@ -1,4 +1,4 @@
-"""Chunked prefill read back from the caches, as two FlashAttention launches over gathered rows (CUDA path).
+"""Chunked prefill read back from the caches, as FlashAttention launches over gathered rows (CUDA path).
 
 A chunk row at position t reads each cached position s <= t by the decode read rule: its BF16 window copy when
 s < sink or s > t - recent and the block has one, its INT2 reading otherwise. Split a request's positions into two
@@ -15,7 +15,8 @@ every s <= t, each read the way the rule reads it. One Triton launch per range g
 code * scale + offset per group in fp32, then rounded to the attention's dtype) into packed varlen buffers
 [rows, Hkv, D]; PyTorch's FlashAttention varlen kernel (``aten._flash_attention_forward``, which returns the
 log-sum-exp) attends to each, and an exact log-sum-exp merge in fp32 combines them. Rows with no far position
-(t < recent) take the near part alone.
+(t < recent) take the near part alone. With key segments (KeySplit, opt-in), the far positions every row sees are
+attended without a mask in several sequences, and only the rest of the far range with the causal mask.
 
 Numerics against the Triton prefill kernel: the dequantized rows and the query are rounded to bf16 (fp16 where the
 window store is fp16) before the MMAs, as that kernel's MMAs round their operands, and each part's output is rounded
@@ -222,7 +223,7 @@ class PagedCaches:
 @dataclasses.dataclass(frozen=True)
 class PrefillRanges:
     """Per-request host values of one flash_prefill call: chunk rows, prefix, and the far / near key ranges
-    (first position, count); ``device`` holds them packed for the kernels (one host-to-device copy)."""
+    (first position, count); ``packed`` copies them to the device for the kernels (one host-to-device copy)."""
 
     chunks: list[int]
     prefixes: list[int]
@@ -301,6 +302,7 @@ class KeySplit:
 
     @staticmethod
     def of(ranges: PrefillRanges, recent: int, key_segments: int, min_keys: int, device: torch.device) -> "KeySplit":
+        """The split of ``ranges`` (class docstring), its index arrays copied to ``device`` in one copy."""
         if key_segments < 1 or min_keys < 1:
             raise ValueError(f"key_segments={key_segments}, min_keys={min_keys}: both must be >= 1.")
         body = [min(far, max(0, prefix - recent + 1)) if chunk else 0
