@@ -1267,7 +1267,8 @@ def test_key_segments_aim_at_programs_per_sm(monkeypatch, chunks, planned, expec
     starts = [0]
     for chunk in chunks:
         starts.append(starts[-1] + chunk)
-    plan = flash_prefill.PrefillPlan.of(starts, [chunk + 5000 for chunk in chunks], 256, query.device) if planned else None
+    lens = [chunk + 5000 for chunk in chunks]
+    plan = flash_prefill.PrefillPlan.of(starts, lens, 256, query.device) if planned else None
     config = triton_ops.AttentionConfig(prefill_flash_split=True)
     assert triton_ops.key_segments(query, config, plan) == expected
 
