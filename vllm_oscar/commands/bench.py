@@ -18,6 +18,8 @@ import sys
 
 import torch
 
+from vllm_oscar.provenance import source_digest
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SERVED_REFIT_ITERATIONS
@@ -360,10 +362,12 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda")
     info = benchmark.device_info(device)
     bandwidth = benchmark.measure_bandwidth(device)
+    source = source_digest()
     print(f"device: {info['name']} ({info['sms']} SMs), torch {info['torch']}, triton {info['triton']}; "
           f"read {bandwidth['read_GBps']:.0f} GB/s, copy {bandwidth['copy_GBps']:.0f} GB/s; "
-          f"{benchmark.ALLOCATOR_ENV}={allocator!r}", flush=True)
-    report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv, "allocator": allocator}
+          f"{benchmark.ALLOCATOR_ENV}={allocator!r}; vllm_oscar source {source}", flush=True)
+    report: dict = {"device": info, "bandwidth": bandwidth, "argv": sys.argv, "allocator": allocator,
+                    "source_digest": source}
     cases = list(itertools.product(args.geometry, args.contexts, args.batches))
     if args.mode == "plans":
         report["plans"] = run_plans(args, device, cases, report)
