@@ -42,7 +42,7 @@ from kernels_reference import (check_write_case, int8_rounded_query, random_page
                                write_case)
 from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, GRID_REFIT_ITERATIONS, SERVED_REFIT_ITERATIONS  # noqa: E402
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
-from vllm_oscar.kernels.flash_prefill import PrefillPlan  # noqa: E402
+from vllm_oscar.kernels.flash_plan import PrefillPlan  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
 from vllm_oscar.quant import unpack_codes  # noqa: E402
 

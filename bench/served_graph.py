@@ -57,7 +57,7 @@ from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
 from vllm_oscar.config import DEFAULT_FOLD_MODE, FOLD_MODES, GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
 from vllm_oscar.kernels import PageLayout, measured_plans, triton_ops  # noqa: E402
-from vllm_oscar.kernels.flash_prefill import PrefillPlan, flash_unavailable  # noqa: E402
+from vllm_oscar.kernels.flash_plan import PrefillPlan, flash_unavailable  # noqa: E402
 
 NULL_BLOCK = 0  # vLLM reserves block 0; dummy (capture) requests point at it
 TOLERANCE = 1e-2  # graph vs eager outputs: the split counts differ (max_model_len vs the step's)

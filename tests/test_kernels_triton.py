@@ -35,7 +35,7 @@ from vllm_oscar.kernels import PageLayout, torch_ops
 _previous = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
 try:
-    from vllm_oscar.kernels import flash_prefill, measured_plans, triton_ops
+    from vllm_oscar.kernels import flash_plan, flash_prefill, measured_plans, triton_ops
     from vllm_oscar.kernels.triton_common import UNPACK_PTX
 finally:
     if _previous is None:
@@ -1073,7 +1073,7 @@ def test_flash_prefill_matches_decoding_token_by_token(chunks, lens, sink, recen
     out = torch.full_like(query, 7.0)
     caches = flash_prefill.PagedCaches(state.cache, state.window_k, state.window_v, layout, state.block_table,
                                        state.window_block_table)
-    plan = flash_prefill.PrefillPlan.of(qsl, lens, recent, query.device) if planned else None
+    plan = flash_plan.PrefillPlan.of(qsl, lens, recent, query.device) if planned else None
     device_qsl = torch.tensor([0] * len(qsl) if planned else qsl, dtype=torch.int32)
     flash_prefill.flash_prefill(query, caches, device_qsl, state.seq_lens, recent, sink,
                                 0.05, out, triton_ops._plane_offsets(layout), attend=_ref_varlen_attention, plan=plan,
@@ -1092,13 +1092,13 @@ def test_flash_prefill_refuses_a_plan_of_another_call() -> None:
                                        state.window_block_table)
     query = torch.randn(50, 4, 64)
     qsl = torch.tensor([0, 30, 50], dtype=torch.int32)
-    for plan, message in ((flash_prefill.PrefillPlan.of([0, 30], [30], 8, query.device), "built for 1 requests"),
-                          (flash_prefill.PrefillPlan.of([0, 30, 50], [30, 20], 16, query.device), "window of 16")):
+    for plan, message in ((flash_plan.PrefillPlan.of([0, 30], [30], 8, query.device), "built for 1 requests"),
+                          (flash_plan.PrefillPlan.of([0, 30, 50], [30, 20], 16, query.device), "window of 16")):
         with pytest.raises(ValueError, match=message):
             flash_prefill.flash_prefill(query, caches, qsl, state.seq_lens, 8, 4, 0.1, torch.zeros_like(query),
                                         triton_ops._plane_offsets(layout), attend=_ref_varlen_attention, plan=plan)
     with pytest.raises(ValueError, match="B \\+ 1 query_start_loc values"):
-        flash_prefill.PrefillPlan.of([0, 30], [30, 20], 8, query.device)
+        flash_plan.PrefillPlan.of([0, 30], [30, 20], 8, query.device)
 
 
 def test_key_split_cuts_the_positions_every_row_sees() -> None:
@@ -1106,7 +1106,7 @@ def test_key_split_cuts_the_positions_every_row_sees() -> None:
     row t in [P, L) sees (s <= t - recent), cut into consecutive segments that cover it, each a sequence over a
     copy of the request's chunk rows; the tail is the rest of the far range."""
     starts, lens, recent = [0, 4, 7, 24, 26, 26], [60, 102, 17, 23, 30], 20
-    plan = flash_prefill.PrefillPlan.of(starts, lens, recent, torch.device("cpu"))
+    plan = flash_plan.PrefillPlan.of(starts, lens, recent, torch.device("cpu"))
     split = plan.split(4, 12)
     assert plan.split(4, 12) is split  # once per step
     views = {name: view.tolist() for name, view in split.views.items()}
@@ -1177,17 +1177,17 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, **kwargs: calls.append(args) or args[7])
-    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
-    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 2)  # one tile of rows x 2 heads
-    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
-    monkeypatch.setattr(flash_prefill, "workspace_fallbacks", 0)
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_PROGRAMS", 2)  # one tile of rows x 2 heads
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
+    monkeypatch.setattr(flash_plan, "workspace_fallbacks", 0)
     triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
                              state.window_block_table, torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8,
                              0.125, chunk_from_cache=True, max_seq_len=max_seq_len,
                              config=triton_ops.AttentionConfig(block_t=16, prefill_flash=prefill_flash))
     assert len(calls) == int(expected)
     capped = prefill_flash is None and max_seq_len == 20 and not expected
-    assert flash_prefill.workspace_fallbacks == int(capped)
+    assert flash_plan.workspace_fallbacks == int(capped)
 
 
 @pytest.mark.parametrize("rows, split, expected", [(129, False, True), (128, False, False), (128, True, True)])
@@ -1202,15 +1202,15 @@ def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, sp
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, **kwargs: calls.append(kwargs) or args[7])
-    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 1)
-    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 4)
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_WORK", 1)
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_PROGRAMS", 4)
     triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
                              state.block_table, state.window_block_table, torch.tensor([0, rows], dtype=torch.int32),
                              state.seq_lens, 4, 8, 0.125, chunk_from_cache=True, max_seq_len=rows,
                              config=triton_ops.AttentionConfig(block_t=16, prefill_flash_split=split))
     assert len(calls) == int(expected)
     if split:  # ceil(2 per SM x 132 SMs / (1 tile x 2 heads)) segments of >= FLASH_SPLIT_MIN_KEYS positions
-        assert (calls[0]["key_segments"], calls[0]["min_segment_keys"]) == (132, flash_prefill.FLASH_SPLIT_MIN_KEYS)
+        assert (calls[0]["key_segments"], calls[0]["min_segment_keys"]) == (132, flash_plan.FLASH_SPLIT_MIN_KEYS)
     elif calls:
         assert calls[0]["key_segments"] == 1
 
@@ -1221,18 +1221,18 @@ def test_call_size_of_a_plan_counts_pairs_programs_and_rows_exactly() -> None:
     the far and near gathers (positions < L - recent; positions of the last recent - 1 before the chunk and the
     chunk's own)."""
     starts, lens, recent, heads, kv_heads, dim = [0, 200, 205, 205], [300, 5, 40], 8, 3, 1, 64
-    plan = flash_prefill.PrefillPlan.of(starts, lens, recent, torch.device("cpu"))
+    plan = flash_plan.PrefillPlan.of(starts, lens, recent, torch.device("cpu"))
     pairs = far = near = tiles = 0
     for begin, end, length in zip(starts, starts[1:], lens):
         chunk = end - begin
         prefix = length - chunk
         pairs += sum(t + 1 for t in range(prefix, length))
-        tiles += -(-chunk // flash_prefill.FLASH_QUERY_TILE)
+        tiles += -(-chunk // flash_plan.FLASH_QUERY_TILE)
         if chunk:
             far += sum(1 for s in range(length) if s < length - recent)
             near += sum(1 for s in range(length) if s > prefix - recent)
-    size = flash_prefill.CallSize.of_plan(plan, heads, kv_heads, dim)
-    assert size == flash_prefill.CallSize(pairs * heads * dim, tiles * heads, max(far, near) * kv_heads * dim * 4)
+    size = flash_plan.CallSize.of_plan(plan, heads, kv_heads, dim)
+    assert size == flash_plan.CallSize(pairs * heads * dim, tiles * heads, max(far, near) * kv_heads * dim * 4)
 
 
 @pytest.mark.parametrize("planned", [False, True])
@@ -1244,12 +1244,12 @@ def test_prefill_flash_default_sizes_a_planned_call_exactly(monkeypatch, planned
     layout = PageLayout(64, 64, 16, torch.float16)
     state = random_paged_state([20], 1, layout, 4, 8, gen)
     rows = torch.randn(4, 2, 64, generator=gen).to(torch.bfloat16)
-    plan = flash_prefill.PrefillPlan.of([0, 4], [20], 8, rows.device) if planned else None
+    plan = flash_plan.PrefillPlan.of([0, 4], [20], 8, rows.device) if planned else None
     calls = []
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, plan, **kwargs: calls.append(plan) or args[7])
-    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_WORK", 75 * 2 * 64)
-    monkeypatch.setattr(flash_prefill, "FLASH_PREFILL_MIN_PROGRAMS", 1)
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_WORK", 75 * 2 * 64)
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_PROGRAMS", 1)
     triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
                              state.window_block_table, torch.tensor([0, 4], dtype=torch.int32), state.seq_lens, 4, 8,
                              0.125, chunk_from_cache=True, max_seq_len=20, flash_plan=plan,
@@ -1268,7 +1268,7 @@ def test_key_segments_aim_at_programs_per_sm(monkeypatch, chunks, planned, expec
     for chunk in chunks:
         starts.append(starts[-1] + chunk)
     lens = [chunk + 5000 for chunk in chunks]
-    plan = flash_prefill.PrefillPlan.of(starts, lens, 256, query.device) if planned else None
+    plan = flash_plan.PrefillPlan.of(starts, lens, 256, query.device) if planned else None
     config = triton_ops.AttentionConfig(prefill_flash_split=True)
     assert triton_ops.key_segments(query, config, plan) == expected
 

@@ -109,7 +109,7 @@ def test_backend_checks_flash_prefill_at_start_up(monkeypatch) -> None:
     with pytest.raises(ValueError, match=r"flash_prefill=true needs FlashAttention prefill, which cannot run here "
                                          r"\(tensors on cpu, not CUDA\)"):
         backend.check_flash_prefill(config_from_options({"flash_prefill": True}), layout, torch.device("cpu"))
-    monkeypatch.setattr("vllm_oscar.kernels.flash_prefill.flash_device_unavailable", lambda device: None)
+    monkeypatch.setattr("vllm_oscar.kernels.flash_plan.flash_device_unavailable", lambda device: None)
     backend.check_flash_prefill(config_from_options({"flash_prefill": True}), layout, torch.device("cuda"))
     with pytest.raises(ValueError, match="no recent window"):
         backend.check_flash_prefill(config_from_options({"flash_prefill": True, "recent_tokens": 0}), layout,

@@ -178,7 +178,7 @@ def _gluon_state() -> tuple[str, Optional[tuple[int, int]]]:
 
 
 def _device_report(index: int, gluon_minimum: Optional[tuple[int, int]], problems: list[Problem]) -> DeviceReport:
-    from vllm_oscar.kernels.flash_prefill import flash_device_unavailable
+    from vllm_oscar.kernels.flash_plan import flash_device_unavailable
     from vllm_oscar.kernels.measured_plans import PlanTableError, active_table
     from vllm_oscar.kernels.triton_ops import PDL_MIN_CAPABILITY
 

@@ -44,7 +44,7 @@ from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.config import (BACKEND_NAME, GPU_DECODE_BLOCK_SIZE, INT8_MMA_MIN_HEAD_DIM, KERNEL_BLOCK_MULTIPLE,
                                 KV_CACHE_DTYPE_NAME, OscarConfig)
 from vllm_oscar.kernels import PageLayout
-from vllm_oscar.kernels.flash_prefill import PrefillPlan, flash_unavailable
+from vllm_oscar.kernels.flash_plan import PrefillPlan, flash_unavailable
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
 logger = logging.getLogger(f"vllm.{__name__}")

@@ -10,7 +10,7 @@ forward (vllm_oscar.attention.deferred_writes), the window-store counters
 (fallback_positions: BF16-window positions served from INT2; evictions) and bytes, the table of measured decode
 plans the worker's GPU plans with (vllm_oscar.kernels.measured_plans; None: the rules alone, or no GPU), and the
 prefill calls whose gathered rows would have exceeded FlashAttention prefill's workspace cap, run by the Triton
-kernel instead (vllm_oscar.kernels.flash_prefill.workspace_fallbacks).
+kernel instead (vllm_oscar.kernels.flash_plan.workspace_fallbacks).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Optional
 def worker_status(worker: Any) -> dict[str, Any]:
     """Status of the OSCAR backend in ``worker`` (a vLLM worker; run via collective_rpc)."""
     from vllm_oscar.attention import window_store
-    from vllm_oscar.kernels import flash_prefill
+    from vllm_oscar.kernels import flash_plan
 
     context = worker.vllm_config.compilation_config.static_forward_context
     impls = {name: layer.impl for name, layer in context.items() if hasattr(layer, "impl")}
@@ -44,7 +44,7 @@ def worker_status(worker: Any) -> dict[str, Any]:
         "window_blocks": None if manager is None else manager.num_window_blocks,
         "window_store_bytes": window_store.allocated_bytes(),
         "decode_plan_table": _decode_plan_table(),
-        "prefill_workspace_fallbacks": flash_prefill.workspace_fallbacks,
+        "prefill_workspace_fallbacks": flash_plan.workspace_fallbacks,
     }
 
 

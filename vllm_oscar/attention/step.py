@@ -20,7 +20,7 @@ from vllm_oscar.config import OscarConfig
 from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill, oscar_rotate, oscar_write
 
 if TYPE_CHECKING:
-    from vllm_oscar.kernels.flash_prefill import PrefillPlan
+    from vllm_oscar.kernels.flash_plan import PrefillPlan
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ class OscarMetadata:
     #: beside its attention; 1 = write INT2 first. Read at each replay. None: no such buffer (CPU, tests).
     serial_write: Optional[torch.Tensor] = None
     #: >= every prefill request's seq_len (host values, from vLLM's CPU copy of seq_lens): sizes the prefill part
-    #: (FlashAttention or the Triton kernel, flash_prefill.FLASH_PREFILL_MIN_WORK; the Triton kernel's splits), which
+    #: (FlashAttention or the Triton kernel, flash_plan.FLASH_PREFILL_MIN_WORK; the Triton kernel's splits), which
     #: max_seq_len, raised by long decodes in the same step, would overstate. None: max_seq_len.
     prefill_max_seq_len: Optional[int] = None
     #: The prefill requests' ranges for FlashAttention prefill (host values and their device copy, built once per

@@ -24,7 +24,7 @@ from vllm_oscar.kernels.layout import PLANES, PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
 
 if TYPE_CHECKING:
-    from vllm_oscar.kernels.flash_prefill import PrefillPlan
+    from vllm_oscar.kernels.flash_plan import PrefillPlan
 
 
 def implementation_for(tensor: torch.Tensor) -> ModuleType:
@@ -162,7 +162,7 @@ def oscar_prefill(
     chunk from the caches by the decode read rule instead of key_rot/value_rot (pass None). flash: the served read
     as FlashAttention over gathered rows (triton_ops.AttentionConfig.prefill_flash: None = on large calls where it
     runs, False = never, True = always, an error where it cannot run, including CPU). flash_plan: the step's host
-    ranges of query_start_loc and seq_lens (flash_prefill.PrefillPlan.of), which spare FlashAttention prefill its
+    ranges of query_start_loc and seq_lens (flash_plan.PrefillPlan.of), which spare FlashAttention prefill its
     synchronisation; unused elsewhere. Other arguments: torch_ops.oscar_prefill.
     """
     impl = implementation_for(int2_cache)

@@ -94,7 +94,7 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     from torch.nn.attention.bias import causal_lower_right
 
     from vllm_oscar.kernels import triton_ops
-    from vllm_oscar.kernels.flash_prefill import PrefillPlan
+    from vllm_oscar.kernels.flash_plan import PrefillPlan
 
     hq, hkv, dim = geometry_heads(geometry)
     total = prefix + chunk

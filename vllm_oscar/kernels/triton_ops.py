@@ -26,8 +26,9 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
-from vllm_oscar.kernels.flash_prefill import (FLASH_QUERY_TILE, FLASH_SPLIT_MIN_KEYS, FLASH_SPLIT_PROGRAMS_PER_SM,
-                                              CallSize, PagedCaches, PrefillPlan, flash_prefill, flash_unavailable)
+from vllm_oscar.kernels.flash_plan import (FLASH_QUERY_TILE, FLASH_SPLIT_MIN_KEYS, FLASH_SPLIT_PROGRAMS_PER_SM, CallSize,
+                                           PrefillPlan, flash_unavailable)
+from vllm_oscar.kernels.flash_prefill import PagedCaches, flash_prefill
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -468,17 +469,17 @@ class AttentionConfig:
     where max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN and batch <= BESIDE_WRITE_MAX_BATCH (what was measured);
     prefill_flash: oscar_prefill(chunk_from_cache=True) runs as flash_prefill (the rows of each request gathered
     into a far and a near range, two PyTorch FlashAttention varlen launches, a log-sum-exp merge) instead of the
-    Triton prefill kernel; the same read rule. None (the default) = where flash_prefill.flash_unavailable finds no
+    Triton prefill kernel; the same read rule. None (the default) = where flash_plan.flash_unavailable finds no
     reason against it (a CUDA GPU of compute capability >= 8.0, head_dim a multiple of 8 up to 256, a recent window,
-    a torch built with FlashAttention) and the call's size (flash_prefill.CallSize: exact from the step's
+    a torch built with FlashAttention) and the call's size (flash_plan.CallSize: exact from the step's
     PrefillPlan, else bounded by query rows x max_seq_len, query rows squared when max_seq_len is not given) has
-    flash_prefill.FLASH_PREFILL_MIN_WORK of work and FLASH_PREFILL_MIN_PROGRAMS FlashAttention programs
+    flash_plan.FLASH_PREFILL_MIN_WORK of work and FLASH_PREFILL_MIN_PROGRAMS FlashAttention programs
     (docs/PERFORMANCE.md "Chunked prefill" has the measured ratios on both sides), unless its gathered rows could
     exceed FLASH_PREFILL_MAX_WORKSPACE (then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
     new rows (chunk_from_cache False) always runs the Triton kernel;
     prefill_flash_split (opt-in, not yet timed on a GPU): flash_prefill cuts the far positions every chunk row sees
-    into key segments (flash_prefill.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM
+    into key segments (flash_plan.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM
     (segments of >= FLASH_SPLIT_MIN_KEYS positions), and the default then routes without the program floor.
     """
 
@@ -1596,7 +1597,7 @@ def prefill_takes_flash(config: AttentionConfig, query_rot: torch.Tensor, layout
                         plan: Optional[PrefillPlan]) -> bool:
     """Whether oscar_prefill(chunk_from_cache=True) runs as flash_prefill (AttentionConfig.prefill_flash); says once
     per reason why not where the default finds one on a CUDA GPU, and counts the calls its workspace cap sends to
-    the Triton kernel (flash_prefill.CallSize.takes_flash: sized exactly from the step's plan, else bounded)."""
+    the Triton kernel (flash_plan.CallSize.takes_flash: sized exactly from the step's plan, else bounded)."""
     if config.prefill_flash is False:
         return False
     reason = flash_unavailable(query_rot.device, layout.head_dim, recent)
@@ -1663,7 +1664,7 @@ def oscar_prefill(
     max_query_len: Python int >= every chunk length (default: T, always safe). max_seq_len: Python int
     >= every seq_len, or None (unknown: one launch); it lets the default config run a long pure INT2
     prefix in its own launch (config.prefill_int2_apart). flash_plan: the host ranges of these query_start_loc and
-    seq_lens (flash_prefill.PrefillPlan), read where flash_prefill runs; None: that call reads them (one sync).
+    seq_lens (flash_plan.PrefillPlan), read where flash_prefill runs; None: that call reads them (one sync).
     Rows of query_rot that belong to no request are left untouched in ``out``.
     """
     hkv, batch = check_attention_common(query_rot, int2_cache, window_k, window_v, layout, block_table,
