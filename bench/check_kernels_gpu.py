@@ -44,6 +44,7 @@ from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, GRID_REFIT_ITERATIONS, SERV
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
 from vllm_oscar.kernels.flash_plan import PrefillPlan  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
+from vllm_oscar.provenance import source_digest  # noqa: E402
 from vllm_oscar.quant import unpack_codes  # noqa: E402
 
 DEVICE = torch.device("cuda")
@@ -557,7 +558,8 @@ def main() -> int:
     failures += sum(1 for r in report if not r.get("ok", False) and "error" not in r)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"device": torch.cuda.get_device_name(), "checks": report}, handle, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "source_digest": source_digest(), "checks": report},
+                      handle, indent=1)
     print(f"{'ALL OK' if failures == 0 else f'{failures} FAILURES'}")
     return 0 if failures == 0 else 1
 

@@ -29,6 +29,7 @@ from vllm_oscar.kernels import benchmark  # noqa: E402
 from vllm_oscar.kernels.benchmark import (GEOMETRIES, OscarCase, error_summary, layers_for,  # noqa: E402
                                           measure_bandwidth, oscar_bytes, run_case, time_graph)
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
+from vllm_oscar.provenance import source_digest  # noqa: E402
 
 #: (words per program, warps per program) of the streaming launches tried; the fastest is the floor.
 STREAM_SHAPES: tuple[tuple[int, int], ...] = ((256, 1), (512, 1), (1024, 1), (2048, 2), (4096, 1), (4096, 4),
@@ -129,8 +130,9 @@ def main() -> int:
                       f"{ms / row['oscar']['ms']:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"device": torch.cuda.get_device_name(), "bandwidth": bandwidth, "argv": sys.argv,
-                       "allocator": allocator, "rows": rows}, handle, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "source_digest": source_digest(),
+                       "bandwidth": bandwidth, "argv": sys.argv, "allocator": allocator, "rows": rows}, handle,
+                      indent=1)
     return 0
 
 

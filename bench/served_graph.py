@@ -58,6 +58,7 @@ from vllm_oscar.attention.window_store import WindowBlockManager, window_capacit
 from vllm_oscar.config import DEFAULT_FOLD_MODE, FOLD_MODES, GPU_DECODE_BLOCK_SIZE, OscarConfig  # noqa: E402
 from vllm_oscar.kernels import PageLayout, measured_plans, triton_ops  # noqa: E402
 from vllm_oscar.kernels.flash_plan import PrefillPlan, flash_unavailable  # noqa: E402
+from vllm_oscar.provenance import source_digest  # noqa: E402
 
 NULL_BLOCK = 0  # vLLM reserves block 0; dummy (capture) requests point at it
 TOLERANCE = 1e-2  # graph vs eager outputs: the split counts differ (max_model_len vs the step's)
@@ -627,7 +628,8 @@ def main() -> int:
             profile_kernels(context, batch, args.calls, report, fold, join)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": report}, handle, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "source_digest": source_digest(), "rows": report},
+                      handle, indent=1)
     return 1 if failed else 0
 
 
