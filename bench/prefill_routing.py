@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Read `vllm-oscar bench prefill --json` files: per cell, the Triton kernel against FlashAttention prefill, and
+whether the routing of THIS tree picks the faster one.
+
+The runs to read time each cell with `--prefill-flash 0 1` (optionally `auto`, and `--prefill-flash-split 1` rows
+for the key segments). For every (geometry, prefix, chunk, batch) cell the report gives both times, their ratio,
+BF16 SDPA's time, what the current rule picks (flash_plan.CallSize of the cell's PrefillPlan, the constants of this
+checkout: a JSON from older code is re-judged by today's rule), the measured `auto` row and its `path` where the
+run had them, and how much slower the rule's pick is than the faster path. A summary counts the cells where the
+rule picks the faster path and lists the others. CPU only (no GPU needed):
+
+    python bench/prefill_routing.py docs/perf/session52/prefill_grid.json [--markdown] [--margin 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from vllm_oscar.config import DEFAULT_RECENT_TOKENS
+from vllm_oscar.kernels.benchmark import geometry_heads
+from vllm_oscar.kernels.flash_plan import CallSize, PrefillPlan
+
+Cell = tuple[str, int, int, int]  # geometry, cached prefix, chunk, batch
+
+
+def cells_of(rows: list[dict]) -> dict[Cell, dict]:
+    """Times per cell: "triton", "flash", "split", "auto" (ms; absent where not run), "bf16" and the auto row's
+    "auto_path"."""
+    cells: dict[Cell, dict] = {}
+    for row in rows:
+        if "ms" not in row.get("oscar", {}):
+            continue
+        cell = cells.setdefault((row["geometry"], row["prefix"], row["chunk"], row["batch"]), {})
+        flash, split = row["config"]["prefill_flash"], row["config"].get("prefill_flash_split", False)
+        name = "auto" if flash is None else ("split" if split else "flash") if flash else "triton"
+        cell[name] = row["oscar"]["ms"]
+        if name == "auto" and "path" in row:
+            cell["auto_path"] = row["path"]
+        if "ms" in row.get("bf16_sdpa", {}):
+            cell.setdefault("bf16", row["bf16_sdpa"]["ms"])
+    return cells
+
+
+def rule_pick(cell: Cell) -> str:
+    """"flash" or "triton": this checkout's default routing for the cell as the served step plans it."""
+    geometry, prefix, chunk, batch = cell
+    heads, kv_heads, head_dim = geometry_heads(geometry)
+    starts = [index * chunk for index in range(batch + 1)]
+    plan = PrefillPlan.of(starts, [prefix + chunk] * batch, DEFAULT_RECENT_TOKENS, torch.device("cpu"))
+    return "flash" if CallSize.of_plan(plan, heads, kv_heads, head_dim).takes_flash() else "triton"
+
+
+def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
+    """Table lines and the summary; a miss is a pick slower than the faster path by more than ``margin``."""
+    lines = []
+    if markdown:
+        lines += ["| geometry | cached prefix | chunk | B | Triton ms | flash ms | flash / Triton | BF16 SDPA ms | "
+                  "rule | rule / faster |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    else:
+        lines.append(f"{'geometry':<14}{'prefix':>7}{'chunk':>6}{'B':>3}{'triton':>9}{'flash':>9}{'fl/tri':>7}"
+                     f"{'split':>9}{'auto':>9}{'path':>7}{'bf16':>9}  rule   rule/faster")
+    agree, misses = 0, []
+    for cell, times in sorted(cells.items()):
+        if "triton" not in times or "flash" not in times:
+            continue
+        pick = rule_pick(cell)
+        faster = min(times["triton"], times["flash"])
+        cost = times[pick] / faster
+        if cost <= 1 + margin:
+            agree += 1
+        else:
+            misses.append((cell, cost))
+        g, p, c, b = cell
+        if markdown:
+            lines.append(f"| {g} | {p} | {c} | {b} | {times['triton']:.3f} | {times['flash']:.3f} | "
+                         f"{times['flash'] / times['triton']:.2f} | {_ms(times.get('bf16'))} | {pick} | {cost:.2f} |")
+        else:
+            lines.append(f"{g:<14}{p:>7}{c:>6}{b:>3}{times['triton']:>9.3f}{times['flash']:>9.3f}"
+                         f"{times['flash'] / times['triton']:>7.2f}{_ms(times.get('split')):>9}"
+                         f"{_ms(times.get('auto')):>9}{times.get('auto_path', '-'):>7}{_ms(times.get('bf16')):>9}"
+                         f"  {pick:<7}{cost:.2f}")
+    judged = agree + len(misses)
+    lines.append(f"the rule picks the faster path (within {margin:.0%}) in {agree} of {judged} cells" +
+                 ("" if not misses else "; slower: " + ", ".join(f"{g} {p}/{c}x{b} {cost:.2f}x"
+                                                                  for (g, p, c, b), cost in misses)))
+    return lines
+
+
+def _ms(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="+", help="bench prefill --json files (later files override earlier cells)")
+    parser.add_argument("--margin", type=float, default=0.05, help="slower than the faster path by more: a miss")
+    parser.add_argument("--markdown", action="store_true", help="a docs/PERFORMANCE.md table")
+    args = parser.parse_args()
+    cells: dict[Cell, dict] = {}
+    for path in args.json:
+        data = json.loads(Path(path).read_text())
+        if "prefill" not in data:
+            raise SystemExit(f"{path} has no 'prefill' rows: give the --json of `vllm-oscar bench prefill`.")
+        for cell, times in cells_of(data["prefill"]).items():
+            cells.setdefault(cell, {}).update(times)
+    print("\n".join(report(cells, args.margin, args.markdown)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""bench/prefill_routing.py: the report that judges the prefill routing against measured cells (CPU only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _row(geometry: str, prefix: int, chunk: int, batch: int, flash, ms: float, bf16: float = 0.1) -> dict:
+    return {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
+            "config": {"prefill_flash": flash, "prefill_flash_split": False}, "oscar": {"ms": ms},
+            "bf16_sdpa": {"ms": bf16}}
+
+
+def _run(tmp_path: Path, rows: list[dict], *extra: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "prefill.json"
+    path.write_text(json.dumps({"device": {"name": "test"}, "prefill": rows}))
+    return subprocess.run([sys.executable, str(BENCH / "prefill_routing.py"), str(path), *extra], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+
+
+def test_the_report_judges_the_current_rule_against_the_faster_path(tmp_path: Path) -> None:
+    """A large Qwen3-8B cell (32K prefix, 2048 x 4: the rule takes FlashAttention) where flash is faster, and a tiny
+    fresh SmolLM2 cell (512 x 1: the rule keeps the Triton kernel) where flash is faster by 30%: one agreement, one
+    miss at 1.43x; the markdown form has a table row per cell."""
+    rows = [_row("qwen3-8b", 32768, 2048, 4, False, 23.4), _row("qwen3-8b", 32768, 2048, 4, True, 13.3),
+            _row("smollm2-135m", 0, 512, 1, False, 0.10), _row("smollm2-135m", 0, 512, 1, True, 0.07),
+            _row("smollm2-135m", 0, 512, 1, None, 0.11) | {"path": "triton"}]
+    result = _run(tmp_path, rows)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == ("the rule picks the faster path (within 5%) in 1 of 2 cells; slower: "
+                         "smollm2-135m 0/512x1 1.43x")
+    qwen = next(line for line in lines if line.startswith("qwen3-8b"))
+    assert qwen.split()[-2:] == ["flash", "1.00"]
+    smol = next(line for line in lines if line.startswith("smollm2-135m"))
+    assert "triton" in smol.split() and smol.split()[-2:] == ["triton", "1.43"]
+    markdown = _run(tmp_path, rows, "--markdown").stdout.splitlines()
+    assert markdown[0].startswith("| geometry |") and sum(line.startswith("| qwen3-8b") for line in markdown) == 1
+
+
+def test_a_file_without_prefill_rows_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps({"device": {}, "decode": []}))
+    result = subprocess.run([sys.executable, str(BENCH / "prefill_routing.py"), str(path)], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    assert result.returncode != 0 and "has no 'prefill' rows: give the --json of `vllm-oscar bench prefill`" in \
+        result.stderr
