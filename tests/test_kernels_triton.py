@@ -1178,7 +1178,7 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
     monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, **kwargs: calls.append(args) or args[7])
     monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_WORK", 4 * 20 * 2 * 64)
-    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_PROGRAMS", 2)  # one tile of rows x 2 heads
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_PROGRAMS", 1)  # 4 rows x 2 heads: one (partial) tile
     monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MAX_WORKSPACE", workspace)
     monkeypatch.setattr(flash_plan, "workspace_fallbacks", 0)
     triton_ops.oscar_prefill(rows, None, None, state.cache, state.window_k, state.window_v, layout, state.block_table,
@@ -1190,11 +1190,11 @@ def test_prefill_flash_default_takes_flash_from_the_work_threshold(monkeypatch, 
     assert flash_plan.workspace_fallbacks == int(capped)
 
 
-@pytest.mark.parametrize("rows, split, expected", [(129, False, True), (128, False, False), (128, True, True)])
+@pytest.mark.parametrize("rows, split, expected", [(193, False, True), (192, False, False), (192, True, True)])
 def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, split, expected) -> None:
     """Above the work threshold the default still leaves a call to the Triton kernel where FlashAttention would
-    run fewer than FLASH_PREFILL_MIN_PROGRAMS programs (cdiv(rows, FLASH_QUERY_TILE) x Hq: 2 heads here), unless
-    prefill_flash_split is on (the key segments make the programs)."""
+    run fewer than FLASH_PREFILL_MIN_PROGRAMS programs (cdiv(rows x Hq, FLASH_QUERY_TILE), full-tile equivalents: 2
+    heads here, 4 programs from 193 rows), unless prefill_flash_split is on (the key segments make the programs)."""
     gen = torch.Generator().manual_seed(9)
     layout = PageLayout(64, 64, 16, torch.float16)
     state = random_paged_state([rows], 1, layout, 4, 8, gen)
@@ -1209,15 +1209,16 @@ def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, sp
                              state.seq_lens, 4, 8, 0.125, chunk_from_cache=True, max_seq_len=rows,
                              config=triton_ops.AttentionConfig(block_t=16, prefill_flash_split=split))
     assert len(calls) == int(expected)
-    if split:  # ceil(2 per SM x 132 SMs / (1 tile x 2 heads)) segments of >= FLASH_SPLIT_MIN_KEYS positions
-        assert (calls[0]["key_segments"], calls[0]["min_segment_keys"]) == (132, flash_plan.FLASH_SPLIT_MIN_KEYS)
+    if split:  # ceil(2 per SM x 132 SMs / (2 tiles x 2 heads)) segments of >= FLASH_SPLIT_MIN_KEYS positions
+        assert (calls[0]["key_segments"], calls[0]["min_segment_keys"]) == (66, flash_plan.FLASH_SPLIT_MIN_KEYS)
     elif calls:
         assert calls[0]["key_segments"] == 1
 
 
 def test_call_size_of_a_plan_counts_pairs_programs_and_rows_exactly() -> None:
     """CallSize.of_plan against brute-force counts: the query-key pairs each row reads (t + 1 for the row at
-    position t), FlashAttention's programs (query tiles of FLASH_QUERY_TILE rows per request x Hq), and the larger of
+    position t), FlashAttention's programs in full tiles (query rows x Hq / FLASH_QUERY_TILE, rounded up), and the
+    larger of
     the far and near gathers (positions < L - recent; positions of the last recent - 1 before the chunk and the
     chunk's own)."""
     starts, lens, recent, heads, kv_heads, dim = [0, 200, 205, 205], [300, 5, 40], 8, 3, 1, 64
@@ -1227,12 +1228,13 @@ def test_call_size_of_a_plan_counts_pairs_programs_and_rows_exactly() -> None:
         chunk = end - begin
         prefix = length - chunk
         pairs += sum(t + 1 for t in range(prefix, length))
-        tiles += -(-chunk // flash_plan.FLASH_QUERY_TILE)
+        tiles += chunk * heads
         if chunk:
             far += sum(1 for s in range(length) if s < length - recent)
             near += sum(1 for s in range(length) if s > prefix - recent)
     size = flash_plan.CallSize.of_plan(plan, heads, kv_heads, dim)
-    assert size == flash_plan.CallSize(pairs * heads * dim, tiles * heads, max(far, near) * kv_heads * dim * 4)
+    programs = -(-tiles // flash_plan.FLASH_QUERY_TILE)
+    assert size == flash_plan.CallSize(pairs * heads * dim, programs, max(far, near) * kv_heads * dim * 4)
 
 
 @pytest.mark.parametrize("planned", [False, True])

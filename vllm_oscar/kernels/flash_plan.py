@@ -33,10 +33,10 @@ FLASH_MAX_HEAD_DIM = 256
 FLASH_PREFILL_MIN_WORK = 2 ** 31
 #: Query rows per program of FlashAttention's forward kernel (head_dim <= 128 on sm80 / sm90).
 FLASH_QUERY_TILE = 128
-#: The default also wants sum over requests of cdiv(chunk, FLASH_QUERY_TILE) x Hq programs in each FlashAttention
-#: launch: it splits no request's keys, so fewer programs leave SMs idle while each walks a long prefix, where the
-#: Triton kernel splits the prefix. Measured (H200): SmolLM2 geometry 512 tokens over a 32K prefix (36 programs)
-#: 0.76 against 0.64 ms, 256 tokens x 4 over a 16K prefix (72 programs) 0.50 against 0.99.
+#: The default also wants this many FlashAttention programs, counted in full query tiles (CallSize.programs): it
+#: splits no request's keys, so fewer programs leave SMs idle while each walks a long prefix, where the Triton
+#: kernel splits the prefix. Measured (H200): SmolLM2 geometry 512 tokens over a 32K prefix (36 programs) 0.76
+#: against 0.64 ms, 256 tokens x 4 over a 16K prefix (72 programs) 0.50 against 0.99.
 FLASH_PREFILL_MIN_PROGRAMS = 64
 #: AttentionConfig.prefill_flash_split (opt-in): FlashAttention programs per SM that the key segments aim for, and
 #: the fewest positions per segment.
@@ -156,8 +156,10 @@ class KeySplit:
 
 @dataclasses.dataclass(frozen=True)
 class CallSize:
-    """What the default routing weighs for one call: ``work`` = query-key pairs x Hq x D, ``programs`` of its
-    FlashAttention launches, ``workspace`` = bytes of the gathered K and V rows (bf16 / fp16)."""
+    """What the default routing weighs for one call: ``work`` = query-key pairs x Hq x D, ``programs`` = its
+    FlashAttention launch's programs counted in full query tiles, cdiv(query rows x Hq, FLASH_QUERY_TILE) (a chunk of
+    64 rows fills half a tile's rows: 64 rows x 2 requests over 32K at Qwen3-8B geometry, 64 programs of half
+    tiles, took 1.7x the Triton kernel's time), ``workspace`` = bytes of the gathered K and V rows (bf16 / fp16)."""
 
     work: int
     programs: int
@@ -168,17 +170,16 @@ class CallSize:
         """Exact, from the step's chunks and prefixes (the near rows are freed before the far ones are gathered)."""
         ranges = plan.ranges
         pairs = sum(chunk * prefix + chunk * (chunk + 1) // 2 for chunk, prefix in zip(ranges.chunks, ranges.prefixes))
-        tiles = sum(-(-chunk // FLASH_QUERY_TILE) for chunk in ranges.chunks)
         rows = max(sum(ranges.far_count), sum(ranges.near_count))
-        return CallSize(pairs * heads * head_dim, tiles * heads, rows * kv_heads * head_dim * 2 * 2)
+        return CallSize(pairs * heads * head_dim, -(-sum(ranges.chunks) * heads // FLASH_QUERY_TILE),
+                        rows * kv_heads * head_dim * 2 * 2)
 
     @staticmethod
     def bound(rows: int, keys_per_row: int, requests: int, longest: int, heads: int, kv_heads: int,
               head_dim: int) -> "CallSize":
         """Without a plan: ``rows`` query rows reading <= ``keys_per_row`` positions each, of ``requests`` requests
-        of <= ``longest`` positions (requests x longest bounds the gathered rows; the rows counted as one request's
-        tiles)."""
-        return CallSize(rows * keys_per_row * heads * head_dim, -(-rows // FLASH_QUERY_TILE) * heads,
+        of <= ``longest`` positions (requests x longest bounds the gathered rows)."""
+        return CallSize(rows * keys_per_row * heads * head_dim, -(-rows * heads // FLASH_QUERY_TILE),
                         requests * longest * kv_heads * head_dim * 2 * 2)
 
     def takes_flash(self, min_programs: Optional[int] = None) -> bool:
