@@ -1209,8 +1209,8 @@ def test_prefill_flash_default_wants_enough_flash_programs(monkeypatch, rows, sp
                              state.seq_lens, 4, 8, 0.125, chunk_from_cache=True, max_seq_len=rows,
                              config=triton_ops.AttentionConfig(block_t=16, prefill_flash_split=split))
     assert len(calls) == int(expected)
-    if split:  # ceil(2 per SM x 132 SMs / (2 tiles x 2 heads)) segments of >= FLASH_SPLIT_MIN_KEYS positions
-        assert (calls[0]["key_segments"], calls[0]["min_segment_keys"]) == (66, flash_plan.FLASH_SPLIT_MIN_KEYS)
+    if split:  # ceil(2 per SM x 132 SMs / 3 programs: 192 rows x 2 heads / 128) segments of >= FLASH_SPLIT_MIN_KEYS
+        assert (calls[0]["key_segments"], calls[0]["min_segment_keys"]) == (88, flash_plan.FLASH_SPLIT_MIN_KEYS)
     elif calls:
         assert calls[0]["key_segments"] == 1
 
@@ -1259,20 +1259,12 @@ def test_prefill_flash_default_sizes_a_planned_call_exactly(monkeypatch, planned
     assert calls == ([] if planned else [None])
 
 
-@pytest.mark.parametrize("chunks, planned, expected", [([512], True, 8), ([100, 100, 100], True, 10),
-                                                      ([100, 100, 100], False, 10), ([4096] * 8, True, 1)])
-def test_key_segments_aim_at_programs_per_sm(monkeypatch, chunks, planned, expected) -> None:
-    """Under prefill_flash_split, flash_prefill gets ceil(FLASH_SPLIT_PROGRAMS_PER_SM x SMs / (query tiles x Hq))
-    key segments (132 SMs stand in on CPU; 9 heads): 4 tiles -> 36 programs -> 8; three chunks of 100 rows are 3
-    tiles with a plan, and 3 with the rows as one request too (300 rows); 256 tiles are enough alone."""
-    query = torch.zeros(sum(chunks), 9, 64)
-    starts = [0]
-    for chunk in chunks:
-        starts.append(starts[-1] + chunk)
-    lens = [chunk + 5000 for chunk in chunks]
-    plan = flash_plan.PrefillPlan.of(starts, lens, 256, query.device) if planned else None
-    config = triton_ops.AttentionConfig(prefill_flash_split=True)
-    assert triton_ops.key_segments(query, config, plan) == expected
+@pytest.mark.parametrize("rows, expected", [(512, 8), (300, 12), (32768, 1)])
+def test_key_segments_aim_at_programs_per_sm(rows, expected) -> None:
+    """Under prefill_flash_split, flash_prefill gets ceil(FLASH_SPLIT_PROGRAMS_PER_SM x SMs / programs) key
+    segments, programs counted as the routing counts them (query rows x Hq / 128, rounded up; 132 SMs stand in on
+    CPU; 9 heads): 512 rows -> 36 programs -> 8; 300 rows -> 22 -> 12; 32768 rows are enough alone."""
+    assert triton_ops.key_segments(torch.zeros(rows, 9, 64)) == expected
 
 
 def test_prefill_flash_true_refuses_where_flash_cannot_run() -> None:

@@ -154,6 +154,11 @@ class KeySplit:
         return KeySplit(body, tail, segments, segment_keys, _packed(fields, device))
 
 
+def full_tile_programs(rows: int, heads: int) -> int:
+    """FlashAttention programs of ``rows`` query rows x ``heads`` heads, counted in full query tiles (CallSize)."""
+    return -(-rows * heads // FLASH_QUERY_TILE)
+
+
 @dataclasses.dataclass(frozen=True)
 class CallSize:
     """What the default routing weighs for one call: ``work`` = query-key pairs x Hq x D, ``programs`` = its
@@ -171,7 +176,7 @@ class CallSize:
         ranges = plan.ranges
         pairs = sum(chunk * prefix + chunk * (chunk + 1) // 2 for chunk, prefix in zip(ranges.chunks, ranges.prefixes))
         rows = max(sum(ranges.far_count), sum(ranges.near_count))
-        return CallSize(pairs * heads * head_dim, -(-sum(ranges.chunks) * heads // FLASH_QUERY_TILE),
+        return CallSize(pairs * heads * head_dim, full_tile_programs(sum(ranges.chunks), heads),
                         rows * kv_heads * head_dim * 2 * 2)
 
     @staticmethod
@@ -179,7 +184,7 @@ class CallSize:
               head_dim: int) -> "CallSize":
         """Without a plan: ``rows`` query rows reading <= ``keys_per_row`` positions each, of ``requests`` requests
         of <= ``longest`` positions (requests x longest bounds the gathered rows)."""
-        return CallSize(rows * keys_per_row * heads * head_dim, -(-rows * heads // FLASH_QUERY_TILE),
+        return CallSize(rows * keys_per_row * heads * head_dim, full_tile_programs(rows, heads),
                         requests * longest * kv_heads * head_dim * 2 * 2)
 
     def takes_flash(self, min_programs: Optional[int] = None) -> bool:

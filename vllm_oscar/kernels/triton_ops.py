@@ -26,8 +26,8 @@ from vllm_oscar.intmath import cdiv, next_power_of_2
 from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
                                       check_write_query)
 from vllm_oscar.kernels.layout import PLANES, PageLayout
-from vllm_oscar.kernels.flash_plan import (FLASH_QUERY_TILE, FLASH_SPLIT_MIN_KEYS, FLASH_SPLIT_PROGRAMS_PER_SM, CallSize,
-                                           PrefillPlan, flash_unavailable)
+from vllm_oscar.kernels.flash_plan import (FLASH_SPLIT_MIN_KEYS, FLASH_SPLIT_PROGRAMS_PER_SM, CallSize, PrefillPlan,
+                                           flash_unavailable, full_tile_programs)
 from vllm_oscar.kernels.flash_prefill import PagedCaches, flash_prefill
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
@@ -478,7 +478,8 @@ class AttentionConfig:
     exceed FLASH_PREFILL_MAX_WORKSPACE (then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
     new rows (chunk_from_cache False) always runs the Triton kernel;
-    prefill_flash_split (opt-in, not yet timed on a GPU): flash_prefill cuts the far positions every chunk row sees
+    prefill_flash_split (opt-in; on an H100 faster only for short chunks over >= 16K prefixes, up to 2.3x slower
+    elsewhere, docs/PERFORMANCE.md "Chunked prefill"): flash_prefill cuts the far positions every chunk row sees
     into key segments (flash_plan.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM
     (segments of >= FLASH_SPLIT_MIN_KEYS positions), and the default then routes without the program floor.
     """
@@ -1621,15 +1622,13 @@ def prefill_takes_flash(config: AttentionConfig, query_rot: torch.Tensor, layout
     return False
 
 
-def key_segments(query_rot: torch.Tensor, config: AttentionConfig, plan: Optional[PrefillPlan]) -> int:
+def key_segments(query_rot: torch.Tensor) -> int:
     """flash_prefill's key_segments under AttentionConfig.prefill_flash_split: enough segments per request that its
-    FlashAttention launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM (query tiles x Hq x segments; the query
-    rows as one request's tiles where no plan gives the chunks)."""
+    FlashAttention launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM (the routing's full-tile count of the query
+    rows x Hq, times the segments)."""
     rows, heads, _ = query_rot.shape
-    tiles = (sum(cdiv(chunk, FLASH_QUERY_TILE) for chunk in plan.ranges.chunks) if plan is not None
-             else cdiv(rows, FLASH_QUERY_TILE))
     target = FLASH_SPLIT_PROGRAMS_PER_SM * _device_sms(query_rot.device)
-    return max(1, cdiv(target, max(1, tiles * heads)))
+    return max(1, cdiv(target, max(1, full_tile_programs(rows, heads))))
 
 
 @functools.lru_cache(maxsize=None)
@@ -1675,7 +1674,7 @@ def oscar_prefill(
     if chunk_from_cache and prefill_takes_flash(config, query_rot, layout, recent, max_seq_len, block_table,
                                                 hkv, flash_plan):
         caches = PagedCaches(int2_cache, window_k, window_v, layout, block_table, window_block_table)
-        segments = key_segments(query_rot, config, flash_plan) if config.prefill_flash_split else 1
+        segments = key_segments(query_rot) if config.prefill_flash_split else 1
         return flash_prefill(query_rot, caches, query_start_loc, seq_lens, recent, sink, softmax_scale,
                              torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout),
                              plan=flash_plan, key_segments=segments, min_segment_keys=FLASH_SPLIT_MIN_KEYS)
