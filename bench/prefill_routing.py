@@ -10,21 +10,29 @@ run had them, and how much slower the rule's pick is than the faster path. A sum
 rule picks the faster path and lists the others. CPU only (no GPU needed):
 
     python bench/prefill_routing.py docs/perf/session52/prefill_grid.json [--markdown] [--margin 0.05]
+
+Several files: each time is the median over the files that have it (repeated runs of one grid, as on one warm
+machine, judge by less noisy times; files of different rows, e.g. a run with the split and one without, simply add
+up). The summary also counts the cells where the measured `auto` row took the rule's path.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from vllm_oscar.config import DEFAULT_RECENT_TOKENS
-from vllm_oscar.kernels.benchmark import geometry_heads
-from vllm_oscar.kernels.flash_plan import CallSize, PrefillPlan
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from vllm_oscar.config import DEFAULT_RECENT_TOKENS  # noqa: E402
+from vllm_oscar.kernels.benchmark import geometry_heads  # noqa: E402
+from vllm_oscar.kernels.flash_plan import CallSize, PrefillPlan  # noqa: E402
 
 Cell = tuple[str, int, int, int]  # geometry, cached prefix, chunk, batch
 
@@ -65,11 +73,14 @@ def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
     else:
         lines.append(f"{'geometry':<14}{'prefix':>7}{'chunk':>6}{'B':>3}{'triton':>9}{'flash':>9}{'fl/tri':>7}"
                      f"{'split':>9}{'auto':>9}{'path':>7}{'bf16':>9}  rule   rule/faster")
-    agree, misses = 0, []
+    agree, misses, auto_judged, auto_agree = 0, [], 0, 0
     for cell, times in sorted(cells.items()):
         if "triton" not in times or "flash" not in times:
             continue
         pick = rule_pick(cell)
+        if "auto_path" in times:
+            auto_judged += 1
+            auto_agree += times["auto_path"] == pick
         faster = min(times["triton"], times["flash"])
         cost = times[pick] / faster
         if cost <= 1 + margin:
@@ -89,7 +100,24 @@ def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
     lines.append(f"the rule picks the faster path (within {margin:.0%}) in {agree} of {judged} cells" +
                  ("" if not misses else "; slower: " + ", ".join(f"{g} {p}/{c}x{b} {cost:.2f}x"
                                                                   for (g, p, c, b), cost in misses)))
+    if auto_judged:
+        lines.append(f"the measured auto row took the rule's path in {auto_agree} of {auto_judged} cells")
     return lines
+
+
+def merge_runs(runs: list[dict[Cell, dict]]) -> dict[Cell, dict]:
+    """One time per cell and path: the median over the runs that timed it; the auto path of the last run that has
+    one, or "mixed" where the runs' auto rows took different paths."""
+    merged: dict[Cell, dict] = {}
+    for cell in {cell for run in runs for cell in run}:
+        present = [run[cell] for run in runs if cell in run]
+        times = {name: statistics.median(run[name] for run in present if name in run)
+                 for name in {name for run in present for name in run if name != "auto_path"}}
+        paths = {run["auto_path"] for run in present if "auto_path" in run}
+        if paths:
+            times["auto_path"] = paths.pop() if len(paths) == 1 else "mixed"
+        merged[cell] = times
+    return merged
 
 
 def _ms(value: Optional[float]) -> str:
@@ -98,18 +126,17 @@ def _ms(value: Optional[float]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", nargs="+", help="bench prefill --json files (later files override earlier cells)")
+    parser.add_argument("json", nargs="+", help="bench prefill --json files (each time: the median over the files)")
     parser.add_argument("--margin", type=float, default=0.05, help="slower than the faster path by more: a miss")
     parser.add_argument("--markdown", action="store_true", help="a docs/PERFORMANCE.md table")
     args = parser.parse_args()
-    cells: dict[Cell, dict] = {}
+    runs = []
     for path in args.json:
         data = json.loads(Path(path).read_text())
         if "prefill" not in data:
             raise SystemExit(f"{path} has no 'prefill' rows: give the --json of `vllm-oscar bench prefill`.")
-        for cell, times in cells_of(data["prefill"]).items():
-            cells.setdefault(cell, {}).update(times)
-    print("\n".join(report(cells, args.margin, args.markdown)))
+        runs.append(cells_of(data["prefill"]))
+    print("\n".join(report(merge_runs(runs), args.margin, args.markdown)))
     return 0
 
 
