@@ -13,7 +13,9 @@ rule picks the faster path and lists the others. CPU only (no GPU needed):
 
 Several files: each time is the median over the files that have it (repeated runs of one grid, as on one warm
 machine, judge by less noisy times; files of different rows, e.g. a run with the split and one without, simply add
-up). The summary also counts the cells where the measured `auto` row took the rule's path.
+up). The summary also counts the cells where the measured `auto` row took the rule's path, and, where runs timed the key
+segments (`--prefill-flash 0 1 --prefill-flash-split 1` beside a run of `--prefill-flash 0 1`), compares them with the
+faster unsplit path by each run's ratio to its own Triton time (runs on different machines compare that way).
 """
 
 from __future__ import annotations
@@ -38,20 +40,28 @@ Cell = tuple[str, int, int, int]  # geometry, cached prefix, chunk, batch
 
 
 def cells_of(rows: list[dict]) -> dict[Cell, dict]:
-    """Times per cell: "triton", "flash", "split", "auto" (ms; absent where not run), "bf16" and the auto row's
-    "auto_path"."""
+    """Times per cell: "triton", "flash", "split", "auto", "auto_split" (`auto` with the key segments on) (ms; absent
+    where not run), "bf16" and the auto row's "auto_path"; and, where the run timed the Triton kernel beside them,
+    "split_rel" (the key segments' time over it) and "unsplit_rel" (the faster of the two unsplit paths over it), so
+    that runs on different machines compare the key segments by ratios."""
     cells: dict[Cell, dict] = {}
     for row in rows:
         if "ms" not in row.get("oscar", {}):
             continue
         cell = cells.setdefault((row["geometry"], row["prefix"], row["chunk"], row["batch"]), {})
         flash, split = row["config"]["prefill_flash"], row["config"].get("prefill_flash_split", False)
-        name = "auto" if flash is None else ("split" if split else "flash") if flash else "triton"
+        name = ("auto_split" if split else "auto") if flash is None else ("split" if split else "flash") if flash \
+            else "triton"
         cell[name] = row["oscar"]["ms"]
         if name == "auto" and "path" in row:
             cell["auto_path"] = row["path"]
         if "ms" in row.get("bf16_sdpa", {}):
             cell.setdefault("bf16", row["bf16_sdpa"]["ms"])
+    for times in cells.values():
+        if "triton" in times and "split" in times:
+            times["split_rel"] = times["split"] / times["triton"]
+        if "triton" in times and "flash" in times:
+            times["unsplit_rel"] = min(times["flash"], times["triton"]) / times["triton"]
     return cells
 
 
@@ -102,7 +112,26 @@ def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
                                                                   for (g, p, c, b), cost in misses)))
     if auto_judged:
         lines.append(f"the measured auto row took the rule's path in {auto_agree} of {auto_judged} cells")
+    lines += split_summary(cells, margin)
     return lines
+
+
+def split_summary(cells: dict[Cell, dict], margin: float) -> list[str]:
+    """Where the runs timed the key segments: per cell, the faster unsplit path's time over the key segments', both
+    as ratios to the Triton kernel of their own run (median over the runs), and which cells gain or lose by more
+    than ``margin``."""
+    gains = {cell: times["unsplit_rel"] / times["split_rel"] for cell, times in sorted(cells.items())
+             if "split_rel" in times and "unsplit_rel" in times}
+    if not gains:
+        return []
+    wins = [(cell, gain) for cell, gain in gains.items() if gain > 1 + margin]
+    losses = [(cell, gain) for cell, gain in gains.items() if gain < 1 / (1 + margin)]
+    return [f"key segments against the faster unsplit path (times over each run's Triton kernel): faster by more "
+            f"than {margin:.0%} in {len(wins)} of {len(gains)} cells"
+            + ("" if not wins else " (" + ", ".join(f"{g} {p}/{c}x{b} {gain:.2f}x" for (g, p, c, b), gain in wins)
+               + ")")
+            + f"; slower in {len(losses)}"
+            + ("" if not losses else f" (at worst {1 / min(gain for _, gain in losses):.2f}x the time)")]
 
 
 def merge_runs(runs: list[dict[Cell, dict]]) -> dict[Cell, dict]:

@@ -11,9 +11,10 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-def _row(geometry: str, prefix: int, chunk: int, batch: int, flash, ms: float, bf16: float = 0.1) -> dict:
+def _row(geometry: str, prefix: int, chunk: int, batch: int, flash, ms: float, bf16: float = 0.1,
+         split: bool = False) -> dict:
     return {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
-            "config": {"prefill_flash": flash, "prefill_flash_split": False}, "oscar": {"ms": ms},
+            "config": {"prefill_flash": flash, "prefill_flash_split": split}, "oscar": {"ms": ms},
             "bf16_sdpa": {"ms": bf16}}
 
 
@@ -76,3 +77,22 @@ def test_repeated_runs_are_judged_by_their_median_times(tmp_path: Path) -> None:
     assert cell[4:7] == ["0.100", "0.120", "1.20"] and cell[9] == "mixed"
     assert lines[-2] == "the rule picks the faster path (within 5%) in 1 of 1 cells"
     assert lines[-1] == "the measured auto row took the rule's path in 0 of 1 cells"
+
+
+def test_key_segments_are_compared_by_ratios_to_their_own_runs_triton_time(tmp_path: Path) -> None:
+    """Two cells timed unsplit on one machine and with the key segments on a machine twice as slow: by raw times the
+    segments would lose everywhere; by each run's ratio to its own Triton time they gain 1.33x in the first cell
+    (0.8 against 0.6 of Triton) and lose in the second (0.5 against 0.9: 1.80x the time). The auto row with the
+    segments on is not judged as the rule's auto."""
+    unsplit = [_row("smollm2-135m", 32768, 64, 1, False, 1.0), _row("smollm2-135m", 32768, 64, 1, True, 0.8),
+               _row("qwen3-8b", 4096, 64, 1, False, 0.4), _row("qwen3-8b", 4096, 64, 1, True, 0.2)]
+    split = [_row("smollm2-135m", 32768, 64, 1, False, 2.0), _row("smollm2-135m", 32768, 64, 1, True, 1.2, split=True),
+             _row("smollm2-135m", 32768, 64, 1, None, 1.2, split=True) | {"path": "flash"},
+             _row("qwen3-8b", 4096, 64, 1, False, 0.8), _row("qwen3-8b", 4096, 64, 1, True, 0.72, split=True)]
+    result = _run(tmp_path, unsplit, runs=(split,))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == ("key segments against the faster unsplit path (times over each run's Triton kernel): faster "
+                         "by more than 5% in 1 of 2 cells (smollm2-135m 32768/64x1 1.33x); slower in 1 (at worst "
+                         "1.80x the time)")
+    assert not any(line.startswith("the measured auto row") for line in lines)
