@@ -11,11 +11,13 @@ rule picks the faster path and lists the others. CPU only (no GPU needed):
 
     python bench/prefill_routing.py docs/perf/session52/prefill_grid.json [--markdown] [--margin 0.05]
 
-Several files: each time is the median over the files that have it (repeated runs of one grid, as on one warm
-machine, judge by less noisy times; files of different rows, e.g. a run with the split and one without, simply add
-up). The summary also counts the cells where the measured `auto` row took the rule's path, and, where runs timed the key
-segments (`--prefill-flash 0 1 --prefill-flash-split 1` beside a run of `--prefill-flash 0 1`), compares them with the
-faster unsplit path by each run's ratio to its own Triton time (runs on different machines compare that way).
+Several files: each time is the median over the files that have it (repeated runs of one grid judge by less noisy
+times). The rule is judged on those medians, so give it runs that each time both unsplit paths: a run that times
+only the Triton kernel beside the key segments moves that path's median and not FlashAttention's (judge the rule
+without it). The summary also counts the cells where the measured `auto` row took the rule's path, and, where runs
+timed the key segments (`--prefill-flash 0 1 --prefill-flash-split 1` beside a run of `--prefill-flash 0 1`),
+compares them with the faster unsplit path by each run's ratio to its own Triton time (runs on different machines
+compare that way).
 """
 
 from __future__ import annotations
@@ -135,8 +137,8 @@ def split_summary(cells: dict[Cell, dict], margin: float) -> list[str]:
 
 
 def merge_runs(runs: list[dict[Cell, dict]]) -> dict[Cell, dict]:
-    """One time per cell and path: the median over the runs that timed it; the auto path of the last run that has
-    one, or "mixed" where the runs' auto rows took different paths."""
+    """One time per cell and path: the median over the runs that timed it; the auto path the runs' auto rows took,
+    or "mixed" where they took different paths."""
     merged: dict[Cell, dict] = {}
     for cell in {cell for run in runs for cell in run}:
         present = [run[cell] for run in runs if cell in run]

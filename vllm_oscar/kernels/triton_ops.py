@@ -478,8 +478,8 @@ class AttentionConfig:
     exceed FLASH_PREFILL_MAX_WORKSPACE (then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
     new rows (chunk_from_cache False) always runs the Triton kernel;
-    prefill_flash_split (opt-in; on an H100 up to 1.5x faster than either unsplit path for chunks of 64-512 rows
-    over 16K-32K prefixes, in 15 of 48 such cells, and up to 1.9x slower elsewhere, every 4K prefix included,
+    prefill_flash_split (opt-in; on an H100, over 48 cells of 64-512 rows x 1-2 requests at 4K-32K prefixes, up to
+    1.5x faster than either unsplit path in 15, all at 16K-32K, and up to 1.9x slower in 19, every 4K prefix included,
     docs/PERFORMANCE.md "Chunked prefill"): flash_prefill cuts the far positions every chunk row sees
     into key segments (flash_plan.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM
     (segments of >= FLASH_SPLIT_MIN_KEYS positions), and the default then routes without the program floor.
