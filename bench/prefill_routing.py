@@ -2,22 +2,21 @@
 """Read `vllm-oscar bench prefill --json` files: per cell, the Triton kernel against FlashAttention prefill, and
 whether the routing of THIS tree picks the faster one.
 
-The runs to read time each cell with `--prefill-flash 0 1` (optionally `auto`, and `--prefill-flash-split 1` rows
-for the key segments). For every (geometry, prefix, chunk, batch) cell the report gives both times, their ratio,
-BF16 SDPA's time, what the current rule picks (flash_plan.CallSize of the cell's PrefillPlan, the constants of this
-checkout: a JSON from older code is re-judged by today's rule), the measured `auto` row and its `path` where the
-run had them, and how much slower the rule's pick is than the faster path. A summary counts the cells where the
-rule picks the faster path and lists the others. CPU only (no GPU needed):
+The runs to read time each cell with `--prefill-flash 0 1 --prefill-flash-split 0` (the Triton kernel and unsplit
+FlashAttention), and may add `--prefill-flash 1 --prefill-flash-split 1` (the key segments) and `--prefill-flash
+auto` (the default routing). For every (geometry, prefix, chunk, batch) cell the report gives the times, flash over
+Triton, BF16 SDPA's time, what the current rule picks (flash_plan.CallSize.path of the cell's PrefillPlan, the
+constants of this checkout: a JSON from older code is re-judged by today's rule), the measured `auto` row and its
+`path` where the run had them, and how much slower the rule's pick is than the fastest path timed. A summary counts
+the cells where the rule picks the fastest path and lists the others. CPU only (no GPU needed):
 
     python bench/prefill_routing.py docs/perf/session52/prefill_grid.json [--markdown] [--margin 0.05]
 
-Several files: each time is the median over the files that have it (repeated runs of one grid judge by less noisy
-times). The rule is judged on those medians, so give it runs that each time both unsplit paths: a run that times
-only the Triton kernel beside the key segments moves that path's median and not FlashAttention's (judge the rule
-without it). The summary also counts the cells where the measured `auto` row took the rule's path, and, where runs
-timed the key segments (`--prefill-flash 0 1 --prefill-flash-split 1` beside a run of `--prefill-flash 0 1`),
-compares them with the faster unsplit path by each run's ratio to its own Triton time (runs on different machines
-compare that way).
+Several files: each time in the table is the median over the files that have it, and the rule is judged by each
+path's median ratio to its own run's Triton time (repeated runs of one grid judge by less noisy times; runs on
+different machines compare by ratios), so every run should time the Triton kernel. The summary also counts the
+cells where the measured `auto` row took the rule's path (a run from before the key segments' rule has no such
+row), and, where runs timed the key segments, compares them with the faster unsplit path.
 """
 
 from __future__ import annotations
@@ -36,44 +35,58 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS  # noqa: E402
 from vllm_oscar.kernels.benchmark import geometry_heads  # noqa: E402
-from vllm_oscar.kernels.flash_plan import CallSize, PrefillPlan  # noqa: E402
+from vllm_oscar.kernels.flash_plan import PREFILL_PATHS, CallSize, PrefillPlan  # noqa: E402
 
 Cell = tuple[str, int, int, int]  # geometry, cached prefix, chunk, batch
 
 
 def cells_of(rows: list[dict]) -> dict[Cell, dict]:
-    """Times per cell: "triton", "flash", "split", "auto", "auto_split" (`auto` with the key segments on) (ms; absent
-    where not run), "bf16" and the auto row's "auto_path"; and, where the run timed the Triton kernel beside them,
-    "split_rel" (the key segments' time over it) and "unsplit_rel" (the faster of the two unsplit paths over it), so
-    that runs on different machines compare the key segments by ratios."""
+    """Times per cell: "triton", "flash", "split" (FlashAttention with the key segments), "auto" (the default routing,
+    key segments by its rule), "auto_split" / "auto_unsplit" (the default routing with the key segments always / never
+    on: a run from before the segments' rule timed its `auto` this way) (ms; absent where not run), "bf16" and the
+    auto row's "auto_path"; and, where the run timed the Triton kernel beside them, each path's time over it
+    ("triton_rel", "flash_rel", "split_rel") and "unsplit_rel" (the faster of the two unsplit paths over it), so that
+    runs on different machines compare by ratios."""
     cells: dict[Cell, dict] = {}
     for row in rows:
         if "ms" not in row.get("oscar", {}):
             continue
         cell = cells.setdefault((row["geometry"], row["prefix"], row["chunk"], row["batch"]), {})
-        flash, split = row["config"]["prefill_flash"], row["config"].get("prefill_flash_split", False)
-        name = ("auto_split" if split else "auto") if flash is None else ("split" if split else "flash") if flash \
-            else "triton"
+        name = path_name(row)
         cell[name] = row["oscar"]["ms"]
         if name == "auto" and "path" in row:
             cell["auto_path"] = row["path"]
         if "ms" in row.get("bf16_sdpa", {}):
             cell.setdefault("bf16", row["bf16_sdpa"]["ms"])
     for times in cells.values():
-        if "triton" in times and "split" in times:
-            times["split_rel"] = times["split"] / times["triton"]
-        if "triton" in times and "flash" in times:
+        if "triton" not in times:
+            continue
+        for name in PREFILL_PATHS:
+            if name in times:
+                times[f"{name}_rel"] = times[name] / times["triton"]
+        if "flash" in times:
             times["unsplit_rel"] = min(times["flash"], times["triton"]) / times["triton"]
     return cells
 
 
+def path_name(row: dict) -> str:
+    """The name cells_of files a row's time under, from its config (prefill_flash, prefill_flash_split; a forced
+    FlashAttention row with the segments left to the rule is named by the path it took)."""
+    flash, split = row["config"]["prefill_flash"], row["config"].get("prefill_flash_split", False)
+    if flash is None:
+        return "auto" if split is None else "auto_split" if split else "auto_unsplit"
+    if not flash:
+        return "triton"
+    return row["path"] if split is None else "split" if split else "flash"
+
+
 def rule_pick(cell: Cell) -> str:
-    """"flash" or "triton": this checkout's default routing for the cell as the served step plans it."""
+    """One of flash_plan.PREFILL_PATHS: this checkout's default routing for the cell as the served step plans it."""
     geometry, prefix, chunk, batch = cell
     heads, kv_heads, head_dim = geometry_heads(geometry)
     starts = [index * chunk for index in range(batch + 1)]
     plan = PrefillPlan.of(starts, [prefix + chunk] * batch, DEFAULT_RECENT_TOKENS, torch.device("cpu"))
-    return "flash" if CallSize.of_plan(plan, heads, kv_heads, head_dim).takes_flash() else "triton"
+    return CallSize.of_plan(plan, heads, kv_heads, head_dim).path()
 
 
 def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
@@ -85,16 +98,19 @@ def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
     else:
         lines.append(f"{'geometry':<14}{'prefix':>7}{'chunk':>6}{'B':>3}{'triton':>9}{'flash':>9}{'fl/tri':>7}"
                      f"{'split':>9}{'auto':>9}{'path':>7}{'bf16':>9}  rule   rule/faster")
-    agree, misses, auto_judged, auto_agree = 0, [], 0, 0
+    agree, misses, untimed, auto_judged, auto_agree = 0, [], [], 0, 0
     for cell, times in sorted(cells.items()):
-        if "triton" not in times or "flash" not in times:
+        if "triton_rel" not in times or "flash_rel" not in times:
             continue
         pick = rule_pick(cell)
         if "auto_path" in times:
             auto_judged += 1
             auto_agree += times["auto_path"] == pick
-        faster = min(times["triton"], times["flash"])
-        cost = times[pick] / faster
+        if f"{pick}_rel" not in times:
+            untimed.append(cell)
+            continue
+        faster = min(times[f"{name}_rel"] for name in PREFILL_PATHS if f"{name}_rel" in times)
+        cost = times[f"{pick}_rel"] / faster
         if cost <= 1 + margin:
             agree += 1
         else:
@@ -112,6 +128,9 @@ def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
     lines.append(f"the rule picks the faster path (within {margin:.0%}) in {agree} of {judged} cells" +
                  ("" if not misses else "; slower: " + ", ".join(f"{g} {p}/{c}x{b} {cost:.2f}x"
                                                                   for (g, p, c, b), cost in misses)))
+    if untimed:
+        lines.append(f"not judged, the rule's path not timed: {len(untimed)} cells ("
+                     + ", ".join(f"{g} {p}/{c}x{b}" for g, p, c, b in untimed) + ")")
     if auto_judged:
         lines.append(f"the measured auto row took the rule's path in {auto_agree} of {auto_judged} cells")
     lines += split_summary(cells, margin)

@@ -275,6 +275,8 @@ def test_bench_prefill_times_the_shipped_config_per_flash_setting_eagerly_by_def
     assert prefill_configs(args) == [dataclasses.replace(triton_ops.DEFAULT_PREFILL, prefill_flash=flag)
                                      for flag in (False, True, None)]
     assert args.prefill_timing == "graph"
+    args = _bench_args(["prefill", "--prefill-flash", "1", "--prefill-flash-split", "0", "1", "auto"])
+    assert [config.prefill_flash_split for config in prefill_configs(args)] == [False, True, None]
 
 
 @pytest.mark.parametrize("capability,setting,expected", [((9, 0), None, True), ((10, 0), None, True),

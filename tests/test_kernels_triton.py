@@ -1234,7 +1234,62 @@ def test_call_size_of_a_plan_counts_pairs_programs_and_rows_exactly() -> None:
             near += sum(1 for s in range(length) if s > prefix - recent)
     size = flash_plan.CallSize.of_plan(plan, heads, kv_heads, dim)
     programs = -(-tiles // flash_plan.FLASH_QUERY_TILE)
-    assert size == flash_plan.CallSize(pairs * heads * dim, programs, max(far, near) * kv_heads * dim * 4)
+    shortest = min(end - begin for begin, end in zip(starts, starts[1:]) if end > begin)  # 5: the empty one skipped
+    assert size == flash_plan.CallSize(pairs * heads * dim, programs, max(far, near) * kv_heads * dim * 4,
+                                       shortest)
+
+
+_SPLIT_WORK = flash_plan.FLASH_SPLIT_MIN_PROGRAM_WORK
+_TILE = flash_plan.FLASH_QUERY_TILE
+
+
+@pytest.mark.parametrize("size, pays, default_path, unsplit_path", [
+    (flash_plan.CallSize(_SPLIT_WORK * 64, 64, 0, _TILE), True, "split", "flash"),  # 64 programs: over the floor
+    (flash_plan.CallSize(_SPLIT_WORK * 32, 32, 0, _TILE), True, "split", "triton"),  # under the floor
+    (flash_plan.CallSize(_SPLIT_WORK * 64 - 1, 64, 0, _TILE), False, "flash", "flash"),  # programs' work too small
+    (flash_plan.CallSize(_SPLIT_WORK * 128, 128, 0, _TILE), False, "flash", "flash"),  # enough programs unsplit
+    (flash_plan.CallSize(_SPLIT_WORK * 32, 32, 0, _TILE - 1), False, "triton", "triton"),  # a partial query tile
+    (flash_plan.CallSize(_SPLIT_WORK * 32, 32, 0, 0), False, "triton", "triton"),  # chunks unknown (no plan)
+    (flash_plan.CallSize(_SPLIT_WORK * 32, 32, 2 ** 40, _TILE), True, "triton", "triton"),  # workspace cap
+])
+def test_call_size_splits_keys_where_few_programs_each_walk_a_long_prefix(monkeypatch, size, pays, default_path,
+                                                                          unsplit_path) -> None:
+    """CallSize.split_pays at each of its bounds (fewer than FLASH_SPLIT_MAX_PROGRAMS programs, each of at least
+    FLASH_SPLIT_MIN_PROGRAM_WORK, every request a full query tile), and CallSize.path by default (segments where
+    they pay, with no program floor) and with them off (prefill_flash_split False: the floor of 64 programs)."""
+    monkeypatch.setattr(flash_plan, "workspace_fallbacks", 0)
+    assert flash_plan.FLASH_SPLIT_MAX_PROGRAMS == 128 and flash_plan.FLASH_PREFILL_MIN_PROGRAMS == 64
+    assert size.split_pays() is pays
+    assert size.path() == default_path and size.path(False) == unsplit_path
+    assert size.path(True) == ("triton" if size.workspace else "split")
+
+
+@pytest.mark.parametrize("rows, split, segments", [(128, None, 132), (127, None, None), (128, False, None),
+                                                   (127, True, 132)])
+def test_prefill_default_cuts_keys_into_segments_by_its_rule(monkeypatch, rows, split, segments) -> None:
+    """oscar_prefill's default (prefill_flash_split None) runs flash_prefill with key segments where the step's
+    plan has every chunk fill a query tile (128 rows) and CallSize.split_pays (the work bound lowered here; 2 heads:
+    2 programs unsplit, ceil(2 x 132 SMs / 2) segments), and the Triton kernel where the unsplit launch has too few
+    programs (FLASH_PREFILL_MIN_PROGRAMS 4 here); False never cuts them, True always does."""
+    gen = torch.Generator().manual_seed(11)
+    layout = PageLayout(64, 64, 16, torch.float16)
+    state = random_paged_state([rows + 40], 1, layout, 4, 8, gen)
+    query = torch.randn(rows, 2, 64, generator=gen).to(torch.bfloat16)
+    plan = flash_plan.PrefillPlan.of([0, rows], [rows + 40], 8, query.device)
+    calls = []
+    monkeypatch.setattr(triton_ops, "flash_unavailable", lambda *args: None)
+    monkeypatch.setattr(triton_ops, "flash_prefill", lambda *args, **kwargs: calls.append(kwargs) or args[7])
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_WORK", 1)
+    monkeypatch.setattr(flash_plan, "FLASH_PREFILL_MIN_PROGRAMS", 4)
+    monkeypatch.setattr(flash_plan, "FLASH_SPLIT_MIN_PROGRAM_WORK", 1)
+    config = triton_ops.AttentionConfig(block_t=16, prefill_flash_split=split)
+    triton_ops.oscar_prefill(query, None, None, state.cache, state.window_k, state.window_v, layout,
+                             state.block_table, state.window_block_table, torch.tensor([0, rows], dtype=torch.int32),
+                             state.seq_lens, 4, 8, 0.125, chunk_from_cache=True, max_seq_len=rows + 40,
+                             flash_plan=plan, config=config)
+    assert [call["key_segments"] for call in calls] == ([] if segments is None else [segments])
+    path = triton_ops.prefill_path(config, query, layout, 8, rows + 40, state.block_table, 1, plan)
+    assert path == ("triton" if segments is None else "split")
 
 
 @pytest.mark.parametrize("planned", [False, True])

@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def _row(geometry: str, prefix: int, chunk: int, batch: int, flash, ms: float, bf16: float = 0.1,
-         split: bool = False) -> dict:
+         split: Optional[bool] = False) -> dict:
     return {"geometry": geometry, "prefix": prefix, "chunk": chunk, "batch": batch,
             "config": {"prefill_flash": flash, "prefill_flash_split": split}, "oscar": {"ms": ms},
             "bf16_sdpa": {"ms": bf16}}
@@ -35,7 +36,7 @@ def test_the_report_judges_the_current_rule_against_the_faster_path(tmp_path: Pa
     miss at 1.43x; the markdown form has a table row per cell."""
     rows = [_row("qwen3-8b", 32768, 2048, 4, False, 23.4), _row("qwen3-8b", 32768, 2048, 4, True, 13.3),
             _row("smollm2-135m", 0, 512, 1, False, 0.10), _row("smollm2-135m", 0, 512, 1, True, 0.07),
-            _row("smollm2-135m", 0, 512, 1, None, 0.11) | {"path": "triton"}]
+            _row("smollm2-135m", 0, 512, 1, None, 0.11, split=None) | {"path": "triton"}]
     result = _run(tmp_path, rows)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -65,7 +66,7 @@ def test_repeated_runs_are_judged_by_their_median_times(tmp_path: Path) -> None:
     auto rows that took different paths are reported as mixed, not as the rule's."""
     def run(triton: float, flash: float, auto_path: str) -> list[dict]:
         return [_row("smollm2-135m", 0, 512, 1, False, triton), _row("smollm2-135m", 0, 512, 1, True, flash),
-                _row("smollm2-135m", 0, 512, 1, None, triton) | {"path": auto_path}]
+                _row("smollm2-135m", 0, 512, 1, None, triton, split=None) | {"path": auto_path}]
 
     noisy = run(0.15, 0.10, "triton")
     alone = _run(tmp_path, noisy).stdout.splitlines()
@@ -96,3 +97,21 @@ def test_key_segments_are_compared_by_ratios_to_their_own_runs_triton_time(tmp_p
                          "by more than 5% in 1 of 2 cells (smollm2-135m 32768/64x1 1.33x); slower in 1 (at worst "
                          "1.80x the time)")
     assert not any(line.startswith("the measured auto row") for line in lines)
+
+
+def test_cells_the_rule_splits_are_judged_against_the_key_segments(tmp_path: Path) -> None:
+    """Qwen3-8B 256 rows over a 32K prefix (64 programs of 2^29 work each, full tiles: the rule cuts the keys): with
+    the key segments timed they are its path and the fastest (1.00); the same cell at 16K, where they were not
+    timed, is left unjudged and named; the auto row that took the segments agrees with the rule."""
+    rows = [_row("qwen3-8b", 32768, 256, 1, False, 1.4), _row("qwen3-8b", 32768, 256, 1, True, 1.3),
+            _row("qwen3-8b", 32768, 256, 1, True, 0.85, split=True),
+            _row("qwen3-8b", 32768, 256, 1, None, 0.86, split=None) | {"path": "split"},
+            _row("qwen3-8b", 16384, 256, 1, False, 0.8), _row("qwen3-8b", 16384, 256, 1, True, 0.8)]
+    result = _run(tmp_path, rows)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    cell = next(line for line in lines if line.startswith("qwen3-8b") and " 32768 " in line).split()
+    assert cell[-2:] == ["split", "1.00"]
+    assert "the rule picks the faster path (within 5%) in 1 of 1 cells" in lines
+    assert "not judged, the rule's path not timed: 1 cells (qwen3-8b 16384/256x1)" in lines
+    assert "the measured auto row took the rule's path in 1 of 1 cells" in lines

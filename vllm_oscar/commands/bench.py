@@ -70,9 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "prefill kernel (0), or by the product's rule (auto: FlashAttention from "
                              "FLASH_PREFILL_MIN_WORK on); several values time each in turn per case "
                              "(AttentionConfig.prefill_flash)")
-    parser.add_argument("--prefill-flash-split", nargs="+", default=["0"], choices=("0", "1"),
+    parser.add_argument("--prefill-flash-split", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="prefill: FlashAttention prefill's far positions in key segments for more programs "
-                             "(1; AttentionConfig.prefill_flash_split, opt-in) or not (0)")
+                             "(1), never (0), or by the product's rule (auto: flash_plan.CallSize.split_pays); "
+                             "several values time each in turn per case (AttentionConfig.prefill_flash_split)")
     parser.add_argument("--prefill-flash-plan", nargs="+", default=["step"], choices=("step", "call"),
                         help="prefill: FlashAttention prefill's ranges planned once per step on the host, as the "
                              "served backend does (step; no synchronisation per call), or read by each call (call: "
@@ -261,7 +262,8 @@ def prefill_configs(args: argparse.Namespace) -> list:
 
     if args.prefill_tune:
         return prefill_tune_configs(args)
-    return [dataclasses.replace(DEFAULT_PREFILL, prefill_flash=_auto(flash, bool), prefill_flash_split=split == "1")
+    return [dataclasses.replace(DEFAULT_PREFILL, prefill_flash=_auto(flash, bool),
+                                prefill_flash_split=_auto(split, bool))
             for flash, split in itertools.product(args.prefill_flash, args.prefill_flash_split)]
 
 
@@ -306,7 +308,7 @@ def run_prefill(args: argparse.Namespace, device: torch.device) -> list[dict]:
         c = rows[-1]["config"]
         print(f"{format_prefill_table(rows[-1:]).splitlines()[-1]}  bt={c['block_t']} w={c['num_warps']} "
               f"s={c['num_stages']} rows={c['prefill_rows']} splits={c['prefill_splits']} "
-              f"apart={c['prefill_int2_apart']} flash={c['prefill_flash']} split={int(c['prefill_flash_split'])} "
+              f"apart={c['prefill_int2_apart']} flash={c['prefill_flash']} split={c['prefill_flash_split']} "
               f"plan={plan} path={rows[-1]['path']}",
               flush=True)
     print(format_prefill_table(rows))

@@ -38,15 +38,26 @@ FLASH_QUERY_TILE = 128
 #: kernel splits the prefix. Measured (H200): SmolLM2 geometry 512 tokens over a 32K prefix (36 programs) 0.76
 #: against 0.64 ms, 256 tokens x 4 over a 16K prefix (72 programs) 0.50 against 0.99.
 FLASH_PREFILL_MIN_PROGRAMS = 64
-#: AttentionConfig.prefill_flash_split (opt-in): FlashAttention programs per SM that the key segments aim for, and
-#: the fewest positions per segment.
+#: Key segments (flash_plan.KeySplit, AttentionConfig.prefill_flash_split): FlashAttention programs per SM that the
+#: segments aim for, and the fewest positions per segment.
 FLASH_SPLIT_PROGRAMS_PER_SM = 2
 FLASH_SPLIT_MIN_KEYS = 1024
+#: The default cuts the keys into segments (CallSize.split_pays) where the unsplit launch has fewer programs than
+#: this (under one per SM of an H100 or H200, 132 SMs), each program's work (CallSize.work / programs) is at least
+#: FLASH_SPLIT_MIN_PROGRAM_WORK (long prefixes: Qwen3-8B geometry from 16K, SmolLM2 from 32K) and every request
+#: fills a full query tile (FLASH_QUERY_TILE chunk rows: 64-row chunks at Qwen3-8B geometry lost 1.12-1.29x).
+#: Read off 48 cells of 64-512 rows x 1-2 requests at 4K-32K prefixes (H100, docs/PERFORMANCE.md "Chunked
+#: prefill"): it takes 12, eleven 1.10-1.47x faster than the faster unsplit path and one 1.10x slower.
+FLASH_SPLIT_MAX_PROGRAMS = 128
+FLASH_SPLIT_MIN_PROGRAM_WORK = 2 ** 28
 #: The most bytes the default lets one call's gathered K and V rows take: vLLM sizes its KV cache after a profiling
 #: step whose prefill has no long prefix, so this workspace is memory it did not count. Above it the Triton prefill
 #: kernel runs (logged, counted in workspace_fallbacks). 1 GiB holds every measured cell (Qwen3-8B geometry, 8 KV
 #: heads, D = 128: four requests at a 32K prefix, 0.53 GiB) and two 128K-token requests at that geometry.
 FLASH_PREFILL_MAX_WORKSPACE = 2 ** 30
+#: The paths a chunked prefill call over the cache can take: the Triton prefill kernel, FlashAttention over gathered
+#: rows, and FlashAttention with the far keys in segments.
+PREFILL_PATHS = ("triton", "flash", "split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,11 +175,13 @@ class CallSize:
     """What the default routing weighs for one call: ``work`` = query-key pairs x Hq x D, ``programs`` = its
     FlashAttention launch's programs counted in full query tiles, cdiv(query rows x Hq, FLASH_QUERY_TILE) (a chunk of
     64 rows fills half a tile's rows: 64 rows x 2 requests over 32K at Qwen3-8B geometry, 64 programs of half
-    tiles, took 1.7x the Triton kernel's time), ``workspace`` = bytes of the gathered K and V rows (bf16 / fp16)."""
+    tiles, took 1.7x the Triton kernel's time), ``workspace`` = bytes of the gathered K and V rows (bf16 / fp16),
+    ``shortest_chunk`` = the fewest new rows of any request with new rows (0 where unknown)."""
 
     work: int
     programs: int
     workspace: int
+    shortest_chunk: int = 0
 
     @staticmethod
     def of_plan(plan: PrefillPlan, heads: int, kv_heads: int, head_dim: int) -> "CallSize":
@@ -177,15 +190,31 @@ class CallSize:
         pairs = sum(chunk * prefix + chunk * (chunk + 1) // 2 for chunk, prefix in zip(ranges.chunks, ranges.prefixes))
         rows = max(sum(ranges.far_count), sum(ranges.near_count))
         return CallSize(pairs * heads * head_dim, full_tile_programs(sum(ranges.chunks), heads),
-                        rows * kv_heads * head_dim * 2 * 2)
+                        rows * kv_heads * head_dim * 2 * 2,
+                        min((chunk for chunk in ranges.chunks if chunk), default=0))
 
     @staticmethod
     def bound(rows: int, keys_per_row: int, requests: int, longest: int, heads: int, kv_heads: int,
               head_dim: int) -> "CallSize":
         """Without a plan: ``rows`` query rows reading <= ``keys_per_row`` positions each, of ``requests`` requests
-        of <= ``longest`` positions (requests x longest bounds the gathered rows)."""
+        of <= ``longest`` positions (requests x longest bounds the gathered rows); each request's chunk unknown."""
         return CallSize(rows * keys_per_row * heads * head_dim, full_tile_programs(rows, heads),
                         requests * longest * kv_heads * head_dim * 2 * 2)
+
+    def split_pays(self) -> bool:
+        """Whether the default cuts the keys into segments (FLASH_SPLIT_MAX_PROGRAMS, FLASH_SPLIT_MIN_PROGRAM_WORK,
+        FLASH_QUERY_TILE rows in every request's chunk; never where the chunks are unknown)."""
+        return (0 < self.programs < FLASH_SPLIT_MAX_PROGRAMS and self.shortest_chunk >= FLASH_QUERY_TILE
+                and self.work >= FLASH_SPLIT_MIN_PROGRAM_WORK * self.programs)
+
+    def path(self, split: Optional[bool] = None) -> str:
+        """The default's path for this call, one of PREFILL_PATHS: "split" (FlashAttention with key segments) where
+        ``split`` is True, or None (the default) and split_pays; then the work and workspace limits of takes_flash,
+        with no program floor where the segments make the programs."""
+        split = self.split_pays() if split is None else split
+        if not self.takes_flash(0 if split else None):
+            return "triton"
+        return "split" if split else "flash"
 
     def takes_flash(self, min_programs: Optional[int] = None) -> bool:
         """The default's choice (FLASH_PREFILL_MIN_WORK, ``min_programs`` = FLASH_PREFILL_MIN_PROGRAMS unless given,

@@ -110,8 +110,8 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     plan = (PrefillPlan.of(case.starts.tolist(), case.cache.seq_lens.tolist(), DEFAULT_RECENT_TOKENS, device)
             if flash_plan and chunk_from_cache else None)
     c = case.cache
-    result["path"] = ("flash" if chunk_from_cache and triton_ops.prefill_takes_flash(
-        config, case.query, c.layout, DEFAULT_RECENT_TOKENS, total, c.block_table, hkv, plan) else "triton")
+    result["path"] = triton_ops.prefill_path(config, case.query, c.layout, DEFAULT_RECENT_TOKENS, total,
+                                             c.block_table, hkv, plan) if chunk_from_cache else "triton"
     result["oscar"] = _timed(prefill_call(triton_ops.oscar_prefill, case, torch.empty_like(case.query),
                                         max_query_len=chunk, max_seq_len=total, config=config, flash_plan=plan),
                             reps, flops, eager, layers)

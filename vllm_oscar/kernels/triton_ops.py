@@ -478,11 +478,13 @@ class AttentionConfig:
     exceed FLASH_PREFILL_MAX_WORKSPACE (then the Triton kernel, logged and counted); True = wherever flash_unavailable
     finds no reason, whatever the work and workspace, else raises; False = the Triton kernel. The chunk read from its
     new rows (chunk_from_cache False) always runs the Triton kernel;
-    prefill_flash_split (opt-in; on an H100, over 48 cells of 64-512 rows x 1-2 requests at 4K-32K prefixes, up to
-    1.5x faster than either unsplit path in 15, all at 16K-32K, and up to 1.9x slower in 19, every 4K prefix included,
-    docs/PERFORMANCE.md "Chunked prefill"): flash_prefill cuts the far positions every chunk row sees
-    into key segments (flash_plan.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM
-    (segments of >= FLASH_SPLIT_MIN_KEYS positions), and the default then routes without the program floor.
+    prefill_flash_split: where flash_prefill runs, it cuts the far positions every chunk row sees into key segments
+    (flash_plan.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM (segments of >=
+    FLASH_SPLIT_MIN_KEYS positions), and the default then routes without the program floor. None (the default) =
+    where flash_plan.CallSize.split_pays (few programs, each over a long prefix, full query tiles; needs the step's
+    plan); True = on every flash_prefill call (on an H100, over 48 cells of 64-512 rows x 1-2 requests at 4K-32K
+    prefixes, up to 1.5x faster than either unsplit path in 15, all at 16K-32K, and up to 1.9x slower in 19, every
+    4K prefix included, docs/PERFORMANCE.md "Chunked prefill"); False = never.
     """
 
     block_t: Optional[int] = None
@@ -516,7 +518,7 @@ class AttentionConfig:
     gluon_copy_tma: Optional[bool] = None
     beside_write: bool = False
     prefill_flash: Optional[bool] = None
-    prefill_flash_split: bool = False
+    prefill_flash_split: Optional[bool] = None
 
 
 DEFAULT_DECODE = AttentionConfig()
@@ -1594,33 +1596,35 @@ def prefill_split_count(config: AttentionConfig, programs: int, device: torch.de
     return config.prefill_splits
 
 
-def prefill_takes_flash(config: AttentionConfig, query_rot: torch.Tensor, layout: PageLayout, recent: int,
-                        max_seq_len: Optional[int], block_table: torch.Tensor, kv_heads: int,
-                        plan: Optional[PrefillPlan]) -> bool:
-    """Whether oscar_prefill(chunk_from_cache=True) runs as flash_prefill (AttentionConfig.prefill_flash); says once
-    per reason why not where the default finds one on a CUDA GPU, and counts the calls its workspace cap sends to
-    the Triton kernel (flash_plan.CallSize.takes_flash: sized exactly from the step's plan, else bounded)."""
+def prefill_path(config: AttentionConfig, query_rot: torch.Tensor, layout: PageLayout, recent: int,
+                 max_seq_len: Optional[int], block_table: torch.Tensor, kv_heads: int,
+                 plan: Optional[PrefillPlan]) -> str:
+    """How oscar_prefill(chunk_from_cache=True) reads the cache, one of flash_plan.PREFILL_PATHS
+    (AttentionConfig.prefill_flash, prefill_flash_split); says once per reason why not FlashAttention where the
+    default finds one on a CUDA GPU, and counts the calls its workspace cap sends to the Triton kernel
+    (flash_plan.CallSize.path: sized exactly from the step's plan, else bounded, and then never split by default)."""
     if config.prefill_flash is False:
-        return False
+        return "triton"
     reason = flash_unavailable(query_rot.device, layout.head_dim, recent)
     if reason is None:
-        if config.prefill_flash:
-            return True
         rows, heads, dim = query_rot.shape
-        min_programs = 0 if config.prefill_flash_split else None  # None: FLASH_PREFILL_MIN_PROGRAMS
         if plan is not None:
-            return CallSize.of_plan(plan, heads, kv_heads, dim).takes_flash(min_programs)
-        # unknown lengths: the work as if no row had a prefix, the gathered rows as long as the block table
-        table_positions = block_table.shape[1] * layout.block_size
-        longest = table_positions if max_seq_len is None else min(max_seq_len, table_positions)
-        return CallSize.bound(rows, rows if max_seq_len is None else max_seq_len, block_table.shape[0], longest,
-                              heads, kv_heads, dim).takes_flash(min_programs)
+            size = CallSize.of_plan(plan, heads, kv_heads, dim)
+        else:  # unknown lengths: the work as if no row had a prefix, the gathered rows as long as the block table
+            table_positions = block_table.shape[1] * layout.block_size
+            longest = table_positions if max_seq_len is None else min(max_seq_len, table_positions)
+            size = CallSize.bound(rows, rows if max_seq_len is None else max_seq_len, block_table.shape[0], longest,
+                                  heads, kv_heads, dim)
+        if config.prefill_flash:
+            split = size.split_pays() if config.prefill_flash_split is None else config.prefill_flash_split
+            return "split" if split else "flash"
+        return size.path(config.prefill_flash_split)
     if config.prefill_flash:
         raise ValueError(f"prefill_flash=True, but FlashAttention prefill cannot run here: {reason}. Use "
                          f"prefill_flash=None (default: the Triton prefill kernel where it cannot) or False.")
     if query_rot.device.type == "cuda":
         _log_once(f"OSCAR: chunked prefill runs the Triton prefill kernel, not FlashAttention: {reason}.")
-    return False
+    return "triton"
 
 
 def key_segments(query_rot: torch.Tensor) -> int:
@@ -1672,10 +1676,11 @@ def oscar_prefill(
     check_prefill_extra(query_rot, key_rot, value_rot, query_start_loc, hkv, batch, layout.head_dim,
                         chunk_from_cache)
     _check_triton_layout(layout)
-    if chunk_from_cache and prefill_takes_flash(config, query_rot, layout, recent, max_seq_len, block_table,
-                                                hkv, flash_plan):
+    path = prefill_path(config, query_rot, layout, recent, max_seq_len, block_table, hkv, flash_plan) \
+        if chunk_from_cache else "triton"
+    if path != "triton":
         caches = PagedCaches(int2_cache, window_k, window_v, layout, block_table, window_block_table)
-        segments = key_segments(query_rot) if config.prefill_flash_split else 1
+        segments = key_segments(query_rot) if path == "split" else 1
         return flash_prefill(query_rot, caches, query_start_loc, seq_lens, recent, sink, softmax_scale,
                              torch.zeros_like(query_rot) if out is None else out, _plane_offsets(layout),
                              plan=flash_plan, key_segments=segments, min_segment_keys=FLASH_SPLIT_MIN_KEYS)
@@ -1745,4 +1750,4 @@ def oscar_prefill(
 
 __all__ = ["AttentionConfig", "DEFAULT_DECODE", "DEFAULT_PREFILL", "decode_plan", "decode_split_count",
            "decode_splits", "resolved_block_t", "oscar_decode", "oscar_prefill", "oscar_rotate",
-           "prefill_split_count", "prefill_takes_flash", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
+           "prefill_split_count", "prefill_path", "oscar_write", "write_warps", "WriteConfig", "DEFAULT_WRITE"]
