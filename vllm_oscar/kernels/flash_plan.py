@@ -46,8 +46,9 @@ FLASH_SPLIT_MIN_KEYS = 1024
 #: this (under one per SM of an H100 or H200, 132 SMs), each program's work (CallSize.work / programs) is at least
 #: FLASH_SPLIT_MIN_PROGRAM_WORK (long prefixes: Qwen3-8B geometry from 16K, SmolLM2 from 32K) and every request
 #: fills a full query tile (FLASH_QUERY_TILE chunk rows: 64-row chunks at Qwen3-8B geometry lost 1.12-1.29x).
-#: Read off 48 cells of 64-512 rows x 1-2 requests at 4K-32K prefixes (H100, docs/PERFORMANCE.md "Chunked
-#: prefill"): it takes 12, eleven 1.10-1.47x faster than the faster unsplit path and one 1.10x slower.
+#: Read off 48 cells of 64-512 rows x 1-2 requests at 4K-32K prefixes and timed on fresh runs of them (H100,
+#: docs/PERFORMANCE.md "Chunked prefill"): it takes 12, ten 1.08-1.40x faster than the unsplit default, one even, and
+#: one (Qwen3-8B geometry, 128 rows over 16K) 0.88x.
 FLASH_SPLIT_MAX_PROGRAMS = 128
 FLASH_SPLIT_MIN_PROGRAM_WORK = 2 ** 28
 #: The most bytes the default lets one call's gathered K and V rows take: vLLM sizes its KV cache after a profiling

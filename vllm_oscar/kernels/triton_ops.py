@@ -482,7 +482,8 @@ class AttentionConfig:
     (flash_plan.KeySplit) until its launch has FLASH_SPLIT_PROGRAMS_PER_SM programs per SM (segments of >=
     FLASH_SPLIT_MIN_KEYS positions), and the default then routes without the program floor. None (the default) =
     where flash_plan.CallSize.split_pays (few programs, each over a long prefix, full query tiles; needs the step's
-    plan); True = on every flash_prefill call (on an H100, over 48 cells of 64-512 rows x 1-2 requests at 4K-32K
+    plan; on an H100 1.08-1.40x faster in 10 of the 12 few-row cells it takes, 0.88x in one); True = on every
+    flash_prefill call (on an H100, over 48 cells of 64-512 rows x 1-2 requests at 4K-32K
     prefixes, up to 1.5x faster than either unsplit path in 15, all at 16K-32K, and up to 1.9x slower in 19, every
     4K prefix included, docs/PERFORMANCE.md "Chunked prefill"); False = never.
     """
