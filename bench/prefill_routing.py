@@ -106,24 +106,25 @@ def report(cells: dict[Cell, dict], margin: float, markdown: bool) -> list[str]:
         if "auto_path" in times:
             auto_judged += 1
             auto_agree += times["auto_path"] == pick
+        cost = None
         if f"{pick}_rel" not in times:
             untimed.append(cell)
-            continue
-        faster = min(times[f"{name}_rel"] for name in PREFILL_PATHS if f"{name}_rel" in times)
-        cost = times[f"{pick}_rel"] / faster
-        if cost <= 1 + margin:
-            agree += 1
         else:
-            misses.append((cell, cost))
+            cost = times[f"{pick}_rel"] / min(times[f"{name}_rel"] for name in PREFILL_PATHS if f"{name}_rel" in times)
+            if cost <= 1 + margin:
+                agree += 1
+            else:
+                misses.append((cell, cost))
+        cost_text = "-" if cost is None else f"{cost:.2f}"
         g, p, c, b = cell
         if markdown:
             lines.append(f"| {g} | {p} | {c} | {b} | {times['triton']:.3f} | {times['flash']:.3f} | "
-                         f"{times['flash'] / times['triton']:.2f} | {_ms(times.get('bf16'))} | {pick} | {cost:.2f} |")
+                         f"{times['flash'] / times['triton']:.2f} | {_ms(times.get('bf16'))} | {pick} | {cost_text} |")
         else:
             lines.append(f"{g:<14}{p:>7}{c:>6}{b:>3}{times['triton']:>9.3f}{times['flash']:>9.3f}"
                          f"{times['flash'] / times['triton']:>7.2f}{_ms(times.get('split')):>9}"
                          f"{_ms(times.get('auto')):>9}{times.get('auto_path', '-'):>7}{_ms(times.get('bf16')):>9}"
-                         f"  {pick:<7}{cost:.2f}")
+                         f"  {pick:<7}{cost_text}")
     judged = agree + len(misses)
     lines.append(f"the rule picks the faster path (within {margin:.0%}) in {agree} of {judged} cells" +
                  ("" if not misses else "; slower: " + ", ".join(f"{g} {p}/{c}x{b} {cost:.2f}x"

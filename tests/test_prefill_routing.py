@@ -114,4 +114,6 @@ def test_cells_the_rule_splits_are_judged_against_the_key_segments(tmp_path: Pat
     assert cell[-2:] == ["split", "1.00"]
     assert "the rule picks the faster path (within 5%) in 1 of 1 cells" in lines
     assert "not judged, the rule's path not timed: 1 cells (qwen3-8b 16384/256x1)" in lines
+    untimed = next(line for line in lines if line.startswith("qwen3-8b") and " 16384 " in line).split()
+    assert untimed[-2:] == ["split", "-"]
     assert "the measured auto row took the rule's path in 1 of 1 cells" in lines
