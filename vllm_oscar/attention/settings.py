@@ -20,8 +20,9 @@ variables. Keys (all optional):
                      row (default: on where it applies, head_dim >= 64 on CUDA; false = bf16
                      query everywhere; true where it cannot apply is an error)
     flash_prefill    GPU prefill: large calls as FlashAttention over gathered rows (default: from a work
-                     threshold on, where FlashAttention runs; false = the Triton prefill kernel
-                     always; true = FlashAttention for every prefill call, an error where it cannot run)
+                     threshold on, where FlashAttention runs, the keys of few-row calls over long
+                     prefixes cut into segments; false = the Triton prefill kernel always; true =
+                     FlashAttention for every prefill call, an error where it cannot run)
     fold_rotations   "output" (default): fold R_V into W_o at load where the model allows it
                      (vllm_oscar.attention.fold: no output rotation launch per layer step);
                      "value_and_output": into W_v too (the write skips its V rotation: faster
