@@ -1,9 +1,9 @@
 """Host side of FlashAttention prefill (kernels/flash_prefill.py): where it can run, which calls it takes, and the
 ranges each call reads, planned on the host once per step.
 
-No Triton import: the vLLM metadata builder plans a step's ranges here (PrefillPlan, with KeySplit for the opt-in
-key segments), and triton_ops routes each prefill call by its CallSize against the measured thresholds below
-(docs/PERFORMANCE.md "Chunked prefill").
+No Triton import: the vLLM metadata builder plans a step's ranges here (PrefillPlan, with KeySplit for the key
+segments), and triton_ops routes each prefill call by its CallSize against the measured thresholds below to one of
+PREFILL_PATHS (docs/PERFORMANCE.md "Chunked prefill").
 """
 
 from __future__ import annotations
