@@ -15,8 +15,9 @@ every s <= t, each read the way the rule reads it. One Triton launch per range g
 code * scale + offset per group in fp32, then rounded to the attention's dtype) into packed varlen buffers
 [rows, Hkv, D]; PyTorch's FlashAttention varlen kernel (``aten._flash_attention_forward``, which returns the
 log-sum-exp) attends to each, and an exact log-sum-exp merge in fp32 combines them. Rows with no far position
-(t < recent) take the near part alone. With key segments (KeySplit; flash_plan.CallSize.split_pays), the far positions every row sees are
-attended without a mask in several sequences, and only the rest of the far range with the causal mask.
+(t < recent) take the near part alone. With key segments (KeySplit; flash_plan.CallSize.split_pays), the far
+positions every row sees are attended without a mask in several sequences, and only the rest of the far range with
+the causal mask.
 
 Numerics against the Triton prefill kernel: the dequantized rows and the query are rounded to bf16 (fp16 where the
 window store is fp16) before the MMAs, as that kernel's MMAs round their operands, and each part's output is rounded
