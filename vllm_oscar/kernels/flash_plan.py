@@ -208,11 +208,16 @@ class CallSize:
         return (0 < self.programs < FLASH_SPLIT_MAX_PROGRAMS and self.shortest_chunk >= FLASH_QUERY_TILE
                 and self.work >= FLASH_SPLIT_MIN_PROGRAM_WORK * self.programs)
 
+    def splits_keys(self, split: Optional[bool] = None) -> bool:
+        """Whether FlashAttention runs this call with key segments: ``split`` (AttentionConfig.prefill_flash_split),
+        or split_pays where it is None."""
+        return self.split_pays() if split is None else split
+
     def path(self, split: Optional[bool] = None) -> str:
         """The default's path for this call, one of PREFILL_PATHS: "split" (FlashAttention with key segments) where
-        ``split`` is True, or None (the default) and split_pays; then the work and workspace limits of takes_flash,
-        with no program floor where the segments make the programs."""
-        split = self.split_pays() if split is None else split
+        splits_keys(split); then the work and workspace limits of takes_flash, with no program floor where the
+        segments make the programs."""
+        split = self.splits_keys(split)
         if not self.takes_flash(0 if split else None):
             return "triton"
         return "split" if split else "flash"

@@ -1617,8 +1617,7 @@ def prefill_path(config: AttentionConfig, query_rot: torch.Tensor, layout: PageL
             size = CallSize.bound(rows, rows if max_seq_len is None else max_seq_len, block_table.shape[0], longest,
                                   heads, kv_heads, dim)
         if config.prefill_flash:
-            split = size.split_pays() if config.prefill_flash_split is None else config.prefill_flash_split
-            return "split" if split else "flash"
+            return "split" if size.splits_keys(config.prefill_flash_split) else "flash"
         return size.path(config.prefill_flash_split)
     if config.prefill_flash:
         raise ValueError(f"prefill_flash=True, but FlashAttention prefill cannot run here: {reason}. Use "
