@@ -9,6 +9,7 @@ below an issue target, no decode kernel meets that target on this device. Severa
 fastest is the floor.
 
     python bench/decode_floor.py --json floor.json     # the issue's target cells (>= 32K every batch, 4K B >= 8)
+    python bench/decode_markdown.py --floor floor.json  # how far each unmet cell is from the floor
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from decode_markdown import cell_target  # noqa: E402
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS  # noqa: E402
 from vllm_oscar.kernels import benchmark  # noqa: E402
 from vllm_oscar.kernels.benchmark import (GEOMETRIES, OscarCase, error_summary, layers_for,  # noqa: E402
@@ -79,17 +81,6 @@ def floor_ms(nbytes: int, reps: int, device: torch.device) -> tuple[float, str]:
     return best
 
 
-def target(length: int, batch: int) -> float | None:
-    """The issue's speed-up target for a cell (None where it sets none)."""
-    if length >= 32768:
-        return 5.0
-    if length == 4096 and batch >= 8:
-        return 2.0
-    if length == 4096:
-        return 1.0
-    return None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--geometry", nargs="+", default=sorted(GEOMETRIES), choices=sorted(GEOMETRIES))
@@ -121,7 +112,7 @@ def main() -> int:
                     continue
                 sdpa = row["best_sdpa"]["ms"]
                 row["floor"] = {"ms": ms, "shape": shape, "GBps": nbytes / ms / 1e6,
-                                "ceiling_speedup": sdpa / ms, "target": target(length, batch),
+                                "ceiling_speedup": sdpa / ms, "target": cell_target(length, batch),
                                 "oscar_share_of_floor": ms / row["oscar"]["ms"]}
                 rows.append(row)
                 goal = row["floor"]["target"]

@@ -17,6 +17,13 @@ docs/PERFORMANCE.md's status (the times the target asks for, how far each cell i
 plot of every cell's speed-up over its target:
 
     python bench/decode_markdown.py --targets --markdown --png docs/perf/targets.png RUN1.json RUN2.json RUN3.json
+
+With --floor the reports are `bench/decode_floor.py --json` files, and the table is docs/PERFORMANCE.md's "How far
+the unmet cells are from the device": per target cell that misses its target in any run, the fastest SDPA, the
+time the target asks for, the floor (the fastest streaming read of the cell's bytes) and OSCAR (us), the share of
+the floor's speed the target needs and OSCAR's share, most demanding first:
+
+    python bench/decode_markdown.py --floor FLOOR1.json FLOOR2.json
 """
 
 from __future__ import annotations
@@ -161,6 +168,30 @@ def targets_markdown(runs: list[list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def floor_markdown(runs: list[list[dict]]) -> str:
+    """The target cells short of their target in any run, as a markdown table (us, low-high over the runs): the
+    fastest SDPA, the OSCAR time the target asks for, the floor and OSCAR; then the share of the floor's speed the
+    target needs (floor / target time) and OSCAR's (floor / OSCAR time). Rows with no floor (failed cells) are
+    skipped; the most demanding cell (median needed share) first."""
+    rows_out = []
+    floored = [[r for r in rows if "floor" in r] for rows in runs]
+    for (geometry, context, batch), target, rows in target_readings(floored):
+        if _verdict([r["speedup_vs_best_sdpa"] for r in rows], target) == "all":
+            continue
+        sdpa = [1e3 * r["best_sdpa"]["ms"] for r in rows]
+        needed = [t / target for t in sdpa]
+        floor = [1e3 * r["floor"]["ms"] for r in rows]
+        oscar = [1e3 * r["oscar"]["ms"] for r in rows]
+        need_share = [f / n for f, n in zip(floor, needed)]
+        own_share = [f / o for f, o in zip(floor, oscar)]
+        rows_out.append((sorted(need_share)[len(rows) // 2],
+                         f"| {geometry} {context // 1024}K B={batch} | {_span(sdpa, 1)} | {_span(needed, 1)} "
+                         f"| {_span(floor, 1)} | {_span(oscar, 1)} | {_span(need_share, 2)} | {_span(own_share, 2)} |"))
+    lines = ["| unmet cell | best SDPA us | target us | floor us | OSCAR us | needed share of floor "
+             "| OSCAR's share |", "|---|---|---|---|---|---|---|"]
+    return "\n".join(lines + [line for _, line in sorted(rows_out, key=lambda item: -item[0])])
+
+
 def targets_plot(runs: list[list[dict]], path: str) -> None:
     """Every target cell's speed-up over the fastest SDPA divided by its target (bars: the median run, whiskers:
     the lowest and highest), one panel per geometry, grouped by context with one bar per batch; cells at or above
@@ -213,13 +244,20 @@ def main() -> None:
                         help="list the cells the issue sets targets for, met in all / some / none of the reports")
     parser.add_argument("--markdown", action="store_true", help="with --targets: a markdown table with times")
     parser.add_argument("--png", help="with --targets: also plot every cell's speed-up over its target to this file")
+    parser.add_argument("--floor", action="store_true",
+                        help="the reports are bench/decode_floor.py files: how far each unmet cell is from the floor")
     parser.add_argument("--compare", help="an older report: adds its speed-up over the fastest SDPA per case")
     parser.add_argument("--compare-label", default="the older report", help="the older report's name in the header")
     args = parser.parse_args()
     runs = []
     for path in args.report:
         with open(path) as f:
-            runs.append(json.load(f)["decode"])
+            runs.append(json.load(f)["rows" if args.floor else "decode"])
+    if args.floor:
+        if args.targets or args.markdown or args.png or args.compare:
+            parser.error("--floor renders its own table: leave out --targets, --markdown, --png and --compare")
+        print(floor_markdown(runs))
+        return
     if (args.markdown or args.png) and not args.targets:
         parser.error("--markdown and --png go with --targets")
     if args.targets:

@@ -76,3 +76,33 @@ def test_markdown_and_png_need_targets(tmp_path) -> None:
     script = os.path.join(os.path.dirname(decode_markdown.__file__), "decode_markdown.py")
     refused = subprocess.run([sys.executable, script, "--markdown", str(path)], capture_output=True, text=True)
     assert refused.returncode == 2 and "--markdown and --png go with --targets" in refused.stderr
+
+
+def _floor_row(geometry: str, context: int, batch: int, oscar_ms: float, sdpa_ms: float, floor_ms: float) -> dict:
+    return dict(_timed_row(geometry, context, batch, oscar_ms, sdpa_ms), floor={"ms": floor_ms})
+
+
+def test_floor_table_lists_the_unmet_cells_by_the_share_they_need(tmp_path) -> None:
+    # 32K B=1: SDPA 0.040 ms asks 0.008 of OSCAR (5x); the floor 0.006 ms -> the target needs 0.75 of its speed,
+    # OSCAR at 0.012 has 0.50. 64K B=8: needs 0.018 / 0.020 = 0.90, has 0.018 / 0.022 = 0.82 (0.81 in the second
+    # run). 4K B=8 meets its 2x in both runs and 16K has no target: neither is listed. A cell with no floor (failed
+    # in that run) is left out of that run's readings.
+    first = [_floor_row("g", 32768, 1, 0.012, 0.040, 0.006), _floor_row("g", 65536, 8, 0.022, 0.100, 0.018),
+             _floor_row("g", 4096, 8, 0.010, 0.030, 0.004), _floor_row("g", 16384, 1, 0.010, 0.020, 0.005)]
+    second = [_floor_row("g", 32768, 1, 0.012, 0.040, 0.006), _floor_row("g", 65536, 8, 0.0222, 0.100, 0.018),
+              _floor_row("g", 4096, 8, 0.010, 0.030, 0.004),
+              {"geometry": "g", "context": 16384, "batch": 1, "error": "RuntimeError: out of memory"}]
+    lines = decode_markdown.floor_markdown([first, second]).splitlines()
+    assert lines[0].startswith("| unmet cell | best SDPA us | target us | floor us | OSCAR us |")
+    assert lines[2:] == ["| g 64K B=8 | 100.0 | 20.0 | 18.0 | 22.0-22.2 | 0.90 | 0.81-0.82 |",
+                         "| g 32K B=1 | 40.0 | 8.0 | 6.0 | 12.0 | 0.75 | 0.50 |"]
+    paths = []
+    for n, rows in enumerate((first, second)):
+        path = tmp_path / f"floor{n}.json"
+        path.write_text(json.dumps({"rows": rows}))
+        paths.append(str(path))
+    script = os.path.join(os.path.dirname(decode_markdown.__file__), "decode_markdown.py")
+    run = subprocess.run([sys.executable, script, "--floor", *paths], capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines()[2:] == lines[2:]
+    refused = subprocess.run([sys.executable, script, "--floor", "--targets", *paths], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--floor renders its own table" in refused.stderr
