@@ -26,63 +26,14 @@ import json
 
 import pytest
 
-import window_check
 from conftest import chat_prompts, greedy, oscar_status, start_llm, stop_llm
+from smollm2_workloads import (LONG_TOKENS, QUESTIONS, WINDOW_ENGINE, agreement_report,
+                               assert_no_stale_window_row, assert_prefix_hits_change_nothing, window_workload)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 
 #: KV budget (GiB) of engines A and B: the capacity ratio is measured under the same budget.
 KV_SPACE_GIB = "3"
-#: Greedy agreement: tokens per generation (>= 600 so history leaves the 256-token window).
-LONG_TOKENS = 600
-QUESTIONS = [
-    "Write a long story about a dragon who learns to cook.",
-    "Explain in detail how a computer works, from transistors to operating systems.",
-    "Describe the history of the Roman Empire.",
-    "Give me a detailed recipe for bread and explain each step.",
-]
-#: A shared ~420-token prefix (beyond sink + recent = 320) and distinct questions after it.
-SHARED_PREFIX = (
-    "You are a helpful assistant. Read the following notes carefully before answering. "
-    + " ".join(f"Note {i}: the warehouse in district {i} stores {3 * i + 7} crates of apples, "
-               f"{i + 11} crates of pears and ships them every {i % 5 + 1} days." for i in range(1, 19))
-)
-SHARED_QUESTIONS = [
-    "How many crates of apples are in district 4?",
-    "Which district ships every 3 days?",
-    "Summarise the notes in one sentence.",
-    "How many crates of pears are in district 10?",
-    "What is stored in district 1?",
-]
-SHARED_TOKENS = 24
-#: Preemption set: 4 prompts of ~120 tokens, 128 greedy tokens each: 4 x ~250 tokens do not fit
-#: engine C's 47 usable blocks of 16 (752 tokens), 4 prompts do, so running requests are preempted.
-PREEMPT_TOKENS = 128
-
-
-def _shared_prompts(llm) -> list[str]:
-    return chat_prompts(llm, [SHARED_PREFIX + "\n\nQuestion: " + q for q in SHARED_QUESTIONS])
-
-
-def _preempt_prompts(llm) -> list[str]:
-    prefix = SHARED_PREFIX[: len(SHARED_PREFIX) // 8]
-    return chat_prompts(llm, [f"Story {i}. " + prefix + " Continue the story." for i in range(4)])
-
-
-def _greedy_with_logprobs(llm, prompt, max_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy ids of one prompt (str or prompt dict) and the logprob of each chosen token."""
-    from vllm import SamplingParams
-
-    (output,) = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=1),
-                             use_tqdm=False)
-    completion = output.outputs[0]
-    return list(completion.token_ids), [lp[t].logprob for t, lp in zip(completion.token_ids, completion.logprobs)]
-
-
-def _metric(llm, name: str) -> float:
-    return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == name)
-
-
 COMMON = dict(max_model_len=2048, block_size=16, additional_config={"oscar": {}}, disable_log_stats=False)
 
 
@@ -113,34 +64,11 @@ def engine_b(smollm2_path, monkeypatch_module) -> dict:
 
 @pytest.fixture(scope="module")
 def engine_c(smollm2_path, monkeypatch_module) -> dict:
-    """OSCAR, prefix caching on, one-block chunks, a preempting pool, window-store check on.
-
-    48 blocks of 16 tokens (vLLM keeps one back): one shared-prefix prompt (~690 tokens + 24)
-    fits; the four preemption prompts with their generations do not fit together.
-    """
-    import cloudpickle
-
+    """OSCAR, the window workload (smollm2_workloads): prefix hits, one-block chunks, a preempting pool."""
     monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    llm = start_llm(smollm2_path, kv_cache_dtype="oscar", enable_prefix_caching=True,
-                    enable_chunked_prefill=True, max_num_batched_tokens=16, num_gpu_blocks_override=48,
-                    **{**COMMON, "max_model_len": 736})
+    llm = start_llm(smollm2_path, kv_cache_dtype="oscar", **{**COMMON, **WINDOW_ENGINE})
     try:
-        cloudpickle.register_pickle_by_value(window_check)
-        (layers,) = llm.collective_rpc(window_check.install)
-        prompts = _shared_prompts(llm)
-        # one request in flight at a time: the same GEMM shapes with and without hits
-        cold = [_greedy_with_logprobs(llm, {"prompt": p, "cache_salt": f"cold-{i}"}, SHARED_TOKENS)
-                for i, p in enumerate(prompts)]
-        hits_before = _metric(llm, "vllm:prefix_cache_hits")
-        hot = [_greedy_with_logprobs(llm, p, SHARED_TOKENS) for p in prompts]
-        print("engine C: cold", [ids for ids, _ in cold], "hot", [ids for ids, _ in hot])
-        results = {"checked_layers": layers, "cold": cold, "hot": hot,
-                   "prefix_hits": _metric(llm, "vllm:prefix_cache_hits") - hits_before,
-                   "fallbacks_after_prefix_runs": oscar_status(llm)["fallback_positions"]}
-        preempt = greedy(llm, _preempt_prompts(llm), PREEMPT_TOKENS, ignore_eos=True)
-        results.update(preempt=preempt, preemptions=_metric(llm, "vllm:num_preemptions"),
-                       status=oscar_status(llm), window_check=llm.collective_rpc(window_check.report)[0])
-        return results
+        return window_workload(llm)
     finally:
         stop_llm(llm)
 
@@ -165,18 +93,12 @@ def test_kv_cache_dtype_oscar_runs_the_oscar_backend(engine_a):
 @pytest.mark.timeout(3600)
 def test_greedy_agreement_with_vllm_bf16_backend(engine_a, engine_b, record_property):
     assert engine_b["status"]["impl_classes"] == ["CPUAttentionBackendImpl"]
-    prefixes = []
-    for ours, reference in zip(engine_a["long"], engine_b["long"]):
-        prefixes.append(next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), len(ours)))
-    share_32 = sum(n >= 32 for n in prefixes) / len(prefixes)
-    mean_prefix = sum(prefixes) / len(prefixes)
-    report = {"matching_prefixes": prefixes, "share_first_32": share_32, "mean_matching_prefix": mean_prefix,
-              "tokens": LONG_TOKENS}
+    report = agreement_report(engine_a["long"], engine_b["long"])
     record_property("greedy_agreement", json.dumps(report))
     print("greedy agreement OSCAR vs CPU_ATTN (BF16):", json.dumps(report))
     # A 135M model in bf16 flips near-tie tokens: OSCAR with every position in BF16
     # windows matched BF16 for only 5-53 tokens (docs/design.md), so only a floor is asserted.
-    assert mean_prefix >= 8
+    assert report["mean_matching_prefix"] >= 8
 
 
 @pytest.mark.timeout(3600)
@@ -203,13 +125,7 @@ def test_prefix_hits_change_no_token_and_no_logprob(engine_c, record_property):
     """
     record_property("prefix_invariance", json.dumps({"prefix_hits": engine_c["prefix_hits"],
                                                      "fallbacks": engine_c["fallbacks_after_prefix_runs"]}))
-    assert engine_c["prefix_hits"] >= 4 * 16 * 16  # prompts 1..4 each hit >= 16 blocks of the prefix
-    # every window position read in BF16 in both runs (else they legitimately differ)
-    assert engine_c["fallbacks_after_prefix_runs"] == 0
-    for (cold_ids, cold_lp), (hot_ids, hot_lp) in zip(engine_c["cold"], engine_c["hot"]):
-        assert 0 < len(cold_ids) <= SHARED_TOKENS  # greedy stops at EOS (requests 0 and 1 do)
-        assert hot_ids == cold_ids
-        assert hot_lp == cold_lp  # exact: no tolerance is needed when the shapes match
+    assert_prefix_hits_change_nothing(engine_c)
 
 
 @pytest.mark.timeout(3600)
@@ -224,9 +140,4 @@ def test_preemption_and_prefix_hits_read_no_stale_window_row(engine_c, record_pr
     check = engine_c["window_check"]
     record_property("window_check", json.dumps({**check, "preemptions": engine_c["preemptions"]}))
     print("window check:", check, "preemptions:", engine_c["preemptions"])
-    assert engine_c["checked_layers"] == 30
-    assert engine_c["preemptions"] > 0  # the small pool really preempted requests
-    assert all(len(ids) == PREEMPT_TOKENS for ids in engine_c["preempt"])
-    assert check["rows"] > 0 and check["calls"] > 0
-    assert check["stale"] == 0, check
-    assert engine_c["status"]["fallback_positions"] == 0, engine_c["status"]
+    assert_no_stale_window_row(engine_c, num_layers=30)

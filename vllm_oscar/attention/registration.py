@@ -16,8 +16,9 @@ core, each worker, Ray actors); every step here is idempotent. It:
    page format (``customize_spec``);
 3. accepts "oscar" among the ``--kv-cache-dtype`` choices of the command line;
 4. on the CPU platform, which ignores the requested backend, returns OSCAR when it is
-   requested (after checking the layer is one OSCAR serves), and subtracts the BF16
-   window stores from the KV memory budget so vLLM sizes its pool with them counted;
+   requested (after checking the layer is one OSCAR serves); on the CPU and CUDA
+   platforms, subtracts the BF16 window stores from the KV memory budget so vLLM sizes
+   its pool with them counted (an explicit ``kv_cache_memory_bytes`` holds both);
 5. folds R_V into W_o (and W_v if asked) of the OSCAR layers that can take it when a model loader
    post-processes the loaded weights, before vLLM's own processing
    (vllm_oscar.attention.fold).
@@ -173,8 +174,8 @@ def _wrap_cpu_platform() -> None:
     CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
 
 
-def _wrap_cpu_worker_memory() -> None:
-    from vllm.v1.worker.cpu_worker import CPUWorker
+def _wrap_worker_memory(worker_class: Any) -> None:
+    """Make ``worker_class.determine_available_memory`` (vLLM's KV budget) leave out OSCAR's window stores."""
 
     def with_window_stores_counted(original):
         def determine_available_memory(self) -> int:
@@ -182,7 +183,7 @@ def _wrap_cpu_worker_memory() -> None:
 
         return determine_available_memory
 
-    wrap_once(CPUWorker, "determine_available_memory", with_window_stores_counted)
+    wrap_once(worker_class, "determine_available_memory", with_window_stores_counted)
 
 
 def _available_memory_less_window_stores(original: Callable[[Any], int], self: Any) -> int:
@@ -231,7 +232,8 @@ def _window_stores_too_large(vllm_config: Any, planned: int, uncounted: int, bud
     return (f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB) do not fit the KV cache budget "
             f"({budget / 2**30:.2f} GiB): they hold the sink and recent windows of max_num_seqs={requests} requests "
             f"({per_request / 2**20:.1f} MiB each) and the new tokens of one step of max_num_batched_tokens="
-            f"{step_tokens} ({step / 2**30:.2f} GiB). Raise VLLM_CPU_KVCACHE_SPACE (the budget), or {lower}.")
+            f"{step_tokens} ({step / 2**30:.2f} GiB). Raise the budget (kv_cache_memory_bytes, gpu_memory_utilization; on CPU "
+            f"VLLM_CPU_KVCACHE_SPACE), or {lower}.")
 
 
 def _wrap_weight_processing() -> None:
@@ -268,5 +270,11 @@ def register() -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
         _wrap_cpu_platform()
-        _wrap_cpu_worker_memory()
+        _wrap_worker_memory(CPUWorker)
+    elif current_platform.is_cuda():
+        from vllm.v1.worker.gpu_worker import Worker
+
+        _wrap_worker_memory(Worker)

@@ -3,7 +3,7 @@
     llm.collective_rpc(worker_status)      # LLM(...); needs VLLM_ALLOW_INSECURE_SERIALIZATION=1
                                            # (vLLM refuses to ship a function to workers otherwise)
 
-returns, per worker, the KV pool (blocks, block size), the attention impl class of every attention layer (the backend
+returns, per worker, the KV pool (blocks, bytes, block size), the attention impl class of every attention layer (the backend
 that actually runs), where the rotations came from, how many layers have R_V folded into their weights
 (vllm_oscar.attention.fold), how many defer the side-stream INT2 writes of captured decode steps to the end of the
 forward (vllm_oscar.attention.deferred_writes), the window-store counters
@@ -30,6 +30,7 @@ def worker_status(worker: Any) -> dict[str, Any]:
     kv_cache_config = getattr(worker.model_runner, "kv_cache_config", None)
     return {
         "kv_cache_blocks": None if kv_cache_config is None else kv_cache_config.num_blocks,
+        "kv_cache_bytes": _kv_cache_bytes(worker.model_runner),
         "block_size": worker.vllm_config.cache_config.block_size,
         "impl_classes": sorted({type(impl).__name__ for impl in impls.values()}),
         "num_attention_layers": len(impls),
@@ -46,6 +47,13 @@ def worker_status(worker: Any) -> dict[str, Any]:
         "decode_plan_table": _decode_plan_table(),
         "prefill_workspace_fallbacks": flash_plan.workspace_fallbacks,
     }
+
+
+def _kv_cache_bytes(model_runner: Any) -> int:
+    """Bytes of the paged KV cache tensors the runner allocated (distinct storages, each counted once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in getattr(model_runner, "kv_caches", []) if t is not None}
+    return sum(storages.values())
 
 
 def _decode_plan_table() -> Optional[str]:
