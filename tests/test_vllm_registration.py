@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_oscar.attention.registration import BACKEND_CLASS_PATH, oscar_backend_member, register, select_oscar
-from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME
+from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME, DEFAULT_MAX_NUM_SEQS
 
 pytestmark = pytest.mark.vllm
 
@@ -66,6 +66,19 @@ def test_selection_rules(monkeypatch):
         select_oscar(_args(kv_cache_dtype="fp8"))
     with pytest.raises(ValueError, match="needs the OSCAR attention backend"):
         select_oscar(_args(attention_backend="FLEX_ATTENTION"))
+
+
+def test_oscar_sets_max_num_seqs_only_where_the_user_did_not(monkeypatch):
+    monkeypatch.delenv(ATTENTION_BACKEND_ENV, raising=False)
+    unset = _args(kv_cache_dtype="oscar", max_num_seqs=None)  # vLLM's default would reserve windows for 1024
+    select_oscar(unset)
+    assert unset.max_num_seqs == DEFAULT_MAX_NUM_SEQS
+    chosen = _args(kv_cache_dtype="oscar", max_num_seqs=1024)
+    select_oscar(chosen)
+    assert chosen.max_num_seqs == 1024
+    other = _args(max_num_seqs=None)
+    select_oscar(other)
+    assert other.max_num_seqs is None  # not OSCAR: vLLM's default stays
 
 
 def test_cpu_platform_returns_oscar_only_when_asked_and_checks_the_layer():

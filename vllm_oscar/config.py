@@ -70,6 +70,11 @@ FOLD_MODES: tuple[str, ...] = ("none", "output", "value_and_output")
 DEFAULT_FOLD_MODE: str = "output"
 #: Bits per element of the BF16 windows.
 WINDOW_BITS: int = 16
+#: max_num_seqs when OSCAR serves and the user sets none. The BF16 window stores are reserved for
+#: max_num_seqs requests (~352 BF16 tokens each) inside the KV budget; vLLM's own default on an 80 GB
+#: GPU, 1024, would reserve 53 GB for a Qwen3-8B (36 layers x 8 KV heads x D 128), more than its whole
+#: KV budget; 256 reserves 13 GB, a quarter of it, and still lets about 256 requests of ~9K tokens share it.
+DEFAULT_MAX_NUM_SEQS: int = 256
 
 # --- names users type -----------------------------------------------------------------
 #: Attention backend name (``VLLM_ATTENTION_BACKEND=OSCAR``, ``--attention-backend OSCAR``).

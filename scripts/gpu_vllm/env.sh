@@ -11,4 +11,6 @@ export VLLM_ALLOW_INSECURE_SERIALIZATION=1
 # No network there: never ask a hub, never report usage.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export PYTHONUNBUFFERED=1
+# Held-out text for the GPU tests where ../shared does not travel: .gpu_data/ (docs/gpu-vllm.md).
+if [ -d "$_oscar_root/.gpu_data" ]; then export OSCAR_CORPORA_DIR="${OSCAR_CORPORA_DIR:-$_oscar_root/.gpu_data}"; fi
 unset _oscar_root

@@ -31,7 +31,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME, KV_CACHE_DTYPE_NAME
+from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPE_NAME
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -100,8 +100,9 @@ def _is_oscar(backend: Any) -> bool:
 def select_oscar(engine_args: Any) -> None:
     """Turn the user's OSCAR request on ``EngineArgs`` into ``attention_backend=OSCAR``.
 
-    Raises ValueError for contradictions: OSCAR with another kv_cache_dtype, or
-    kv_cache_dtype="oscar" / VLLM_ATTENTION_BACKEND=OSCAR with another explicit backend.
+    Where the user set no max_num_seqs, sets DEFAULT_MAX_NUM_SEQS (vLLM's own default reserves BF16
+    windows for up to 1024 requests). Raises ValueError for contradictions: OSCAR with another
+    kv_cache_dtype, or kv_cache_dtype="oscar" / VLLM_ATTENTION_BACKEND=OSCAR with another explicit backend.
     """
     env = os.environ.get(ATTENTION_BACKEND_ENV, "")
     by_dtype = engine_args.kv_cache_dtype == KV_CACHE_DTYPE_NAME
@@ -122,6 +123,10 @@ def select_oscar(engine_args: Any) -> None:
     engine_args.kv_cache_dtype = "auto"
     if explicit is None:
         engine_args.attention_backend = BACKEND_NAME
+    if getattr(engine_args, "max_num_seqs", 0) is None:
+        engine_args.max_num_seqs = DEFAULT_MAX_NUM_SEQS
+        logger.info("OSCAR: max_num_seqs=%d (its BF16 windows are reserved per request inside the KV budget; "
+                    "set --max-num-seqs to change it).", DEFAULT_MAX_NUM_SEQS)
     logger.info("OSCAR attention backend selected (2-bit KV cache with BF16 windows).")
 
 
