@@ -41,6 +41,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE
+
 #: Engine options of each KV-cache option (vLLM 0.32's names; "bf16" is FlashAttention 3 on Hopper).
 KV_OPTIONS: dict[str, dict[str, Any]] = {
     "bf16": {"attention_backend": "FLASH_ATTN"},
@@ -188,13 +190,15 @@ def engine_options(option: str, model_name: str, config: dict[str, Any], args: a
     max_num_seqs = max(w.num_requests for w in loads)
     if option == "oscar":  # windows come out of the budget: no more requests than the budget holds
         busiest = max(loads, key=lambda w: w.num_requests)
-        fit = oscar_max_num_seqs(budget, config, busiest.prompt_len + busiest.output_len, args.block_size,
-                                 args.max_num_batched_tokens)
+        fit = oscar_max_num_seqs(budget, config, busiest.prompt_len + busiest.output_len,
+                                 args.block_size or GPU_DECODE_BLOCK_SIZE, args.max_num_batched_tokens)
         max_num_seqs = min(max_num_seqs, fit)
-    options = dict(dtype="bfloat16", max_model_len=longest, block_size=args.block_size, seed=0,
+    options = dict(dtype="bfloat16", max_model_len=longest, seed=0,
                    kv_cache_memory_bytes=budget, max_num_seqs=max_num_seqs, enable_prefix_caching=True,
                    max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=0.9,
                    disable_log_stats=True, **KV_OPTIONS[option])
+    if args.block_size:
+        options["block_size"] = args.block_size
     if args.enforce_eager:
         options["enforce_eager"] = True
     if option == "oscar" and model_name == "qwen3-8b":
@@ -292,7 +296,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--equal-batch", type=int, default=8)
     parser.add_argument("--equal-context", type=int, default=32768)
     parser.add_argument("--equal-output", type=int, default=256)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, help="every option's KV block size (default: each option's own; "
+                        "OSCAR's on CUDA is 64, vLLM's 16)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs or compilation (all options)")
     parser.add_argument("--json", help="write every result here")

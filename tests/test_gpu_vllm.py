@@ -63,6 +63,22 @@ GPU_COMMON = dict(dtype="bfloat16", max_model_len=4096, max_num_seqs=8, block_si
                   enforce_eager=False)
 
 
+#: Engines whose start or workload failed, with the error: the other tests that need them fail at once
+#: instead of starting them again (pytest re-runs a failed module-scoped fixture for every test).
+_FAILED_ENGINES: dict[str, str] = {}
+
+
+def _run_once(name: str, run):
+    """``run()``, or a failure naming the earlier error if this engine failed already."""
+    if name in _FAILED_ENGINES:
+        pytest.fail(f"engine {name} failed earlier: {_FAILED_ENGINES[name]}")
+    try:
+        return run()
+    except Exception as error:
+        _FAILED_ENGINES[name] = f"{type(error).__name__}: {error}"[:2000]
+        raise
+
+
 def _heldout_prompts(llm) -> list[dict]:
     from vllm_oscar.evaluation.data import heldout_sequences
 
@@ -98,6 +114,10 @@ def _decode_seconds_per_token(llm, prompt: str) -> float:
 
 @pytest.fixture(scope="module")
 def engine_a(smollm2_path) -> dict:
+    return _run_once("A", lambda: _engine_a(smollm2_path))
+
+
+def _engine_a(smollm2_path) -> dict:
     """OSCAR by kv_cache_dtype="oscar", default compilation and CUDA graphs."""
     import cloudpickle
 
@@ -119,6 +139,10 @@ def engine_a(smollm2_path) -> dict:
 
 @pytest.fixture(scope="module")
 def engine_b(smollm2_path) -> dict:
+    return _run_once("B", lambda: _engine_b(smollm2_path))
+
+
+def _engine_b(smollm2_path) -> dict:
     """vLLM's FLASH_ATTN with BF16 KV, A's options: batched and one prompt at a time."""
     llm = start_llm(smollm2_path, attention_backend="FLASH_ATTN", **GPU_COMMON)
     try:
@@ -133,6 +157,10 @@ def engine_b(smollm2_path) -> dict:
 
 @pytest.fixture(scope="module")
 def engine_c(smollm2_path) -> dict:
+    return _run_once("C", lambda: _engine_c(smollm2_path))
+
+
+def _engine_c(smollm2_path) -> dict:
     """OSCAR by VLLM_ATTENTION_BACKEND=OSCAR, eager: batch-1 decode timing, then the window workload."""
     from vllm_oscar.config import ATTENTION_BACKEND_ENV
 
