@@ -325,7 +325,7 @@ def check_decode(report: list, quick: bool = False, with_knob: str | None = None
         if with_knob is not None:
             continue  # the two checks below set no launch variant
         # long_splits (opt-in) with a low long-split threshold, so that the long pairs of these cases use the
-        # extended grid and the short ones the one-wave count (docs/notes/kernels.md K1).
+        # extended grid and the short ones the one-wave count (docs/decisions.md K1).
         threshold, triton_ops.LONG_SPLIT_TILES = triton_ops.LONG_SPLIT_TILES, 2
         try:
             out = torch.full_like(query, float("nan"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The split-K merge inside a thread-block cluster, against the merge launch (docs/notes/kernels.md "Session 45").
+"""The split-K merge inside a thread-block cluster, against the merge launch (docs/decisions.md).
 
 gluon_decode merges its split partials in a second launch (merge_kernel, programmatic dependent launch): 1.0-2.1 us
 after the split kernel at every unmet cell (session 36), and every merge that synchronised through global memory

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Copies alone, by program shape: how fast long-lived split programs can copy a decode cell's INT2 tiles into shared
 memory by TMA, for programs of 1 or 4 warps (or 4 warps fed by a producer warp) and rings of 2-8 stages, against a
-plain streaming read of the same bytes (bench/decode_floor.py's floor). Measured on the H200 (docs/notes/kernels.md
+plain streaming read of the same bytes (bench/decode_floor.py's floor). Measured on the H200 (docs/decisions.md
 "Session 36"): gluon_decode's own shape (one-warp programs at the plan's split count, two stages) copies at 0.97-0.99
 of the stream at the long cells and every other shape is slower, so the copies are not where the decode loses time;
 with `--cells` and `--shapes 1:2:plan` it gives the "copies alone" column of a cell's time by parts.
@@ -30,7 +30,7 @@ the bytes are those of the cell's blocks); after a stage lands its warps read th
 --work N (every shape but 4p) adds a stand-in for a tile's compute after each tile lands: N FMAs in one
 dependent chain (--chains 4: four independent chains, the same FMAs issued four times as densely), or with --jitter 1
 N times a pseudo-random factor in [0.5, 1.5) per program and tile. H200, Qwen3-8B
-128K B=1 (docs/notes/kernels.md "Session 43"): 19.8 us alone, 22.5 us at N = 200 and 25.7 with jitter at the same
+128K B=1 (docs/decisions.md): 19.8 us alone, 22.5 us at N = 200 and 25.7 with jitter at the same
 mean, against the split kernel's 24.7: what the decode's compute costs the copies depends on how unevenly the
 programs progress, not only on its size.
 """

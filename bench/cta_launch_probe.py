@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How long a CUDA graph replay takes for a grid of tiny programs, by program count and warps per program: the
-launch cost under gluon_decode's one-warp split grids (docs/notes/kernels.md "Session 27": the split grid of
+launch cost under gluon_decode's one-warp split grids (docs/decisions.md: the split grid of
 Qwen3-8B batch 8 with no tile to walk still takes ~5-6 us).
 
     python bench/cta_launch_probe.py [--programs 528 1056 2112 4224] [--warps 1 2 4]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Offline probes (no GPU): what Gluon (Triton 3.6, sm_90) lets the warps of one CTA, and the CTAs of one cluster,
-do apart or together (docs/notes/kernels.md "Session 44"). `env -u TRITON_INTERPRET PYTHONPATH=/opt/tri36 python
+do apart or together (docs/decisions.md). `env -u TRITON_INTERPRET PYTHONPATH=/opt/tri36 python
 bench/cta_sharing_probe.py`.
 
 1. Warps staging their own tiles. Each of WARPS warps copies its own [LINES, 64] int16 slice of a two-stage ring by

@@ -2,9 +2,9 @@
 """Time gluon_decode's kernel by parts on a CUDA GPU: its whole grid, its INT2 split programs alone and its BF16
 window programs alone, beside the whole decode call (splits, windows and the merge), as CUDA-graph replays over as
 many layers as `bench decode` uses. Where the whole grid takes as long as the window programs alone, the window
-programs are the kernel's tail (docs/notes/kernels.md "Session 24": Qwen3-8B batch 1 at 16K-32K). The last column
+programs are the kernel's tail (docs/decisions.md: Qwen3-8B batch 1 at 16K-32K). The last column
 is the split programs' fixed cost: the same split grid over requests of sink + recent positions, which leave every
-split without a tile (launch, prologue and the partial's store only; docs/notes/kernels.md "Session 27").
+split without a tile (launch, prologue and the partial's store only; docs/decisions.md).
 
     python bench/gluon_parts.py --geometry qwen3-8b --contexts 16384 32768 131072 --batches 1 8 [--json OUT]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check and time the Gluon split programs (vllm_oscar/kernels/gluon_decode.py, docs/notes/kernels.md G2) against
+"""Check and time the Gluon split programs (vllm_oscar/kernels/gluon_decode.py, docs/decisions.md G2) against
 int2_split_kernel's split programs on the same caches, in one run (GPU only).
 
 For each case both kernels run the split programs only (grid (B, Hkv, NSPLIT) with the served plan's NSPLIT, so the

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time the served decode with gluon_decode's kernel (the default, AttentionConfig(gluon_splits=None)) against
 int2_split_kernel (gluon_splits=False) side by side in one run: gluon / triton / gluon / triton per case, graph
-replays at blocks of 64 as `bench decode` times them, with each variant's per-kernel times (docs/notes/kernels.md
+replays at blocks of 64 as `bench decode` times them, with each variant's per-kernel times (docs/decisions.md
 G2). GPU only.
 
     python bench/gluon_served_ab.py --json ab.json

@@ -4,7 +4,7 @@
 Runs the CUDA path's op wrappers (vllm_oscar.kernels.triton_ops: oscar_write with the query, oscar_decode,
 oscar_rotate) on CPU tensors under TRITON_INTERPRET=1 with every kernel launch replaced by a no-op, so what is
 timed is argument checking, planning, allocation and argument marshalling: the part of an eager step's host
-time that is this package's, apart from Triton's own launch path (docs/notes/kernels.md H3). Qwen3-8B geometry
+time that is this package's, apart from Triton's own launch path (docs/decisions.md H3). Qwen3-8B geometry
 (32 / 8 heads, D 128), blocks of 64, 4K context, batch 8.
 
     python bench/host_wrappers.py [--steps 2000] [--profile]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call that refreshes the kernel figures: the GPU correctness check, a tune of the default
 # launch config against its closest neighbours (masked tiles, TMA tile loads), then the full
-# decode table with the fastest config per geometry (docs/notes/kernels.md, "The next GPU call"). Run from the repository root on the GPU machine;
+# decode table with the fastest config per geometry (docs/decisions.md). Run from the repository root on the GPU machine;
 # everything lands under $OUT (each step's log is written as it runs, so a cut call keeps the head).
 #
 #     OUT=/tmp/k bash bench/kernels_gpu.sh            # ~5-6 min on the H200

@@ -3,7 +3,7 @@
 decode` uses, the whole decode call beside gluon_decode's split kernel alone, the split kernel followed by an empty
 kernel with the merge's grid (launched with programmatic dependent launch and griddepcontrol.wait, PDL without the
 wait, or plain), and followed by the shipped merge kernel at several (channel block, warps) shapes, with its wait
-and (timing only: it reads partials still being written) without it (docs/notes/kernels.md "Session 29").
+and (timing only: it reads partials still being written) without it (docs/decisions.md).
 
     python bench/merge_tail.py [--cells qwen3-8b:131072:1 smollm2-135m:131072:8] [--shapes 32:1 16:4] [--json OUT]
 

@@ -3,7 +3,7 @@
 # sets the headline throughputs (the section view's "L2 Cache Throughput" is the busiest lts__ sub-metric,
 # which the details page does not name), plus pipe utilisation and L2 sector counts. One ncu pass per metric
 # group, per case; CSV per case under $OUT, packed into $OUT/ncu_breakdown.tgz (the device tool returns
-# only a few files per call). Clocks are left alone (--clock-control none). docs/notes/kernels.md, "The L2 side".
+# only a few files per call). Clocks are left alone (--clock-control none). docs/decisions.md.
 #
 #     OUT=/tmp/b bash bench/ncu_breakdown.sh
 #     CASES="qwen3-8b:131072:32:--tma-stages=3,--prefetch=0" OUT=/tmp/b bash bench/ncu_breakdown.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does a decode case read slower late in a long benchmark run? (CUDA GPU; docs/notes/kernels.md, session 22.)
+"""Does a decode case read slower late in a long benchmark run? (CUDA GPU; docs/decisions.md.)
 
 Times the same OSCAR decode cases (graph replays, as `vllm-oscar bench decode`; random and sorted block tables) and
 cuDNN's SDPA on the same shapes four times in one process: fresh, after allocating and freeing --churn-gib of device

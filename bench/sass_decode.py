@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Read the SASS of the decode hot loop without a GPU (docs/notes/kernels.md, "Reading the SASS").
+"""Read the SASS of the decode hot loop without a GPU (docs/decisions.md).
 
 Compiles ``triton_decode_int2.int2_split_kernel`` for sm_90 with the Triton wheel's own
 ptxas, disassembles it with its cuobjdump, and prints, per backward branch (loop), the
@@ -43,7 +43,7 @@ from vllm_oscar.kernels.triton_ops import (FIRST_PREFETCH_TILES, GLUON_MAX_REGIS
 #: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types, as the launcher
 #: specialises them for the served caches (read from the H200's compile with
 #: `bench/profile_decode.py --dump-compiled`): every stride fits in i32 (stride_cb as i64 instead
-#: moves ptxas from 168 to 128 registers with full_tiles: docs/notes/kernels.md V12).
+#: moves ptxas from 168 to 128 registers with full_tiles: docs/decisions.md V12).
 SIGNATURE = {
     "q_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "cache_ptr": "*u8", "stride_cb": "i32",
     "stride_ch": "i32", "wk_ptr": "*bf16", "wv_ptr": "*bf16", "stride_w0": "i32", "stride_w1": "i32",
@@ -171,7 +171,7 @@ def copy_sources(sass: str) -> list[tuple[int, str]]:
 
 def register_copies(sass: str) -> list[int]:
     """Addresses of plain register copies (IMAD.MOV.U32 Rd, RZ, RZ, Rs): in a hot loop they mostly build MMA
-    operands whose halves Triton fills with copies of a half-empty tile (docs/notes/kernels.md V40)."""
+    operands whose halves Triton fills with copies of a half-empty tile (docs/decisions.md V40)."""
     return [int(m.group(1), 16) for m in
             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?IMAD\.MOV\.U32 R\d+, RZ, RZ, R\d+", sass)]
 

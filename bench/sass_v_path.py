@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline SASS of two ways to accumulate one 64-token tile of INT2 V (docs/notes/kernels.md V18).
+"""Offline SASS of two ways to accumulate one 64-token tile of INT2 V (docs/decisions.md V18).
 
 A, the shipped path (triton_decode_int2.accumulate_plane): V codes as int16 byte pairs per token row,
 unpacked to bf16 even / odd planes and fed transposed to bf16 MMAs with w = bf16(p * scale).

@@ -5,7 +5,7 @@ smollm2-135m: 9 / 3, head_dim 64), blocks of 64, the default sink 64 / recent 25
 outliers as in check_kernels_gpu.py), decoded with a fixed split count per launch variant; prints per head the
 largest and the mean relative error of the output (max / mean). A systematic loss in a split's accumulation grows
 with the split's length, so the one-split column shows it first
-(docs/notes/kernels.md F1: the fold of the BIAS sums, FOLD_TILES).
+(docs/decisions.md F1: the fold of the BIAS sums, FOLD_TILES).
 
     python bench/split_error.py [--geometry qwen3-8b] [--lengths 30000 120000] [--splits 1 2 4 16 64 256] \
         [--fold-tiles 8 32]

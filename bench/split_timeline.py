@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-program timelines of gluon_decode's kernel on a CUDA GPU: when each split and window program starts, when its
 loop ends and when its partial is stored, on which SM it ran, and with --first-tile when its first staged tile has
-landed (docs/notes/kernels.md "Session 30": at Qwen3-8B 128K batch 1 the loop streams at the read bandwidth and the
+landed (docs/decisions.md: at Qwen3-8B 128K batch 1 the loop streams at the read bandwidth and the
 split programs' end times spread over 8 us).
 
     python bench/split_timeline.py --cells qwen3-8b:131072:1 smollm2-135m:131072:8 [--first-tile] [--json OUT]
@@ -146,7 +146,7 @@ def percentiles_us(values_ns: np.ndarray) -> list[float]:
 
 
 #: Warp schedulers per SM (Hopper): programs that share an SM are served oldest first, so each SM's programs fall
-#: into dispatch tiers of this many (docs/notes/kernels.md "Session 31").
+#: into dispatch tiers of this many (docs/decisions.md).
 SCHEDULERS_PER_SM = 4
 
 

@@ -7,7 +7,7 @@ trees of (slowest - fastest) / fastest: a speed-up inside it is noise).
     python bench/tune_ab.py --base old new=docs/perf/ab_session24/call4_redux1.json,docs/perf/ab_session24/call4_redux2.json \
         old=docs/perf/ab_session24/call4_old1.json,docs/perf/ab_session24/call4_old2.json
 
-How the reports are made (docs/notes/kernels.md, "Session 24"): each tree's `vllm_oscar` package in its own folder,
+How the reports are made (docs/decisions.md): each tree's `vllm_oscar` package in its own folder,
 `bench tune` run from each folder in turn (new, old, new, old, ...) with the same arguments and one config.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline probe (no GPU): how Gluon lowers a warp-specialized ring for sm_90 (docs/notes/kernels.md "Session 34").
+"""Offline probe (no GPU): how Gluon lowers a warp-specialized ring for sm_90 (docs/decisions.md).
 
 A producer warp (worker partition, 40 registers) copies [LINES, 128] byte boxes by TMA into one ring of STAGES
 buffers per compute warp; the default partition's WARPS warps each wait on their own ring's full barriers, read their

@@ -1,5 +1,5 @@
 """GPU-only bench scripts without a GPU: each refuses with a message that says what it needs (bench/gluon_parts.py
-times gluon_decode's kernel by parts, docs/notes/kernels.md "Session 24"; bench/cta_launch_probe.py times launches
+times gluon_decode's kernel by parts, docs/decisions.md; bench/cta_launch_probe.py times launches
 of tiny grids, "Session 27"; bench/merge_tail.py times the decode merge's tail, "Session 29"; bench/split_timeline.py
 records gluon_decode's programs' timelines, "Session 30"; bench/copy_shapes.py times TMA copies by program shape,
 "Session 35"; bench/cluster_merge.py merges split partials in thread-block clusters, "Session 45")."""

@@ -29,7 +29,7 @@ def test_padded_decode_steps_match_eager_steps_and_write_nothing_for_padding(fol
 def test_cache_sized_for_the_positions_written_not_for_max_model_len():
     """A graph sized for a long max_model_len (the block table spans it) over a cache that holds only what the
     requests write, as vLLM sizes its cache by memory: a 128K graph at batch 32 no longer allocates 36 layers x
-    32 x 128K positions (the CUDA OOM of docs/notes/kernels.md, session 14, call 1)."""
+    32 x 128K positions (the CUDA OOM of docs/decisions.md)."""
     served = served_graph.ServedAttention(layers=1, hq=4, hkv=2, dim=64, max_model_len=131072, max_requests=3,
                                           device=torch.device("cpu"), block_size=64, cache_positions=300)
     assert served.block_table.shape == (3, 131072 // 64)

@@ -88,7 +88,7 @@ ATTENTION_BACKEND_ENV: str = "VLLM_ATTENTION_BACKEND"
 #: Kernel block sizes the OSCAR backend accepts: any multiple of this many tokens.
 KERNEL_BLOCK_MULTIPLE: int = 16
 #: Block size the GPU decode is fastest with: a 64-position tile is one contiguous (block, KV head)
-#: region (H200, docs/notes/kernels.md V22: 2-9% faster than blocks of 16 at >= 32K, batch >= 8).
+#: region (H200, docs/decisions.md V22: 2-9% faster than blocks of 16 at >= 32K, batch >= 8).
 #: The OSCAR backend asks vLLM for it on CUDA when the user passes no --block-size
 #: (OscarAttentionBackend.get_preferred_block_size).
 GPU_DECODE_BLOCK_SIZE: int = 64

@@ -127,7 +127,7 @@ class OscarAttentionBackend(AttentionBackend):
 
         GPU_DECODE_BLOCK_SIZE (64) on CUDA when vLLM offers its default (16): the decode then reads
         each (block, KV head) page region of a 64-position tile in one piece (2-9% faster at long
-        contexts, batch >= 8, on an H200; docs/perf/HISTORY.md). Elsewhere, or for any other default,
+        contexts, batch >= 8, on an H200; docs/decisions.md). Elsewhere, or for any other default,
         vLLM's own rule (the default, as every multiple of 16 is supported). vLLM 0.32 asks only
         when ``--block-size`` was not given (``Platform.update_block_size_for_backend``, after the
         model is loaded; the impls size their pages and window stores later, at their first forward).
@@ -244,7 +244,7 @@ def block_size_hint(block_size: int, device: torch.device, user_specified: bool)
             f"a GPU (vLLM chose this size for the model's other attention backends or mamba layers); if the "
             f"model accepts it, pass --block-size {GPU_DECODE_BLOCK_SIZE} for faster long-context decode (2-9% on "
             f"an H200 at batch >= 8: each (block, KV head) page region is then read in one piece; "
-            f"docs/perf/HISTORY.md).")
+            f"docs/decisions.md).")
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,7 +7,7 @@ so every layer waits for it. Deferred, the writes run on beside the following la
 streams in turn, and the model's forward joins them all at its end (a forward hook, inside the capture: vLLM's
 CUDAGraphWrapper captures ``model(...)``). H200, Qwen3-8B attention x36 layers, replay alone: 4K batch 1 16%,
 32K batch 2 19% faster per step, 2-19% at 10 of 16 cells, 1.7-2.4% slower at 32K batch 8 and 128K batch 2-4
-(docs/perf/HISTORY.md "Session 38").
+(docs/decisions.md).
 
 Only layers of a model that carries the hook defer, so a forward that ends without it cannot leave a capture
 with work unjoined (torch raises cudaErrorStreamCaptureUnjoined at the capture's end). And only where vLLM runs

@@ -11,7 +11,7 @@ section 2, architecture.md "Kernel facts"):
 so o_proj(o_rot) = o_proj(o), and v = W_v x arrives rotated (the write then skips its V rotation). Both are
 exact up to one more rounding of the weights in their dtype. config.FOLD_MODES: "output" (the default) folds
 W_o only (it removes the launch; the write still rotates V, so the cache bytes are those of the unfolded path),
-"value_and_output" both, "none" neither. Measured (docs/perf/HISTORY.md "Session 37", docs/QUALITY.md "Folded
+"value_and_output" both, "none" neither. Measured (docs/decisions.md, docs/QUALITY.md "Folded
 rotations"): "output" takes 0-7% off every served graph step measured of Qwen3-8B's attention on an H200, never
 slower; "value_and_output" 2-9% at most cells but 7% slower at 128K batch 8; SmolLM2's log-probabilities stay as
 close to BF16 as unfolded under both.

@@ -45,7 +45,7 @@ MAX_LAYERS: int = 36
 MEMORY_FRACTION: float = 0.85
 #: `--allocator` choice -> PYTORCH_CUDA_ALLOC_CONF for the whole run (OSCAR and baselines alike). With PyTorch's
 #: default segments the same OSCAR case read 3-7% slower late in a long run than fresh (cuDNN up to 15% in one
-#: reading); with expandable segments every position read within 1% (docs/notes/kernels.md, session 22).
+#: reading); with expandable segments every position read within 1% (docs/decisions.md).
 ALLOCATOR_SETTINGS: dict[str, str] = {"expandable": "expandable_segments:True", "default": ""}
 #: The environment variable PyTorch reads its CUDA allocator settings from (once, at CUDA initialisation).
 ALLOCATOR_ENV: str = "PYTORCH_CUDA_ALLOC_CONF"
@@ -545,7 +545,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 #: Launch configs the decode benchmark's autotune tries (AttentionConfig arguments): the default and
-#: one step away from it on each knob that the H200 tunes found close (docs/notes/kernels.md); a knob of
+#: one step away from it on each knob that the H200 tunes found close (docs/decisions.md); a knob of
 #: int2_split_kernel's splits (prefetch, window_block_t, max_registers) times that kernel instead of gluon_decode's.
 AUTOTUNE_CANDIDATES: tuple[dict, ...] = (
     dict(), dict(gluon_splits=False), dict(block_t=32), dict(programs_per_sm=24), dict(min_tiles_per_split=1), dict(min_tiles_per_split=4),

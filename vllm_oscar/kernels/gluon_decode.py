@@ -39,16 +39,16 @@ loaded tensors whose conversion to the MMA layout is checked to be free (convert
 A window tile computes its BF16 logits one K step (16 channels) at a time and its BF16 V product a plane at a time
 (_window_logits, _window_values), each lane loading only its own operand elements, so that the window path needs
 no shared memory (an allocation would cut the split programs' residency); its INT2 positions reuse the tile code of
-the splits under masks. docs/notes/kernels.md G2 has the measurements (H200, graph replays: the decode 5-15% faster
+the splits under masks. docs/decisions.md G2 has the measurements (H200, graph replays: the decode 5-15% faster
 than int2_split_kernel's from 32K on and at 4K batch 64).
 
 COPY_STAGES > 0 (AttentionConfig.gluon_copy_stages; by default 2 where triton_ops.staging_pays, H200 timings in
-docs/notes/kernels.md "Session 21" and "Session 29"): instead of an L2 prefetch one tile ahead and register loads,
+docs/decisions.md and "Session 29"): instead of an L2 prefetch one tile ahead and register loads,
 a split program copies the regions of the tiles COPY_STAGES - 1 ahead into shared memory with cp.async (no
 registers held while they are in flight) and reads each tile from there into the same register layouts
 (_staged_tile; the code lines swizzled so that those reads are free of bank conflicts). The window programs load as
 before. With COPY_TMA (AttentionConfig.gluon_copy_tma; by default at head_dim 128 in launches captured in CUDA graphs,
-docs/notes/kernels.md "Session 32") the copies are TMA boxes instead (tma_descriptors, _start_stage: the same staged
+docs/decisions.md) the copies are TMA boxes instead (tma_descriptors, _start_stage: the same staged
 layouts, written by the copy engine; one mbarrier per stage), and the kernel takes the descriptors as k_desc, v_desc
 and s_desc (None without COPY_TMA).
 """

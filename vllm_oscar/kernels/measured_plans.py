@@ -1,7 +1,7 @@
 """Per-device tables of measured decode plans.
 
 The decode planner (triton_ops._plan_decode) sizes its split-K count and a few hints by rules fitted on the H200.
-Some cells want another count than any rule gives them (docs/notes/kernels.md "Session 35": SmolLM2 batch 3-4,
+Some cells want another count than any rule gives them (docs/decisions.md: SmolLM2 batch 3-4,
 Qwen3-8B 32K batch 6 / 8, 64K batch 3). A table of measured plans holds, for the cells a tuning run timed on one
 GPU model (``vllm-oscar bench plans``), the split count and window-prefetch hint that beat the rules there, as vLLM
 ships JSON configs per device for its fused-MoE kernels.

@@ -32,7 +32,7 @@ BIAS: tl.constexpr = tl.constexpr(128.0)
 #: Default tiles between folds of the BIAS part out of a decode split program's V accumulators (the kernels'
 #: FOLD, AttentionConfig.fold_tiles): the tensor cores round their fp32 accumulation toward zero, so BIAS-sized
 #: sums left to grow lose the small code part, about 1e-4 relative per tile (H200: 4.4e-2 for one split of 30000
-#: positions, 0.18 for 120000; every 8 tiles 2.0e-3 / 1.6e-3; docs/notes/kernels.md "Session 21", F1).
+#: positions, 0.18 for 120000; every 8 tiles 2.0e-3 / 1.6e-3; docs/decisions.md, F1).
 FOLD_TILES: tl.constexpr = tl.constexpr(8)
 #: Unpack modes (see module docstring).
 UNPACK_PORTABLE: int = 0

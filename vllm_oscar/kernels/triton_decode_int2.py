@@ -29,7 +29,7 @@ V codes are read as int16 byte pairs and unpacked into even- and odd-channel pla
 transposed ldmatrix; the output store interleaves the two. Bias/factor removal as in
 triton_common. softmax_scale * log2(e) (and s_q) multiply the logits once, in the softmax's FFMA. The
 online softmax rescales lazily (RESCALE_SLACK). One warp per program (no cross-warp
-reductions); docs/notes/kernels.md V5-V6 has the SASS counts behind each choice.
+reductions); docs/decisions.md V5-V6 has the SASS counts behind each choice.
 
 Column sums by the tensor cores (V29, SUMS_MMA: the bf16-key path): the V weights' sums over positions,
 sw = sum_t w_t (to remove BIAS) and zw = sum_t p_t z_v,t (the offset term), come from one more MMA per tile,
@@ -49,7 +49,7 @@ has 16 channels, fewer than the MMA's K = 32: planes (0, 1) and (2, 3) go in pai
 Logits columns in parts (KPARTS, GP < 8): a [BT, GP] logits tile leaves half of the MMA's N = 8 unused and
 Triton replicates it across the lanes, so every softmax step would run twice per value. Instead the int8 MMA
 writes [BT, GP * KPARTS] columns (head, part), part k's query operand holding only the planes of part k, and
-the parts are added in-lane (_int2_tile_logits): the softmax then runs once per value (docs/notes/kernels.md
+the parts are added in-lane (_int2_tile_logits): the softmax then runs once per value (docs/decisions.md
 V38: the loop 840 -> 708 instructions at D = 128). Only programs that read INT2 tiles compute the query
 operands (_int2_query): window programs without INT2 positions skip them.
 """
@@ -495,7 +495,7 @@ def int2_split_kernel(
     split asks L2 for its first tile inside the query prologue (_int2_query)."""
     Q: tl.constexpr = D // 4
     # The column sums by MMA (module docstring) where they were measured faster: the bf16-key path (SmolLM2
-    # geometry 2-5% at B >= 8); on the int8-key path (Qwen3-8B) they were 0-3% slower (docs/notes/kernels.md V29).
+    # geometry 2-5% at B >= 8); on the int8-key path (Qwen3-8B) they were 0-3% slower (docs/decisions.md V29).
     SUMS_MMA: tl.constexpr = not INT8_K
     ZW_COLS: tl.constexpr = SUMS_MMA and 2 * GP <= MMA_MIN_N  # the offset sums in spare MMA columns
     NC: tl.constexpr = 2 * GP if ZW_COLS else GP  # tile columns

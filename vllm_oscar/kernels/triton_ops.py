@@ -58,13 +58,13 @@ WRITE_BLOCK_N: int = 16
 WRITE_BLOCK_K: int = 64
 WRITE_WINDOW_BLOCK_K: int = 32
 #: Output columns per window-copy program of a flagged launch (WriteConfig.window_columns; None = this). H200, the
-#: first launch alone at 1 new token, us warm (Qwen3-8B geometry, docs/perf/HISTORY.md "Session 40"): 128 columns 5.75,
+#: first launch alone at 1 new token, us warm (Qwen3-8B geometry, docs/decisions.md): 128 columns 5.75,
 #: 64 3.73, 32 3.17, 16 3.29; served steps 20-25% faster than with 128 at 4K-128K batch 1 and 4K-64K batch 8.
 WRITE_WINDOW_BLOCK_C: int = 32
 #: An INT2-only write launch (a captured decode step's side-stream write) of at most this many new tokens runs as
 #: row programs (triton_write_rows: one warp per token, KV head and side) unless WriteConfig.row_programs says
 #: otherwise. H200, Qwen3-8B attention x36, served steps, replay alone, ms, row programs reading the first launch's
-#: rotated rows / 16-row programs (docs/notes/kernels.md "Session 41"): 4K B=1 0.594 / 0.657, B=8 0.957 / 1.128,
+#: rotated rows / 16-row programs (docs/decisions.md): 4K B=1 0.594 / 0.657, B=8 0.957 / 1.128,
 #: B=16 1.520 / 1.858, B=32 2.13 / 2.29, B=64 3.68 / 3.81; 32K B=16 3.555 / 3.87, B=32 6.72 / 6.83, B=64 12.96 /
 #: 13.40-14.29; 128K B=1 1.278 / 1.481, B=8 6.04 / 6.40; session 42 ("Session 42"): 4K B=128 6.37 / 6.87, B=256
 #: 11.31 / 12.10, B=512 19.98 / 21.02; 16K B=128 14.20 / 14.99. The side write alone at 512 tokens: 12.7 / 23.3 us
@@ -177,7 +177,7 @@ DRIVER_SHARED_PER_PROGRAM: int = 1024
 #: 2: H200, fused windows, 4K: B=1 0.0119 ms at 2 vs 0.0139 at 4 (Qwen3-8B geometry), B=8 equal.
 MIN_TILES_PER_SPLIT: int = 2
 #: gluon_decode's plans walk at least this many tiles per split: fewer, longer splits pay where 2-tile splits would
-#: launch more programs than the memory needs. H200, graph replays (docs/notes/kernels.md "Session 34" and "Session
+#: launch more programs than the memory needs. H200, graph replays (docs/decisions.md and "Session
 #: 35"), ms at 2 / 3 tiles. Merges that are not small (session 34), SmolLM2 geometry: 4K B=8 0.0064-0.0065 /
 #: 0.0063-0.0064, 4K B=16 0.0083 / 0.0079-0.0080, 8K B=8 0.0082 / 0.0074-0.0076; Qwen3-8B geometry: 8K B=2 0.0110 /
 #: 0.0101-0.0102, 16K B=2 0.0155-0.0156 / 0.0128. Small merges (session 35), SmolLM2 geometry: 8K B=1 0.0058-0.0059 /
@@ -185,7 +185,7 @@ MIN_TILES_PER_SPLIT: int = 2
 #: 0.0074-0.0075. Plans of >= 3 tiles per split do not change.
 GLUON_MIN_SPLIT_TILES: int = 3
 #: The most splits per (request, KV head): it binds only where the pairs are few (one-wave count above it: SmolLM2
-#: geometry, 3 KV heads, batch 1-2). H200, graph replays, Gluon splits (docs/notes/kernels.md S19): SmolLM2 batch 1
+#: geometry, 3 KV heads, batch 1-2). H200, graph replays, Gluon splits (docs/decisions.md S19): SmolLM2 batch 1
 #: 384 vs 256 splits 0.0126 / 0.0142 ms at 128K, 0.0092 / 0.0098 at 64K, equal at 32K (where two-tile splits cap
 #: it at 256); batch 2 (264 one-wave splits): 256 vs 320 0.0117 / 0.0125 at 64K, 0.0175 / 0.0183 at 128K.
 MAX_SPLITS: int = 384
@@ -193,7 +193,7 @@ MAX_SPLITS: int = 384
 #: attention/step.layer_step), sized for max_seq_len > BESIDE_WRITE_MIN_SEQ_LEN at batch <= BESIDE_WRITE_MAX_BATCH,
 #: takes ceil(BESIDE_WRITE_SPLIT_EIGHTHS / 8) of its plan's splits, leaving the write's programs room in the one-wave
 #: grid, whose end waits for its slowest SM. H200, Qwen3-8B attention x36 in graphs, replay alone per step, ms with /
-#: without the room (docs/notes/kernels.md "Session 41"; side writes by row programs reading the rotated rows):
+#: without the room (docs/decisions.md; side writes by row programs reading the rotated rows):
 #: 128K B=1 1.273-1.278 / 1.422-1.428, 64K B=1 0.905 / 0.975-0.978; B=2 2.00 / 1.93 (128K), 1.405 / 1.329 (64K);
 #: B=4 3.38 / 3.21, 2.06 / 2.03; 128K B=8 6.37-6.39 / 6.00-6.07. (Session 40's 16-row side writes, 11 us each,
 #: gained at B=8 too: 7.41 -> 6.52.) Shorter contexts (32K: equal at B=1 / 8) and larger batches keep every split.
@@ -202,10 +202,10 @@ BESIDE_WRITE_MIN_SEQ_LEN: int = 65536
 BESIDE_WRITE_MAX_BATCH: int = 1
 #: A split walking fewer tiles than this is "short": its window programs, trailing as a second wave,
 #: then cost as much as the split itself, so decode_splits makes room for them in the first wave
-#: (H200, docs/notes/kernels.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
+#: (H200, docs/decisions.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
 SHORT_SPLIT_TILES: int = 4
 #: Splits of SHORT_SPLIT_TILES up to WINDOW_ROOM_SPLIT_TILES tiles make the same room for the window programs, but only
-#: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/notes/kernels.md
+#: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/decisions.md
 #: "Session 33"): SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
 #: 0.0149-0.0150, Qwen3-8B 16K B=8 (32 -> 26) 0.0355 / 0.0350; without the quarter limit SmolLM2 4K B=64 (10 -> 5)
 #: 0.0179 / 0.0186. Not in small-merge plans, whose split count is capped below the SM's residency (the windows fit
@@ -214,25 +214,25 @@ SHORT_SPLIT_TILES: int = 4
 WINDOW_ROOM_SPLIT_TILES: int = 8
 #: Where the merge of the partials has fewer programs than the GPU has SMs (batch 1: one per query
 #: head and channel block), its time grows with the split count, so the splits are sized for at most
-#: this many programs per SM even when more are resident (H200, docs/notes/kernels.md V22: Qwen3-8B
+#: this many programs per SM even when more are resident (H200, docs/decisions.md V22: Qwen3-8B
 #: B=1, blocks of 64 whose kernel holds 16 per SM: 32K 0.0172 ms at 251 splits, 0.0155 at 185).
 SMALL_MERGE_PROGRAMS_PER_SM: int = 12
 #: The same where gluon_decode's staged tiles are copied by TMA (no registers or issue slots held by the copies, so
-#: fewer, longer splits keep the memory as busy; H200, docs/notes/kernels.md "Session 32": Qwen3-8B B=1 64K
+#: fewer, longer splits keep the memory as busy; H200, docs/decisions.md: Qwen3-8B B=1 64K
 #: 0.0174-0.0178 -> 0.0169-0.0170 ms at 128 splits instead of 170, 128K 0.0276-0.0277 -> 0.0274). Where TMA would
 #: copy them (tma_copy_pays), small-merge plans always stage their tiles and walk >= STAGED_MIN_SPLIT_TILES tiles per
-#: split (docs/notes/kernels.md "Session 33": Qwen3-8B B=1, ms unstaged splits of 2-3 tiles / staged TMA splits of 4:
+#: split (docs/decisions.md: Qwen3-8B B=1, ms unstaged splits of 2-3 tiles / staged TMA splits of 4:
 #: 8K 0.0095 / 0.0084-0.0085, 16K 0.0107 / 0.0098-0.0099, 24K 0.0122-0.0123 / 0.0107-0.0108, 32K equal, 48K on equal).
 TMA_SMALL_MERGE_PROGRAMS_PER_SM: int = 8
 #: AttentionConfig.long_splits (opt-in): the grid holds LONG_SPLIT_PROGRAMS_PER_SM split programs per SM, of which a
 #: (request, KV head) pair uses all only where the one-wave split count would leave each split >= LONG_SPLIT_TILES
-#: tiles. H200, Qwen3-8B (int8 keys), graph replays with TMA loads (docs/notes/kernels.md K1, session 14): 1-4%
+#: tiles. H200, Qwen3-8B (int8 keys), graph replays with TMA loads (docs/decisions.md K1, session 14): 1-4%
 #: faster at >= 64K and B >= 32, 4-5% slower at 64K-128K and B 8-16, 4K unchanged: not a default.
 LONG_SPLIT_TILES: int = 64
 LONG_SPLIT_PROGRAMS_PER_SM: int = 32
 #: gluon_decode's splits at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs are sized
 #: for two waves of resident programs, not one (AttentionConfig.programs_per_sm None). H200, graph replays, Qwen3-8B
-#: geometry, blocks of 64, ms at one wave / two (docs/notes/kernels.md "Session 21"): B=64 (4 / 8 splits) 16K 0.2016 /
+#: geometry, blocks of 64, ms at one wave / two (docs/decisions.md): B=64 (4 / 8 splits) 16K 0.2016 /
 #: 0.1969, 32K 0.3644 / 0.3522, 64K 0.6922 / 0.6736, 128K 1.4174 / 1.3412; B=32 (8 / 16) 16K 0.1041 / 0.1038, 32K
 #: 0.1914 / 0.1876, 64K 0.3542 / 0.3420, 128K 0.6804 / 0.6593. Not at head_dim 64 (SmolLM2 geometry B=32 / 64,
 #: <= 1.5 pairs per SM: 0-5% slower), nor with fewer pairs than SMs (Qwen3-8B B=8: one wave of 33 splits fastest),
@@ -246,7 +246,7 @@ DECODE_BLOCK_T: int = 64
 #: Programmatic dependent launch (griddepcontrol) exists from this compute capability (Hopper).
 PDL_MIN_CAPABILITY: tuple[int, int] = (9, 0)
 #: TMA tile-load pipeline depth of a decode launch captured in a CUDA graph (AttentionConfig.cuda_graph with
-#: tma_stages None), and where it pays (tma_pays; H200, docs/notes/kernels.md V26, H2, "Session 16"): with the
+#: tma_stages None), and where it pays (tma_pays; H200, docs/decisions.md V26, H2, "Session 16"): with the
 #: int8-key split kernel where each (request, KV head) pair has GRAPH_TMA_SMS_PER_PAIR SMs or more (batch 1:
 #: 1-8% faster; batch 4-16 at >= 16K 2-9% slower since V38), and at head_dim >= GRAPH_TMA_MIN_HEAD_DIM also
 #: for plans up to GRAPH_TMA_SHORT_CONTEXT positions with at most one pair per SM (4K batch 8-16: 3-5% faster).
@@ -264,9 +264,9 @@ WINDOW_BLOCK_T: int = 32
 #: for contexts <= WIDE_WINDOW_MAX_CONTEXT (there the 320 window positions are ~1/3 of the bytes) and (request,
 #: KV head) pairs >= SMs x WIDE_WINDOW_MIN_PAIRS_PER_SM (half as many window programs then leave room in the wave;
 #: with fewer pairs the longer window program sets the time).
-#: H200, SmolLM2-135M geometry, blocks of 64, graph replays, window tiles 32 / 64 (docs/notes/kernels.md V35): 4K
+#: H200, SmolLM2-135M geometry, blocks of 64, graph replays, window tiles 32 / 64 (docs/decisions.md V35): 4K
 #: B=24 / 32 / 64 -3..-8% / -8% / -3%, B=8 / 16 +4% / +2% (hence the pair floor); 8K B=24 / 32 / 64 +6% / +1% / -5%
-#: and 16K-128K equal or +1% (hence the context cap). Re-tuned with int8 keys (session 16, docs/notes/kernels.md
+#: and 16K-128K equal or +1% (hence the context cap). Re-tuned with int8 keys (session 16, docs/decisions.md
 #: "Knobs re-checked after V38 / V39"): single cases +-4-13% either way, rule unchanged.
 WIDE_WINDOW_BLOCK_T: int = 64
 WIDE_WINDOW_MAX_HEAD_DIM: int = 64
@@ -278,18 +278,18 @@ WIDE_WINDOW_MIN_PAIRS_PER_SM: float = 0.5
 MERGE_BLOCK_D: int = 32
 #: Warps of a merge program whose [next_pow2(partials), channels] fp32 tile holds at most MERGE_ONE_WARP_VALUES
 #: values (128 per lane): one, so the reductions over the partials stay in the warp; MERGE_WARPS above that, where
-#: one warp would spill. H200, 2026-12-01 (docs/notes/kernels.md "Session 20", graph replays, ms at 4 / 1 warp):
+#: one warp would spill. H200, 2026-12-01 (docs/decisions.md, graph replays, ms at 4 / 1 warp):
 #: Qwen3-8B 4K B=8 0.0177 / 0.0167-0.0170, SmolLM2 4K B=8 0.0073-0.0074 / 0.0071-0.0073, 32K B=8 0.0182 /
 #: 0.0177-0.0178; one warp at 256 partials: SmolLM2 32K B=1 0.0077 / 0.0389, Qwen3-8B 32K B=1 0.0135 / 0.0147.
 MERGE_ONE_WARP_VALUES: int = 4096
 MERGE_WARPS: int = 4
 #: L2 prefetch distance (tiles) of the INT2 split programs on a GPU. H200, Qwen3-8B geometry, 32K,
 #: int8 keys, distance 0/1/2/3: B=8 0.1130/0.0986/0.1002/0.1092 ms, B=32 0.3794/0.3213/0.3268/0.3454
-#: (docs/notes/kernels.md V8).
+#: (docs/decisions.md V8).
 PREFETCH_TILES: int = 1
 #: Tiles of a split program asked of L2 inside the query's prologue (plain and TMA loads, PTX unpack), so that the
 #: int8 rounding of the query runs while the first tile's DRAM read is in flight. H200, graph replays, blocks of 64
-#: (session 17, docs/notes/kernels.md V43), ms with / without: SmolLM2 32K B=8 0.0206 / 0.0216, 4K B=64 0.0281 /
+#: (session 17, docs/decisions.md V43), ms with / without: SmolLM2 32K B=8 0.0206 / 0.0216, 4K B=64 0.0281 /
 #: 0.0292; Qwen3-8B within the run-to-run noise.
 FIRST_PREFETCH_TILES: int = 1
 #: MMA rows per prefill program (query tokens x padded GQA group), AttentionConfig.prefill_rows.
@@ -297,16 +297,16 @@ PREFILL_ROWS: int = 64
 #: Largest prefill tile on a GPU. With Triton 3.6 on the H200, prefill tiles of 64 positions compile to
 #: warpgroup MMAs that read past their shared-memory operand (compute-sanitizer: "Invalid __shared__
 #: read of size 512 bytes" in attention_kernel's tl.dot; illegal-address crashes at SmolLM2 and
-#: Qwen3-8B geometry; docs/notes/kernels.md P2), so oscar_prefill refuses them there.
+#: Qwen3-8B geometry; docs/decisions.md P2), so oscar_prefill refuses them there.
 PREFILL_MAX_BLOCK_T: int = 32
 #: Automatic prefill_int2_apart: the pure INT2 prefix gets its own launch when the prefix is at least this
 #: many times the windows plus the chunk (and the one-launch grid overflows a wave). H200, served read,
-#: docs/notes/kernels.md P2: Qwen3-8B 32K prefix 1.16-1.26x faster apart (ratios 13-39), 4K prefix
+#: docs/decisions.md P2: Qwen3-8B 32K prefix 1.16-1.26x faster apart (ratios 13-39), 4K prefix
 #: 0.76-1.05x (ratios 0.9-4.3).
 PREFILL_APART_PREFIX_RATIO: int = 8
 #: Automatic prefill split-K (AttentionConfig.prefill_splits None): programs per query tile when the
 #: cached prefix is longer than the windows and the unsplit launch has fewer programs than the GPU has
-#: SMs, else 1. H200, docs/notes/kernels.md P2: SmolLM2 geometry, 512-token chunk, batch 1 (96
+#: SMs, else 1. H200, docs/decisions.md P2: SmolLM2 geometry, 512-token chunk, batch 1 (96
 #: programs): 4 splits 1.56x (4K prefix) and 1.74x (32K) faster; with >= 256 programs 4 splits were
 #: 0.6-1.1x; with no cached prefix 0.63x (nothing to split).
 PREFILL_AUTO_SPLITS: int = 4
@@ -318,12 +318,12 @@ GLUON_MAX_REGISTERS: int = 128
 #: (3 stages at head_dim 128 take 13.5 KB per program, 15 programs per SM of the H200's 227 KB).
 GLUON_COPY_STAGES: tuple[int, ...] = (2, 3)
 #: AttentionConfig.gluon_copy_tma None: staged tiles are copied by TMA from this head_dim on (3 boxes per tile, 1-5%
-#: faster at head_dim 128 from 32K; at 64, 1-5% slower from 32K at batch >= 8: docs/notes/kernels.md "Session 32").
+#: faster at head_dim 128 from 32K; at 64, 1-5% slower from 32K at batch >= 8: docs/decisions.md).
 TMA_COPY_MIN_HEAD_DIM: int = 128
 #: AttentionConfig.gluon_copy_stages None: GLUON_AUTO_COPY_STAGES where gluon_decode runs and staging pays
 #: (staging_pays): at head_dim <= STAGED_MAX_HEAD_DIM always, above it where the plan holds at least
 #: STAGED_MIN_POSITIONS_PER_SM cached positions of (request, KV head) pairs per SM (the bandwidth-bound launches).
-#: H200, graph replays, blocks of 64, ms at 0 / 2 / 3 stages (docs/notes/kernels.md "Session 21", S1): SmolLM2
+#: H200, graph replays, blocks of 64, ms at 0 / 2 / 3 stages (docs/decisions.md, S1): SmolLM2
 #: geometry (head_dim 64) 3-17% faster at every context (4K-128K) and batch (1-64), e.g. 4K B=1 0.0059 / 0.0049 /
 #: 0.0049, 128K B=64 0.3307 / 0.2900 / 0.2901; Qwen3-8B geometry (head_dim 128) 4-5% faster at >= 32K B >= 8 (32K
 #: B=32 0.2049 / 0.1967 / 0.2221, 128K B=64 1.4163 / 1.3482 / 1.7566), equal at 128K B=1 and 4K B=32/64 (7.9K /
@@ -335,7 +335,7 @@ STAGED_MIN_POSITIONS_PER_SM: int = 8192
 #: Plans with a small merge (fewer merge programs than SMs: batch 1, splits sized for SMALL_MERGE_PROGRAMS_PER_SM,
 #: below the resident count) also stage at head_dim 128 where each split walks >= STAGED_MIN_SPLIT_TILES tiles: with
 #: ~11 programs per SM, tiles copied one ahead hide the DRAM latency the L2 prefetch leaves. H200, graph replays,
-#: Qwen3-8B geometry B=1, ms unstaged / staged (docs/notes/kernels.md "Session 29"): 32K (3 tiles per split) 0.0127 /
+#: Qwen3-8B geometry B=1, ms unstaged / staged (docs/decisions.md): 32K (3 tiles per split) 0.0127 /
 #: 0.0133, 40K (4) 0.0147 / 0.0146, 48K (4) 0.0158 / 0.0150, 64K (6) 0.0192 / 0.0180, 96K (8) 0.0248 / 0.0228,
 #: 128K (11) 0.0306 / 0.0276.
 STAGED_MIN_SPLIT_TILES: int = 4
@@ -346,12 +346,12 @@ STAGED_MIN_SPLIT_TILES: int = 4
 GLUON_F16_FOLD_TILES: int = 2
 #: AttentionConfig.gluon_window_prefetch None: gluon_decode's window programs ask L2 for their BF16 V rows up front
 #: where they number at most this many per SM (batch 1: their latency chain is the kernel's tail; with many, the
-#: extra L2 requests compete with the splits' streams). H200, graph replays (docs/notes/kernels.md "Session 25",
+#: extra L2 requests compete with the splits' streams). H200, graph replays (docs/decisions.md,
 #: V50): Qwen3-8B batch 1 16K 0.0125 -> 0.0110 ms, 32K 0.0139 -> 0.0128, SmolLM2 16K / 32K 2-3% faster, 64K / 128K
 #: equal; on at batch >= 8 up to 4% slower (Qwen3-8B 128K B=64 1.198 -> 1.246 ms).
 WINDOW_PREFETCH_PROGRAMS_PER_SM: int = 1
 #: Warps per INT2 split program (one warp: no cross-warp reductions or barriers per tile;
-#: H200 tune, docs/notes/kernels.md V5).
+#: H200 tune, docs/decisions.md V5).
 SPLIT_WARPS: int = 1
 
 
@@ -368,7 +368,7 @@ class AttentionConfig:
     programs_per_sm: decode split-K sizing target when num_splits is None: the split programs number
     at most programs_per_sm per SM (rounded down to whole splits per (request, KV head), so a multiple
     of the SM's capacity fills whole waves). None = as many as one SM holds at once (from the compiled
-    split kernel's registers, warps and shared memory: one full wave, docs/notes/kernels.md V10; two waves for
+    split kernel's registers, warps and shared memory: one full wave, docs/decisions.md V10; two waves for
     gluon_decode at head_dim >= TWO_WAVE_MIN_HEAD_DIM with more (request, KV head) pairs than SMs); either way
     the count is then cut to the fewest splits at the same tiles per split for max_seq_len (decode_splits);
     min_tiles_per_split: the fewest tiles one split walks (caps the split count at short contexts; at least
@@ -376,7 +376,7 @@ class AttentionConfig:
     GLUON_MIN_SPLIT_TILES in gluon_decode's other plans);
     int8_keys: the INT2 split programs compute the key dot as an int8 MMA with the query rounded
     to int8 per head row (head_dim >= INT8_MMA_MIN_HEAD_DIM, 64). None = on where it applies (INT2 split kernel,
-    head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/notes/kernels.md V7-V8, V39: 1.1-1.2x on
+    head_dim >= 64, PTX unpack, i.e. a CUDA GPU), off otherwise (docs/decisions.md V7-V8, V39: 1.1-1.2x on
     the H200; scripts/int8_query_error.py: the rounding adds 1.6% of the INT2 key error in amplitude);
     max_registers: Triton's maxnreg for the INT2 split programs (None = compiler's choice, GLUON_MAX_REGISTERS
     for gluon_decode's kernel; fewer registers let more programs share an SM);
@@ -390,9 +390,9 @@ class AttentionConfig:
     >= 16 dividing head_dim; None = min(head_dim, MERGE_BLOCK_D)); windows_first: dispatch the
     window-tile programs of the INT2 split launch before its split programs. None = first when they
     number at most one per SM (batch 1: they then start beside the splits instead of trailing them as
-    a last short wave; docs/notes/kernels.md V10), after the splits otherwise; full_tiles: the INT2
+    a last short wave; docs/decisions.md V10), after the splits otherwise; full_tiles: the INT2
     split programs walk whole tiles only, with no masks (fewer instructions per tile), and the partial
-    INT2 tiles at the two edges of the range go to the window programs (docs/notes/kernels.md V12:
+    INT2 tiles at the two edges of the range go to the window programs (docs/decisions.md V12:
     5-7% faster at Qwen3-8B geometry >= 32K on the H200). None = on wherever the INT2 split kernel
     runs (True with the general kernel is an error); prefill_rows: MMA rows per prefill program
     (query tokens x the GQA group padded to a power of two; a power of two >= 16); prefill_splits:
@@ -400,16 +400,16 @@ class AttentionConfig:
     as in decode; 1 = one program walks the whole prefix; more lets a small batch fill the GPU.
     None = PREFILL_AUTO_SPLITS when oscar_prefill's max_seq_len implies a cached prefix longer than the
     windows and the unsplit launch has fewer programs than the GPU has SMs, 1 otherwise;
-    docs/notes/kernels.md P2); prefill_int2_apart: the pure INT2 prefix runs in its own
+    docs/decisions.md P2); prefill_int2_apart: the pure INT2 prefix runs in its own
     launch and compile (no window or chunk loops: fewer registers, more programs per SM), the windows
     and the chunk in a second, merged; None = apart when oscar_prefill's max_seq_len implies a prefix of
     at least PREFILL_APART_PREFIX_RATIO x (sink + recent + chunk) and the one-launch grid overflows one
-    wave (docs/notes/kernels.md P2); merge_pdl: the merge of the partials is launched with programmatic
+    wave (docs/decisions.md P2); merge_pdl: the merge of the partials is launched with programmatic
     dependent launch (Hopper and later): the decode split programs let it start as they begin and it
     waits (griddepcontrol.wait) for their kernel to finish, so its launch overlaps their tail instead of
     following it; likewise the merge lets the next launch (the output rotation, oscar_rotate) start early
-    (docs/notes/kernels.md H5). None = on for GPUs of compute capability >= 9.0 (the only ones with griddepcontrol),
-    off elsewhere and under the interpreter; True on an older GPU raises (docs/notes/kernels.md V19:
+    (docs/decisions.md H5). None = on for GPUs of compute capability >= 9.0 (the only ones with griddepcontrol),
+    off elsewhere and under the interpreter; True on an older GPU raises (docs/decisions.md V19:
     up to 8% faster at batch 1 and small batches, the same elsewhere); tma_stages: > 0 = the whole-tile
     INT2 splits load their tiles by tensor-memory-accelerator copies (tensor descriptors over the cache's
     planes, built once per cache) in a software pipeline this many stages deep, and no L2 prefetch unless
@@ -418,14 +418,14 @@ class AttentionConfig:
     batch 1 in CUDA-graph replays (head_dim 64 with int8 keys too) and at 4K batch 8-16 (head_dim 128), 2-9% slower
     at batch 4-16 from 16K on and with bf16 keys at head_dim 64; but Triton encodes the six descriptors on the host
     at every launch (tens of us), more than the kernel saves where the launch is not graph-captured
-    (docs/notes/kernels.md V26, "Session 16"). None (the default): GRAPH_TMA_STAGES for a cuda_graph launch where
+    (docs/decisions.md V26, "Session 16"). None (the default): GRAPH_TMA_STAGES for a cuda_graph launch where
     TMA applies (whole tiles in a cache block, compute capability >= 9.0) and pays (tma_pays), else 0;
     long_splits (opt-in; timed on the H200: +-5%, LONG_SPLIT_TILES):
     with the int8-key split kernel and a merge of at least as many programs as SMs (not batch 1), size the grid
     for LONG_SPLIT_PROGRAMS_PER_SM split programs per SM where
     max_seq_len's splits would be long, and let each (request, KV head) use them all only where its own context
     makes its one-wave splits walk >= LONG_SPLIT_TILES tiles (so a graph captured for max_model_len keeps one
-    wave's splits at short contexts; docs/notes/kernels.md K1); cuda_graph: the launch will
+    wave's splits at short contexts; docs/decisions.md K1); cuda_graph: the launch will
     be captured into a CUDA graph and replayed without host work (the vLLM backend's full decode graphs
     and the benchmark's replays; its warm-up must use the same config, so that nothing compiles during
     the capture); gluon_splits: the int8-key split programs and the window programs run as gluon_decode's Gluon
@@ -435,22 +435,22 @@ class AttentionConfig:
     after the served step's check and the kernel checks passed with it on the H200) = where it applies and gluon_pays
     (no knob of int2_split_kernel's splits set, and not where that kernel would use TMA for a short context);
     False = int2_split_kernel always; True = where it applies, else raises. H200, graph replays, bf16 queries
-    (docs/notes/kernels.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry);
+    (docs/decisions.md G2): None is 5-15% faster from 32K on and at 4K batch 64 (Qwen3-8B and SmolLM2 geometry);
     gluon_copy_stages: 0 = gluon_decode's split programs load each tile into registers after an L2 prefetch;
     GLUON_COPY_STAGES (2 or 3) = they copy tiles that many minus one ahead into shared memory (cp.async) and read
     them from there (needs gluon_decode's kernel, so it runs that kernel wherever it applies); None (the default) =
     GLUON_AUTO_COPY_STAGES where gluon_decode runs anyway and staging_pays (head_dim 64, or bandwidth-bound plans at
-    head_dim 128, or batch-1 plans whose splits walk >= 4 tiles), else 0. H200 (docs/notes/kernels.md "Session 21",
+    head_dim 128, or batch-1 plans whose splits walk >= 4 tiles), else 0. H200 (docs/decisions.md,
     "Session 29"): 3-17% faster at head_dim 64, 4-5% at head_dim 128 from 32K and batch 8 on, 5-10% at head_dim 128
     batch 1 from 48K on, 4-5% slower at head_dim 128 batch 1 16K-32K (hence the rule); fold_tiles: the INT2 split
     programs move the BIAS part of their V sums out of the tensor-core accumulators every this many tiles (a power of
     two; None = triton_common.FOLD_TILES, 8, or GLUON_F16_FOLD_TILES with gluon_f16_values): longer periods cost
     fewer instructions and lose more of a long split's accuracy (the tensor cores round their accumulation toward
-    zero; docs/notes/kernels.md F1); gluon_f16_values: gluon_decode's split programs build the V operand and the
+    zero; docs/decisions.md F1); gluon_f16_values: gluon_decode's split programs build the V operand and the
     weights in fp16 (gluon_decode.F16_VALUES: ~7% fewer instructions per tile; a BIAS of 1024 instead of 128, hence
     the shorter default fold period); True = wherever gluon_decode's kernel applies (it then runs that kernel);
     None (the default) = wherever gluon_decode runs anyway; False = bf16. H200, graph replays, blocks of 64
-    (docs/notes/kernels.md "Session 23", "Session 24"): Qwen3-8B geometry 2-6% faster from 32K (32K B=8 0.0560 ->
+    (docs/decisions.md): Qwen3-8B geometry 2-6% faster from 32K (32K B=8 0.0560 ->
     0.0528 ms, 128K B=64 1.369 -> 1.318), equal at 4K; SmolLM2 (head_dim 64) 1-4% faster at >= 32K batch >= 8 since
     the BIAS fold stays in each lane (32K B=64 0.0797 -> 0.0768, 128K B=64 0.2827 -> 0.2718; batch 1 and 4K equal).
     The kernel's error against float64 at 120000 positions in one split: 2.3e-3 / 2.8e-3 (Qwen3-8B / SmolLM2
@@ -462,7 +462,7 @@ class AttentionConfig:
     >= 2, or staged by default) and a contiguous cache; None (the default) = where the tiles are staged at head_dim >=
     TMA_COPY_MIN_HEAD_DIM in a launch captured in a CUDA graph (cuda_graph) on compute capability >= 9.0: the host
     encodes the tensor descriptors at every launch, which only a graph's replays skip. H200, graph replays
-    (docs/notes/kernels.md "Session 32"): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K
+    (docs/decisions.md): Qwen3-8B geometry 1-5% faster from 32K (32K B=8 0.0541 -> 0.0517 ms, 128K
     B=1 0.0277 -> 0.0272), SmolLM2 geometry (head_dim 64) 1-5% slower from 32K at batch >= 8; False = cp.async;
     beside_write: the launch runs beside a side-stream INT2 write (a captured decode step): the INT2 split kernels
     take BESIDE_WRITE_SPLIT_EIGHTHS / 8 of their plan's splits (rules' or measured; not an explicit num_splits)
@@ -838,7 +838,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, block_t: int,
     then cut to the fewest splits that give those tiles out at the same tiles per split, so that no split of
     such a request is left without tiles (an empty split costs a program slot and a merge partial; H200:
     SmolLM2-135M 16K B=8 81 -> 63 splits 6.5-6.8% faster, Qwen3-8B 16K / 64K B=1 3.3-3.5%, the rest within 1.1%;
-    docs/notes/kernels.md "Session 27")."""
+    docs/decisions.md)."""
     sms = _device_sms(device)
     pairs = batch * num_kv_heads
     wanted = programs_per_sm * sms // pairs
@@ -1203,7 +1203,7 @@ def gluon_pays(config: AttentionConfig, tma_stages: int, max_seq_len: int, head_
     the caller asked for that kernel; max_registers caps either kernel), or, at head_dim >= GRAPH_TMA_MIN_HEAD_DIM,
     int2_split_kernel would load its tiles by TMA for a short context (tma_pays' GRAPH_TMA_SHORT_CONTEXT rule:
     Qwen3-8B 4K batch 1-8, where it was 2-9% faster; at head_dim 64 gluon_decode's staged tiles are faster there,
-    SmolLM2 4K batch 1 0.0049 against 0.0059 ms, H200, docs/notes/kernels.md "Session 23")."""
+    SmolLM2 4K batch 1 0.0049 against 0.0059 ms, H200, docs/decisions.md)."""
     triton_knobs = (config.tma_stages, config.prefetch, config.window_block_t, config.windows_first)
     if any(knob is not None for knob in triton_knobs) or config.split_warps != SPLIT_WARPS:
         return False

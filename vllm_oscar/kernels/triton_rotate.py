@@ -3,7 +3,7 @@
 Used on CUDA for the query before attention (M = R_K, fp32 out) and for the attention output
 after it (M = R_V^T, written straight into the layer's output in its dtype), replacing the
 torch path's dtype conversions, transposing copies and batched matmul (7 launches per layer
-step with the output copy; docs/notes/kernels.md R1).
+step with the output copy; docs/decisions.md R1).
 
 Grid (cdiv(N * g, BLOCK_M), Hr, D / BLOCK_C). Program (m, r, c) takes BLOCK_M of the N x g rows
 that use rotation r (row i: token i // g, head r * g + i % g) and output columns

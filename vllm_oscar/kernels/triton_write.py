@@ -42,7 +42,7 @@ first launch also rotates the step's queries, q_rot = q @ R_K (triton_rotate.rot
 its grid's program (pid_m, h, c) as program (pid_m, h, WRITE_SIDES + c) here; axis 0 then spans the
 larger of the write tiles and the query row blocks, and programs past either return at once). The
 window copies then cost no launch of their own on a captured decode step's critical path, and an eager
-step one launch fewer (docs/notes/kernels.md W7).
+step one launch fewer (docs/decisions.md W7).
 
 Rounding note: codes round half to even (floor(p + 0.5), minus 1 at an exact half with an
 odd result), as torch.round does on the CPU path.
@@ -74,7 +74,7 @@ def _rotated_rows(x_ptr, stride_xn, stride_xh, r_ptr, stride_rh, stride_rr, rows
     if ROTATE or x_ptr.dtype.element_ty.primitive_bitwidth == 16:
         # Pre-rotated 16-bit rows go through an identity MMA, BLOCK_K input channels at a time like the rotation:
         # the rows leave it in an MMA layout, in which the clip / refit / pack code after it fits the registers (the
-        # plain load's layout took 255 and spilled: docs/notes/kernels.md, session 37), and each step's identity
+        # plain load's layout took 255 and spilled: docs/decisions.md), and each step's identity
         # slice holds no more shared memory than a rotation step's (one [D, D] identity took 64 KiB: session 39).
         # Exact: 16-bit values are TF32 values, and the other slices add zeros.
         acc = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float32)

@@ -4,7 +4,7 @@ A captured decode step writes its few new tokens' INT2 codes on a side stream be
 (attention/step.layer_step). oscar_write_kernel (triton_write) gives each program BLOCK_N = 16 rows, since its
 rotation is a tl.dot (16 rows at least) over 4 warps: at 1-8 new tokens most of those rows are padding, and
 every reduction of the clip search and of the refit rounds crosses the warps through shared memory, which makes
-the write a ~11 us chain (docs/notes/kernels.md, sessions 38-40). Here a program is ONE warp and ONE row
+the write a ~11 us chain (docs/decisions.md, sessions 38-40). Here a program is ONE warp and ONE row
 (token n, KV head h, side K or V), so every reduction stays inside the warp:
 
     y      = x[n, h] @ R[h]     one FMA chain per output over k in order (the bits of the full write's
@@ -18,7 +18,7 @@ the write a ~11 us chain (docs/notes/kernels.md, sessions 38-40). Here a program
 Grid (N, Hkv, 2); axis 2: 0 = K, 1 = V. The window copies are not written here (a captured step's first launch
 writes them). INT2_MODE as oscar_write_kernel's (triton_write's module docstring), flag_ptr read first.
 Measured (H200, Qwen3-8B geometry, 1-16 tokens, FROM_ROTATED): 5.1 us a launch against 11.2-11.3 for the 16-row
-programs, the same bytes (docs/perf/HISTORY.md "Session 41").
+programs, the same bytes (docs/decisions.md).
 """
 
 from __future__ import annotations
