@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Copies alone, by program shape: how fast long-lived split programs can copy a decode cell's INT2 tiles into shared
 memory by TMA, for programs of 1 or 4 warps (or 4 warps fed by a producer warp) and rings of 2-8 stages, against a
-plain streaming read of the same bytes (bench/decode_floor.py's floor). Measured on the H200 (docs/decisions.md
-"Session 36"): gluon_decode's own shape (one-warp programs at the plan's split count, two stages) copies at 0.97-0.99
+plain streaming read of the same bytes (bench/decode_floor.py's floor). Measured on the H200 (docs/decisions.md): gluon_decode's own shape (one-warp programs at the plan's split count, two stages) copies at 0.97-0.99
 of the stream at the long cells and every other shape is slower, so the copies are not where the decode loses time;
 with `--cells` and `--shapes 1:2:plan` it gives the "copies alone" column of a cell's time by parts.
 

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Read-only probe of the H200's memory side for the access pattern of the INT2 decode (docs/decisions.md,
-"The L2 side"): every program of one Triton kernel reads one contiguous region of REGION bytes, at a block index
+"""Read-only probe of the H200's memory side for the access pattern of the INT2 decode (docs/decisions.md): every program of one Triton kernel reads one contiguous region of REGION bytes, at a block index
 taken in order (a contiguous stream, as cuDNN's BF16 decode reads its K/V) or from a random permutation (the
 shuffled block tables of a long-running server), and sums it; the kernel also prefetches the next region into L2
 when asked, as the decode splits do. Prints the achieved read bandwidth per variant, timed as CUDA-graph replays;
