@@ -1,5 +1,4 @@
-"""Would an int8 query cost accuracy in the decode kernel's key path? (docs/decisions.md,
-"Where the rest of the gap is", lead 4.)
+"""Would an int8 query cost accuracy in the decode kernel's key path? (docs/decisions.md, lead 4.)
 
 An int8 MMA for the K side would take the 2-bit codes as int8 (one LOP3 per 4 codes instead
 of LOP3 + 2 PRMT per 4) but needs the rotated query as int8 too. This script measures, on

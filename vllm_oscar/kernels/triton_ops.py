@@ -205,8 +205,7 @@ BESIDE_WRITE_MAX_BATCH: int = 1
 #: (H200, docs/decisions.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
 SHORT_SPLIT_TILES: int = 4
 #: Splits of SHORT_SPLIT_TILES up to WINDOW_ROOM_SPLIT_TILES tiles make the same room for the window programs, but only
-#: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/decisions.md
-#: "Session 33"): SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
+#: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/decisions.md): SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
 #: 0.0149-0.0150, Qwen3-8B 16K B=8 (32 -> 26) 0.0355 / 0.0350; without the quarter limit SmolLM2 4K B=64 (10 -> 5)
 #: 0.0179 / 0.0186. Not in small-merge plans, whose split count is capped below the SM's residency (the windows fit
 #: anyway): Qwen3-8B B=1 32K 127 -> 102 splits 4% faster but 64K 128 -> 114 2.4% slower. gluon_decode's plans only
@@ -266,8 +265,7 @@ WINDOW_BLOCK_T: int = 32
 #: with fewer pairs the longer window program sets the time).
 #: H200, SmolLM2-135M geometry, blocks of 64, graph replays, window tiles 32 / 64 (docs/decisions.md V35): 4K
 #: B=24 / 32 / 64 -3..-8% / -8% / -3%, B=8 / 16 +4% / +2% (hence the pair floor); 8K B=24 / 32 / 64 +6% / +1% / -5%
-#: and 16K-128K equal or +1% (hence the context cap). Re-tuned with int8 keys (session 16, docs/decisions.md
-#: "Knobs re-checked after V38 / V39"): single cases +-4-13% either way, rule unchanged.
+#: and 16K-128K equal or +1% (hence the context cap). Re-tuned with int8 keys (session 16, docs/decisions.md): single cases +-4-13% either way, rule unchanged.
 WIDE_WINDOW_BLOCK_T: int = 64
 WIDE_WINDOW_MAX_HEAD_DIM: int = 64
 WIDE_WINDOW_MAX_CONTEXT: int = 4096
@@ -440,8 +438,7 @@ class AttentionConfig:
     GLUON_COPY_STAGES (2 or 3) = they copy tiles that many minus one ahead into shared memory (cp.async) and read
     them from there (needs gluon_decode's kernel, so it runs that kernel wherever it applies); None (the default) =
     GLUON_AUTO_COPY_STAGES where gluon_decode runs anyway and staging_pays (head_dim 64, or bandwidth-bound plans at
-    head_dim 128, or batch-1 plans whose splits walk >= 4 tiles), else 0. H200 (docs/decisions.md,
-    "Session 29"): 3-17% faster at head_dim 64, 4-5% at head_dim 128 from 32K and batch 8 on, 5-10% at head_dim 128
+    head_dim 128, or batch-1 plans whose splits walk >= 4 tiles), else 0. H200 (docs/decisions.md): 3-17% faster at head_dim 64, 4-5% at head_dim 128 from 32K and batch 8 on, 5-10% at head_dim 128
     batch 1 from 48K on, 4-5% slower at head_dim 128 batch 1 16K-32K (hence the rule); fold_tiles: the INT2 split
     programs move the BIAS part of their V sums out of the tensor-core accumulators every this many tiles (a power of
     two; None = triton_common.FOLD_TILES, 8, or GLUON_F16_FOLD_TILES with gluon_f16_values): longer periods cost
