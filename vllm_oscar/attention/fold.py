@@ -168,7 +168,7 @@ def guard_weight_reloads(model: torch.nn.Module) -> None:
     reloads and weight transfers call it) and vLLM's GPUModelRunner.reload_weights (also kernel-format reloads)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_oscar.attention.registration import wrap_once
+    from vllm_oscar.attention.patching import wrap_once
 
     def refusing(load_weights):
         def refuse_load_weights(*args, **kwargs):

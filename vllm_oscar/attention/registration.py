@@ -31,6 +31,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from vllm_oscar.attention.patching import is_wrapped, mark_wrapped, wrap_once
 from vllm_oscar.config import ATTENTION_BACKEND_ENV, BACKEND_NAME, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPE_NAME
 
 # Under "vllm." so that vLLM's log handlers and level apply to the plugin too.
@@ -38,23 +39,6 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Class path of the backend (imported lazily by vLLM).
 BACKEND_CLASS_PATH = "vllm_oscar.attention.backend.OscarAttentionBackend"
-#: Attribute marking a vLLM function already wrapped by this package.
-_WRAPPED = "_oscar_wrapped"
-
-
-def wrap_once(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable],
-              bind: Callable[[Callable], Any] = lambda f: f) -> None:
-    """Replace ``owner.name`` (a plain function or method) by ``bind(make_wrapper(original))``, marked and with the
-    original's name and docstring, unless it is wrapped already (so every registration step stays idempotent).
-    bind: e.g. staticmethod for a static method of a class."""
-    original = getattr(owner, name)
-    if getattr(original, _WRAPPED, False):
-        return
-    wrapper = functools.wraps(original)(make_wrapper(original))
-    setattr(wrapper, _WRAPPED, True)
-    setattr(owner, name, bind(wrapper))
-
-
 def check_vllm_version() -> None:
     """Raise RuntimeError naming what is missing when the installed vLLM is too old (< 0.32)."""
     import vllm
@@ -159,7 +143,7 @@ def _wrap_cpu_platform() -> None:
     from vllm.platforms.cpu import CpuPlatform
 
     original = CpuPlatform.get_attn_backend_cls.__func__
-    if getattr(original, _WRAPPED, False):
+    if is_wrapped(original):
         return
 
     @functools.wraps(original)
@@ -175,7 +159,7 @@ def _wrap_cpu_platform() -> None:
             raise ValueError("The OSCAR attention backend cannot serve this model: " + "; ".join(reasons) + ".")
         return BACKEND_CLASS_PATH
 
-    setattr(get_attn_backend_cls, _WRAPPED, True)
+    mark_wrapped(get_attn_backend_cls)
     CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
 
 
