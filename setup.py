@@ -19,7 +19,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_oscar", "vllm_oscar.*"]),
     package_data={"vllm_oscar": ["py.typed", "kernels/plans/*.json"]},
-    data_files=[("share/vllm_oscar/rotations", [str(p.relative_to(ROOT)) for p in (ROOT / "rotations").glob("*.safetensors")])],
+    data_files=[("share/vllm_oscar/rotations",
+                 [str(p.relative_to(ROOT)) for p in (ROOT / "rotations").glob("*.safetensors")])],
     install_requires=[
         # torch is not pinned: vLLM pins the torch it was built against, we follow it.
         "torch>=2.4",
@@ -37,7 +38,7 @@ setup(
         "ray": ["ray[default]>=2.9"],
         # Calibration and evaluation on Hugging Face models (GGUF needs gguf + accelerate).
         "eval": ["transformers>=4.46", "gguf", "accelerate", "matplotlib"],
-        "dev": ["pytest>=7", "hypothesis", "pytest-timeout", "requests"],
+        "dev": ["pytest>=7", "hypothesis", "pytest-timeout", "requests", "ruff>=0.17"],
     },
     entry_points={
         "console_scripts": ["vllm-oscar = vllm_oscar.cli:main"],

@@ -38,14 +38,20 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import torch  # noqa: E402
 
-from kernels_reference import (check_write_case, int8_rounded_query, random_paged_state, rotate_and_write_case,  # noqa: E402
-                               write_case)
 from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, GRID_REFIT_ITERATIONS, SERVED_REFIT_ITERATIONS  # noqa: E402
 from vllm_oscar.kernels import PageLayout, page_views, torch_ops, triton_ops  # noqa: E402
 from vllm_oscar.kernels.flash_plan import PrefillPlan  # noqa: E402
 from vllm_oscar.kernels.triton_common import UNPACK_PORTABLE, UNPACK_PTX  # noqa: E402
 from vllm_oscar.provenance import source_digest  # noqa: E402
 from vllm_oscar.quant import unpack_codes  # noqa: E402
+
+from kernels_reference import (  # noqa: E402
+    check_write_case,
+    int8_rounded_query,
+    random_paged_state,
+    rotate_and_write_case,
+    write_case,
+)
 
 DEVICE = torch.device("cuda")
 TOLERANCE = 1e-2  # bf16 operands and bf16 outputs
@@ -119,7 +125,8 @@ WRITE_VARIANTS = (dict(), dict(clip_search="bisect"), dict(rotation_precision="t
 
 
 def check_write(report: list) -> None:
-    for dim, group, bs, prerot, n in ((128, 128, 16, False, 4096), (64, 64, 16, True, 2048), (256, 128, 32, False, 1024)):
+    for dim, group, bs, prerot, n in ((128, 128, 16, False, 4096), (64, 64, 16, True, 2048),
+                                      (256, 128, 32, False, 1024)):
         twin = write_case(torch_ops, n, 8, dim, group, bs, torch.float16, prerot, seed=dim + n, device="cuda")
         for variant in WRITE_VARIANTS:
             t0 = time.time()
@@ -229,8 +236,10 @@ DECODE_CASES = [
 
 
 #: Launch variants each decode case runs (AttentionConfig arguments).
-DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2), dict(unpack=UNPACK_PTX, block_t=128, split_warps=2),
-                   dict(unpack=UNPACK_PTX, block_t=64, split_warps=1), dict(unpack=UNPACK_PTX, block_t=128, split_warps=1),
+DECODE_VARIANTS = (dict(unpack=UNPACK_PTX, block_t=64, split_warps=2),
+                   dict(unpack=UNPACK_PTX, block_t=128, split_warps=2),
+                   dict(unpack=UNPACK_PTX, block_t=64, split_warps=1),
+                   dict(unpack=UNPACK_PTX, block_t=128, split_warps=1),
                    dict(unpack=UNPACK_PORTABLE, block_t=32, split_warps=2),
                    dict(unpack=UNPACK_PTX, block_t=64, tokens_on_m=False),
                    dict(unpack=UNPACK_PTX, prefetch=1), dict(unpack=UNPACK_PTX, block_t=32, prefetch=2),
@@ -370,8 +379,8 @@ def check_decode_int8_keys(report: list) -> None:
         for variant in (dict(int8_keys=True, prefetch=0), dict(int8_keys=True, prefetch=2), dict(int8_keys=True)):
             out = torch.full_like(query, float("nan"))
             triton_ops.oscar_decode(query, state.cache, state.window_k, state.window_v, layout, state.block_table,
-                                    state.window_block_table, state.seq_lens, 0, 0, scale, out=out, max_seq_len=max(lens),
-                                    config=triton_ops.AttentionConfig(**variant))
+                                    state.window_block_table, state.seq_lens, 0, 0, scale, out=out,
+                                    max_seq_len=max(lens), config=triton_ops.AttentionConfig(**variant))
             errors = [rel(out[b], expected[b]) for b in range(len(lens))]
             ok = max(errors) < TOLERANCE
             report.append({"check": "decode_int8_keys", "case": name, "config": variant, "rel_errors": errors,

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Copies alone, by program shape: how fast long-lived split programs can copy a decode cell's INT2 tiles into shared
 memory by TMA, for programs of 1 or 4 warps (or 4 warps fed by a producer warp) and rings of 2-8 stages, against a
-plain streaming read of the same bytes (bench/decode_floor.py's floor). Measured on the H200 (docs/decisions.md): gluon_decode's own shape (one-warp programs at the plan's split count, two stages) copies at 0.97-0.99
+plain streaming read of the same bytes (bench/decode_floor.py's floor). Measured on the H200 (docs/decisions.md):
+gluon_decode's own shape (one-warp programs at the plan's split count, two stages) copies at 0.97-0.99
 of the stream at the long cells and every other shape is slower, so the copies are not where the decode loses time;
 with `--cells` and `--shapes 1:2:plan` it gives the "copies alone" column of a cell's time by parts.
 
@@ -45,11 +46,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from copy_warps import (add_stand_in_arguments, compute_stand_in, copy_warps_kernel, raw_launch,  # noqa: E402
-                        ring_bytes)
-from decode_floor import floor_ms  # noqa: E402
-from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, finish, gluon_case  # noqa: E402
-from split_timeline import parse_cell  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
@@ -57,8 +53,12 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
 from vllm_oscar.kernels.benchmark import GEOMETRIES, time_graph  # noqa: E402
-from vllm_oscar.kernels.gluon_decode import (STAGED, TILE, _start_stage, _sync_warps, _view_as,  # noqa: E402
-                                             tma_descriptors, tma_ring)
+from vllm_oscar.kernels.gluon_decode import STAGED, TILE, _start_stage, _sync_warps, _view_as, tma_descriptors, tma_ring  # noqa: E402
+
+from copy_warps import add_stand_in_arguments, compute_stand_in, copy_warps_kernel, raw_launch, ring_bytes  # noqa: E402
+from decode_floor import floor_ms  # noqa: E402
+from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, finish, gluon_case  # noqa: E402
+from split_timeline import parse_cell  # noqa: E402
 
 #: Warp counts and ring depths a shape may take; "4p": four warps fed by a producer warp (copy_split_ws_kernel);
 #: "1i" / "4i": CTAs of one / four warps that are independent programs (bench/copy_warps.py), copying by one bulk
@@ -68,7 +68,7 @@ SHAPE_WARPS = ("1", "4", "4p", "1i", "4i", "1c", "4c")
 INDEPENDENT_WARPS = ("1i", "4i", "1c", "4c")
 LANE_COPIES = ("1c", "4c")
 SHAPE_STAGES = (2, 3, 4, 6, 8)
-#: The producer warp's registers (warp_specialize's worker_num_regs; bench/ws_probe.py's 40 fits it).
+#: The producer warp's registers (warp_specialize's worker_num_regs: 40 fits it, docs/decisions.md).
 PRODUCER_REGISTERS: gl.constexpr = gl.constexpr(40)
 #: Register cap of a producer-fed CTA (Gluon pads it to 8 warps, 4 of them the producer's group): 128 lets two CTAs
 #: share an SM (without a cap ptxas takes 255: one CTA per SM).

@@ -1,8 +1,8 @@
 """A copy kernel whose warps are independent split programs (bench/copy_shapes.py's shapes 1i and 4i).
 
-bench/cta_sharing_probe.py showed that warps sharing a ring in Gluon-allocated shared memory get CTA-wide barriers
-from Triton every tile, so V56's four programs per CTA ran in lockstep. Here each warp of a CTA is its own split
-program and touches shared memory only through inline PTX, which Triton's barrier analysis does not see: lane 0 of
+A probe of Gluon (docs/decisions.md) showed that warps sharing a ring in Gluon-allocated shared memory get CTA-wide
+barriers from Triton every tile, so V56's four programs per CTA ran in lockstep. Here each warp of a CTA is its own
+split program and touches shared memory only through inline PTX, which Triton's barrier analysis does not see: lane 0 of
 the warp starts one bulk copy (cp.async.bulk, 1D) of a tile's whole (block, KV head) region into the warp's own stage
 and arms the stage's mbarrier with its byte count, the warp's lanes wait on that mbarrier, read the tile's 512 bytes
 of scale planes (ld.shared) and sync only among themselves (bar.warp.sync) before lane 0 refills the stage.

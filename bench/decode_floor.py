@@ -25,13 +25,22 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from decode_markdown import cell_target  # noqa: E402
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS  # noqa: E402
 from vllm_oscar.kernels import benchmark  # noqa: E402
-from vllm_oscar.kernels.benchmark import (GEOMETRIES, OscarCase, error_summary, layers_for,  # noqa: E402
-                                          measure_bandwidth, oscar_bytes, run_case, time_graph)
+from vllm_oscar.kernels.benchmark import (  # noqa: E402
+    GEOMETRIES,
+    OscarCase,
+    error_summary,
+    layers_for,
+    measure_bandwidth,
+    oscar_bytes,
+    run_case,
+    time_graph,
+)
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.provenance import source_digest  # noqa: E402
+
+from decode_markdown import cell_target  # noqa: E402
 
 #: (words per program, warps per program) of the streaming launches tried; the fastest is the floor.
 STREAM_SHAPES: tuple[tuple[int, int], ...] = ((256, 1), (512, 1), (1024, 1), (2048, 2), (4096, 1), (4096, 4),

@@ -1,6 +1,6 @@
-"""One `bench decode` cell set up for timing gluon_decode's kernel by parts (bench/gluon_parts.py,
-bench/merge_tail.py): the served decode's case (blocks of 64, as many layers as `bench decode` uses), its launch plan,
-the partial buffers, and launches of the Gluon kernel and of the whole decode call per layer."""
+"""One `bench decode` cell set up for timing gluon_decode's kernel by parts: the served decode's case (blocks of 64,
+as many layers as `bench decode` uses), its launch plan, the partial buffers, and launches of the Gluon kernel and of
+the whole decode call per layer."""
 
 from __future__ import annotations
 

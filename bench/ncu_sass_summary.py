@@ -56,7 +56,8 @@ def main() -> None:
         region = lines[start:start + args.region]
         share = sum(line["samples"] for line in region) / total
         if share > 0:
-            print(f"  {start:5d}-{start + len(region) - 1:5d} {100 * share:5.1f}%  {max(l['executed'] for l in region)}")
+            print(f"  {start:5d}-{start + len(region) - 1:5d} {100 * share:5.1f}%  "
+                  f"{max(l['executed'] for l in region)}")
     print("lines with the most samples:")
     ranked = sorted(range(len(lines)), key=lambda i: -lines[i]["samples"])[:args.top]
     for i in ranked:

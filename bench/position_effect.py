@@ -46,11 +46,12 @@ def oscar_ms(geometry: str, length: int, batch: int, device: torch.device, sorte
     config = dataclasses.replace(triton_ops.DEFAULT_DECODE, cuda_graph=True)
     outs = [torch.empty_like(case.query) for _ in range(layers)]
 
+    # F821 silenced below: the closures run before `del case, outs` frees GPU memory (ruff false positive).
     def decode(i: int):
         return lambda: triton_ops.oscar_decode(
-            case.query, case.caches[i], case.window_k[i], case.window_v[i], case.layout, table,
-            case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, 1 / math.sqrt(dim),
-            out=outs[i], max_seq_len=length, config=config)
+            case.query, case.caches[i], case.window_k[i], case.window_v[i], case.layout, table,  # noqa: F821
+            case.window_block_table, case.seq_lens, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, 1 / math.sqrt(dim),  # noqa: F821
+            out=outs[i], max_seq_len=length, config=config)  # noqa: F821
 
     ms = benchmark.time_graph([decode(i) for i in range(layers)], reps)
     del case, outs
@@ -96,7 +97,8 @@ def main() -> int:
 
     def read(position: str) -> None:
         for geometry, length, batch in WATCHED:
-            times = [oscar_ms(geometry, length, batch, device, sorted_table, args.reps) for sorted_table in (False, True)]
+            times = [oscar_ms(geometry, length, batch, device, sorted_table, args.reps)
+                     for sorted_table in (False, True)]
             print(f"{position:>18} {geometry} {length} B={batch}: oscar {times[0]:.4f} (sorted table {times[1]:.4f}), "
                   f"cudnn {cudnn_ms(geometry, length, batch, device, args.reps):.4f}", flush=True)
 

@@ -35,10 +35,9 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from vllm_oscar.config import DEFAULT_SINK_TOKENS, GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
-from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_common import FOLD_TILES  # noqa: E402
-from vllm_oscar.kernels.triton_ops import (FIRST_PREFETCH_TILES, GLUON_MAX_REGISTERS, MIN_TILES_PER_SPLIT,  # noqa: E402
-                                          _plane_offsets)
+from vllm_oscar.kernels.triton_decode_int2 import SPLIT_RUNTIME_ARGS, int2_split_kernel  # noqa: E402
+from vllm_oscar.kernels.triton_ops import FIRST_PREFETCH_TILES, GLUON_MAX_REGISTERS, MIN_TILES_PER_SPLIT, _plane_offsets  # noqa: E402
 
 #: Runtime (non-constexpr) arguments of int2_split_kernel and their Triton types, as the launcher
 #: specialises them for the served caches (read from the H200's compile with
@@ -73,7 +72,8 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
     descriptors = dict(zip(DESCRIPTOR_ARGS, descriptor_types)) if tma_stages else {}
     sink_span = triton.cdiv(DEFAULT_SINK_TOKENS, block_t) * block_t if full_tiles else DEFAULT_SINK_TOKENS
     constants = dict(GROUP=group, GP=triton.next_power_of_2(group), D=head_dim, BS=block_size, SCALE_T=tl.float16,
-                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt, WIN_SAME_BLOCK=block_size % win_bt == 0,
+                     BLOCK_T=block_t, SAME_BLOCK=block_size % block_t == 0, WIN_BT=win_bt,
+                     WIN_SAME_BLOCK=block_size % win_bt == 0,
                      NSINK=triton.cdiv(sink_span, win_bt), MODE=1, WIN_T=tl.bfloat16, EMU=False,
                      INT8_K=int8_keys, PREFETCH=prefetch, REGION=layout.head_region_bytes, FULL_TILES=full_tiles,
                      TRIGGER_DEPENDENTS=trigger_dependents, WINDOWS_FIRST=False, TMA_STAGES=tma_stages,
@@ -86,8 +86,9 @@ def compile_kernel(head_dim: int, group: int, block_t: int, block_size: int, war
         constexprs={(names.index(k),): v for k, v in constants.items()},
         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in SIGNATURE if k not in PLAIN_SCALARS},
     )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages,
-                                                                             **({"maxnreg": maxnreg} if maxnreg else {})})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages,
+                                   **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 #: Runtime arguments of gluon_decode.int2_split_gluon_kernel: int2_split_kernel's but the descriptors and NSPLIT_SHORT.

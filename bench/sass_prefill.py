@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -29,6 +28,8 @@ from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 from vllm_oscar.kernels.triton_attention import attention_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_ops import _plane_offsets  # noqa: E402
+
+from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E402
 
 #: Runtime arguments of attention_kernel and their Triton types as the launcher passes them.
 SIGNATURE = {

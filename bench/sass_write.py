@@ -25,17 +25,30 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E402
 from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SCALE_EPS  # noqa: E402
 from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
-from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, CLIP_TOP_MAX_ROUNDS, DEFAULT_WRITE, INT2_MODES,  # noqa: E402
-                                          ROTATE_BLOCK_C, ROTATE_BLOCK_K, ROTATE_BLOCK_M_SMALL, ROTATE_PRECISION,
-                                          ROTATION_PRECISIONS, WRITE_BLOCK_K, WRITE_BLOCK_N, WRITE_WINDOW_BLOCK_C,
-                                          WRITE_WINDOW_BLOCK_K, rows_rotation_ahead,
-                                          _plane_offsets)
+from vllm_oscar.kernels.triton_ops import (  # noqa: E402
+    CLIP_SEARCHES,
+    CLIP_TOP_MAX_ROUNDS,
+    DEFAULT_WRITE,
+    INT2_MODES,
+    ROTATE_BLOCK_C,
+    ROTATE_BLOCK_K,
+    ROTATE_BLOCK_M_SMALL,
+    ROTATE_PRECISION,
+    ROTATION_PRECISIONS,
+    WRITE_BLOCK_K,
+    WRITE_BLOCK_N,
+    WRITE_WINDOW_BLOCK_C,
+    WRITE_WINDOW_BLOCK_K,
+    _plane_offsets,
+    rows_rotation_ahead,
+)
 from vllm_oscar.kernels.triton_write import oscar_write_kernel  # noqa: E402
 from vllm_oscar.kernels.triton_write_rows import oscar_write_rows_kernel  # noqa: E402
 from vllm_oscar.quant import clip_threshold_index  # noqa: E402
+
+from sass_decode import instructions, loop_histograms, read_compiled  # noqa: E402
 
 #: Runtime arguments of oscar_write_kernel and their Triton types.
 SIGNATURE = {

@@ -50,8 +50,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from vllm_oscar.attention import step  # noqa: E402
-from vllm_oscar.attention.rotations import LayerRotations  # noqa: E402
 from vllm_oscar.attention.deferred_writes import join_after_forward  # noqa: E402
+from vllm_oscar.attention.rotations import LayerRotations  # noqa: E402
 from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step, write_step  # noqa: E402
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers  # noqa: E402
 from vllm_oscar.attention.window_store import WindowBlockManager, window_capacity_blocks  # noqa: E402
@@ -98,7 +98,8 @@ class ServedAttention:
         self.manager = WindowBlockManager(capacity, block_size, self.config.sink_tokens, self.config.recent_tokens)
         self.buffers = WindowPlanBuffers(max_requests, self.max_tokens, device)
         self.rotations = [folded(LayerRotations(_orthogonal(hkv, dim, gen).to(self.device),
-                                                _orthogonal(hkv, dim, gen).to(self.device), 0.99, 1.0, "test", ""), fold)
+                                                _orthogonal(hkv, dim, gen).to(self.device), 0.99, 1.0, "test", ""),
+                                 fold)
                           for _ in range(layers)]
         window = (capacity, block_size, hkv, dim)
         self.caches = [LayerCaches(torch.zeros(self.layout.cache_shape(num_blocks, hkv), dtype=torch.uint8,
@@ -445,7 +446,8 @@ def time_steps(report: list, calls: int, contexts: list[int], batches: list[int]
                         start = time.perf_counter()
                         for _ in range(calls):
                             if mode != "replay":  # the replay alone reuses the last step's inputs: the GPU's share
-                                metadata = served.decode_inputs(requests, graph_batch=batch if mode == "graph" else None)
+                                metadata = served.decode_inputs(requests,
+                                                                graph_batch=batch if mode == "graph" else None)
                             if mode == "eager":
                                 with plan_table(plan), window_columns(copy_columns), side_writes(side_mode):
                                     served.run_layers(metadata)  # eager steps write first: no beside_write

@@ -22,10 +22,11 @@ sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__
 
 import torch  # noqa: E402
 
-import check_kernels_gpu as gpu_check  # noqa: E402
-from kernels_reference import random_paged_state  # noqa: E402
 from vllm_oscar.kernels import PageLayout, triton_ops  # noqa: E402
 from vllm_oscar.kernels.benchmark import GEOMETRIES  # noqa: E402
+
+import check_kernels_gpu as gpu_check  # noqa: E402
+from kernels_reference import random_paged_state  # noqa: E402
 
 #: Launch variants: the default (gluon_decode where it applies), gluon_decode with fp16 and with bf16 V operands,
 #: int2_split_kernel with the PTX unpack, with the portable unpack, and with bf16 keys.

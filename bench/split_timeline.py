@@ -32,10 +32,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
 
 from vllm_oscar.kernels import triton_ops  # noqa: E402
 from vllm_oscar.kernels.benchmark import GEOMETRIES, time_graph  # noqa: E402
+
+from gluon_case import NOT_GLUON, add_output_arguments, cuda_device, gluon_case, write_rows  # noqa: E402
 
 KERNEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vllm_oscar", "kernels",
                              "gluon_decode.py")

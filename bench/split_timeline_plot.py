@@ -15,6 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
+
 from split_timeline import dispatch_tiers, relative_stamps  # noqa: E402
 
 

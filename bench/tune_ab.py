@@ -4,7 +4,8 @@ of each tree's default launch config, per cell the fastest reading of each tree 
 of each tree over a base tree (> 1: faster than the base) and the spread of the repeats (the largest over the
 trees of (slowest - fastest) / fastest: a speed-up inside it is noise).
 
-    python bench/tune_ab.py --base old new=docs/perf/ab_session24/call4_redux1.json,docs/perf/ab_session24/call4_redux2.json \
+    python bench/tune_ab.py --base old \
+        new=docs/perf/ab_session24/call4_redux1.json,docs/perf/ab_session24/call4_redux2.json \
         old=docs/perf/ab_session24/call4_old1.json,docs/perf/ab_session24/call4_old2.json
 
 How the reports are made (docs/decisions.md): each tree's `vllm_oscar` package in its own folder,

@@ -11,8 +11,9 @@ registers per lane (side_rows_rN, triton_write_rows) or that read the rotated ro
 (side_rows_rotated), and the current stream's first launch, window copies plus the query rotation in one launch
 (first_fused, oscar_write with a query; first_fused_cN with window-copy programs of N output columns,
 WriteConfig.window_columns; first_fused_rotated_out also storing the rotated rows) against the two launches it
-replaced (first_separate: the window-copy write, then oscar_rotate), and its parts alone: the window copies (first_windows), the query rotation
-(first_query), neither (first_empty: the flagged INT2 programs returning at once).
+replaced (first_separate: the window-copy write, then oscar_rotate), and its parts alone: the window copies
+(first_windows), the query rotation (first_query), neither (first_empty: the flagged INT2 programs returning at
+once).
 
     python bench/write_latency.py [--json OUT]
 """

@@ -56,9 +56,10 @@ def score(model: Path, sequences: list[torch.Tensor], configs: dict[str, dict[st
           inspect: Optional[Callable[[str, Any], Any]] = None) -> dict[str, dict[str, Any]]:
     """Per config: "logprobs" float64 [S, SEQ_LEN - 1 - FIRST_SCORED] (next-token log-probabilities at the scored
     positions) and "inspected": inspect(name, llm) while the engine runs (None without inspect)."""
-    from conftest import start_llm, stop_llm
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+
+    from conftest import start_llm, stop_llm
 
     results: dict[str, dict[str, Any]] = {}
     for name, options in configs.items():

@@ -60,10 +60,12 @@ def main() -> int:
             keep = len(case.input_ids) - case.answer_start + 1
             if args.profile:
                 with torch.profiler.profile() as prof:
-                    logits = method_logits(model, case.input_ids[None], method, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, keep=keep)[0]
+                    logits = method_logits(model, case.input_ids[None], method, DEFAULT_SINK_TOKENS,
+                                           DEFAULT_RECENT_TOKENS, keep=keep)[0]
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
             else:
-                logits = method_logits(model, case.input_ids[None], method, DEFAULT_SINK_TOKENS, DEFAULT_RECENT_TOKENS, keep=keep)[0]
+                logits = method_logits(model, case.input_ids[None], method, DEFAULT_SINK_TOKENS,
+                                       DEFAULT_RECENT_TOKENS, keep=keep)[0]
             hit = passkey_correct(logits, case)
             seconds = time.time() - clock
             predicted = logits[-keep:-1].argmax(-1).tolist()

@@ -7,8 +7,8 @@ spread evenly over 0.05..0.95, one key per depth from seed 0).
     python3 scripts/refit_passkey_sweep.py --configs served vrefit --depths 20 \
         --json out/passkey_cpu/sweep_a.json --threads 1
 
-Configuration syntax: an eval rotation-file method (oscar-file = as served), NAME or LABEL:key=value,... with keys kclip, vclip (float or
-"file"), refit (K/V rounds, e.g. 0/4), kfloor (1: the key refit may not narrow the grid
+Configuration syntax: an eval rotation-file method (oscar-file = as served), NAME or LABEL:key=value,... with
+keys kclip, vclip (float or "file"), refit (K/V rounds, e.g. 0/4), kfloor (1: the key refit may not narrow the grid
 below the clipped min/max scale, quant.refit_grid(scale_floor=True), as now served). NAME is one of PRESETS.
 """
 
@@ -64,7 +64,8 @@ def build(label: str, opts: dict, rotations: str):
     layers = _layers_from(load_rotation_file(rotations))
     kclip, vclip = opts.get("kclip", "file"), opts.get("vclip", "file")
     layers = [dataclasses.replace(
-        spec, clip_k=spec.clip_k if kclip == "file" else float(kclip), clip_v=spec.clip_v if vclip == "file" else float(vclip)
+        spec, clip_k=spec.clip_k if kclip == "file" else float(kclip),
+        clip_v=spec.clip_v if vclip == "file" else float(vclip)
     ) for spec in layers]
     rk, rv = (int(x) for x in opts.get("refit", "4/4").split("/"))
     description = f"file rotations, clip K {layers[0].clip_k} / V {layers[0].clip_v}, refit K {rk} / V {rv}"
@@ -91,7 +92,8 @@ def main() -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vllm_oscar.config import DEFAULT_RECENT_TOKENS as RECENT, DEFAULT_SINK_TOKENS as SINK
+    from vllm_oscar.config import DEFAULT_RECENT_TOKENS as RECENT
+    from vllm_oscar.config import DEFAULT_SINK_TOKENS as SINK
     from vllm_oscar.evaluation.data import heldout_sequences
     from vllm_oscar.evaluation.harness import method_logits
     from vllm_oscar.evaluation.methods import KVMethod
@@ -118,7 +120,8 @@ def main() -> int:
             method = file_method(args.rotations, label)
         else:
             method = build(label, opts, args.rotations)
-        row = doc["configs"].setdefault(label, {"spec": opts if label != "bf16" else {}, "description": method.description})
+        row = doc["configs"].setdefault(label, {"spec": opts if label != "bf16" else {},
+                                                "description": method.description})
         clock = time.time()
         row.update(window_metrics(model, sequences, reference, method, SINK, RECENT, 1))
         row["seconds_kl"] = round(time.time() - clock, 1)

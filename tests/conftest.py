@@ -6,10 +6,11 @@ module-scoped fixtures, and each module starts only the configurations it compar
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -75,6 +76,16 @@ def stop_llm(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+
+
+@contextlib.contextmanager
+def running_llm(model: Path, **options: Any) -> Iterator[Any]:
+    """start_llm(model, **options), shut down on leaving the block."""
+    llm = start_llm(model, **options)
+    try:
+        yield llm
+    finally:
+        stop_llm(llm)
 
 
 def oscar_status(llm) -> dict[str, Any]:

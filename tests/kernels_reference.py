@@ -413,7 +413,8 @@ def check_written(layout, rows_rot, ratio, slots, cache, which, hkv):
     got_scale = getattr(views, f"{which}_scale")[blocks, :, offs].cpu()
     got_offset = getattr(views, f"{which}_offset")[blocks, :, offs].cpu()
     torch.testing.assert_close(got_scale.double(), scale.double(), rtol=2e-3, atol=1e-6)
-    torch.testing.assert_close(got_offset.double(), offset.double(), rtol=2e-3, atol=2e-3 * scale.double().abs().amax().item())
+    torch.testing.assert_close(got_offset.double(), offset.double(), rtol=2e-3,
+                               atol=2e-3 * scale.double().abs().amax().item())
     # A code may only differ where float32 vs float64 rounding lands on a rounding boundary.
     differs = got_codes != codes
     near_boundary = ((position - position.floor()) - 0.5).abs() < 2e-2
@@ -422,7 +423,8 @@ def check_written(layout, rows_rot, ratio, slots, cache, which, hkv):
     assert bool(((got_codes - codes).abs() <= 1).all())
 
 
-def check_written_refit(layout, rows_rot, ratio, slots, cache, which, iterations, floor: bool = False) -> dict[str, float]:
+def check_written_refit(layout, rows_rot, ratio, slots, cache, which, iterations,
+                        floor: bool = False) -> dict[str, float]:
     """Stored grids of every written slot against ref_refit (float64).
 
     Away from ties (ref_refit margin >= TIE_MARGIN) codes, scale and offset equal the
@@ -496,8 +498,10 @@ def check_write_case(result, prerotated: bool, refit_iterations: int = 0,
     # Window copies: rotated rows in bf16 exactly where window_slot_mapping >= 0, NaN elsewhere.
     in_window = wslots >= 0
     flat_k, flat_v = wk.reshape(-1, hkv, dim), wv.reshape(-1, hkv, dim)
-    torch.testing.assert_close(flat_k[wslots[in_window]].double(), k_rot[in_window].to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(flat_v[wslots[in_window]].double(), v_rot[in_window].to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(flat_k[wslots[in_window]].double(), k_rot[in_window].to(torch.bfloat16).double(),
+                               rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(flat_v[wslots[in_window]].double(), v_rot[in_window].to(torch.bfloat16).double(),
+                               rtol=1e-2, atol=1e-2)
     rest = torch.ones(flat_k.shape[0], dtype=torch.bool)
     rest[wslots[in_window]] = False
     assert bool(flat_k[rest].isnan().all()) and bool(flat_v[rest].isnan().all())

@@ -11,14 +11,15 @@ import argparse
 import sys
 
 import pytest
+
 from offline_probe import ROOT, run_probe
 
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
+
 import copy_shapes  # noqa: E402
 from copy_shapes import parse_shape, shape_splits  # noqa: E402
-
-from vllm_oscar.kernels.layout import PageLayout  # noqa: E402
 
 SHAPES = ((128, "1", 2), (128, "4", 6), (64, "4", 4), (64, "1", 8), (128, "4p", 4), (64, "4p", 8))
 #: Shapes of independent warps (bench/copy_warps.py).
@@ -43,7 +44,8 @@ for dim, warps, stages in SHAPES:
         reading_loop_bulk=[sum(op == "UBLKCP" for address, op in ops if lo <= address <= hi) for lo, hi in loops
                            if any(op == "LDS" and lo <= address <= hi for address, op in ops)],
         reading_loop_lane_copies=[sum(op == "LDGSTS" for address, op in ops if lo <= address <= hi)
-                                  for lo, hi in loops if any(op == "LDS" and lo <= address <= hi for address, op in ops)])
+                                  for lo, hi in loops
+                                  if any(op == "LDS" and lo <= address <= hi for address, op in ops)])
 print(json.dumps(report))
 '''
 

@@ -31,9 +31,9 @@ import torch
 
 pytest.importorskip("vllm")
 
-import distributed_setup as setup  # noqa: E402  (tests/ is on sys.path under pytest)
-
 from vllm_oscar.attention.parallel import kv_head_slice  # noqa: E402
+
+import distributed_setup as setup  # noqa: E402  (tests/ is on sys.path under pytest)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.model]
 

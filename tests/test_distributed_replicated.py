@@ -25,9 +25,9 @@ import torch
 
 pytest.importorskip("vllm")
 
-import distributed_setup as setup  # noqa: E402
-
 from vllm_oscar.attention.parallel import kv_head_slice  # noqa: E402
+
+import distributed_setup as setup  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm,

@@ -7,7 +7,6 @@ import dataclasses
 import importlib
 import importlib.metadata
 import json
-
 from pathlib import Path
 
 import pytest

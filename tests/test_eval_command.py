@@ -48,13 +48,14 @@ METHODS = ["bf16", "int2-quarot", "kivi2", "turboquant_3bit_nc", "oscar-head", "
 def rotation_file(workdir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vllm_oscar.calibration.data import calibration_tokens
     from vllm_oscar.calibration.files import save_rotation_file
     from vllm_oscar.calibration.rotations import build_rotations
     from vllm_oscar.calibration.statistics import collect_statistics
-    from vllm_oscar.calibration.data import calibration_tokens
 
     model = AutoModelForCausalLM.from_pretrained(workdir / "model").eval()
-    tokens = calibration_tokens(AutoTokenizer.from_pretrained(workdir / "model"), [str(workdir / "corpus.txt")], 128, 64)
+    tokens = calibration_tokens(AutoTokenizer.from_pretrained(workdir / "model"), [str(workdir / "corpus.txt")],
+                                128, 64)
     rotations = build_rotations(collect_statistics(model, tokens.tokens, progress=False), clip_k=0.9, clip_v=0.9)
     return save_rotation_file(workdir / "rotations.safetensors", rotations)
 

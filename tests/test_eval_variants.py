@@ -77,7 +77,8 @@ def test_file_methods_use_the_served_quantizer() -> None:
     assert built["oscar-file-minmax"].refit_iterations == 0
     assert built["oscar-file-vrefit"].refit_iterations == (0, GRID_REFIT_ITERATIONS)
     assert built["oscar-file-krefit"].refit_iterations == (GRID_REFIT_ITERATIONS, 0)
-    assert built["oscar-file"].refit_floor == REFIT_SCALE_FLOOR and built["oscar-file-refit"].refit_floor == (False, False)
+    assert (built["oscar-file"].refit_floor == REFIT_SCALE_FLOOR
+            and built["oscar-file-refit"].refit_floor == (False, False))
     fewer_rounds = {"oscar-file-r1": 1, "oscar-file-r2": 2, "oscar-file-r3": 3, "oscar-file-k1v2": (1, 2),
                     "oscar-file-k4v2": (4, 2), "oscar-file-k4v1": (4, 1), "oscar-file-k4v0": (4, 0),
                     "oscar-file-k6v2": (6, 2), "oscar-file-k8v2": (8, 2), "oscar-file-k8v4": (8, 4),

@@ -7,8 +7,8 @@ backend's cache (prompt_logprobs would bypass a prefix-cache hit, hence chunking
 harness with the same rotations and clip ratios (method oscar-file: the served write
 quantizer, i.e. the least-squares grid refit of OscarConfig's default); (3) the harness without
 quantization (BF16 reference); (4) the harness with the plain clipped min/max grid
-(oscar-file-minmax), to show the backend serves the refit and not the old grid. Scored: next-token log-probabilities at positions
-t >= sink + recent, the ones that read quantized history.
+(oscar-file-minmax), to show the backend serves the refit and not the old grid. Scored: next-token
+log-probabilities at positions t >= sink + recent, the ones that read quantized history.
 
 Tolerance, stated and justified: the backend and the harness quantize with the same grid
 (fp16 scale/offset per row, the file's clip ratios) and read the same positions exactly; they

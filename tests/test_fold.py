@@ -11,7 +11,6 @@ import torch
 
 from vllm_oscar.attention.fold import fold_blocker, fold_output_columns, fold_value_rows
 from vllm_oscar.attention.step import layer_step
-from vllm_oscar.config import FOLD_MODES
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
@@ -176,7 +175,8 @@ def test_the_prefill_part_is_sized_by_prefill_max_seq_len(monkeypatch, prefill_m
     _step(state, [0], [5], seed=1)  # a history for request 0, which then decodes beside request 1's prompt
     seen = []
     real_prefill = step.oscar_prefill
-    monkeypatch.setattr(step, "oscar_prefill", lambda *args, **kwargs: seen.append((kwargs["max_seq_len"], kwargs["flash"]))
+    monkeypatch.setattr(step, "oscar_prefill",
+                        lambda *args, **kwargs: seen.append((kwargs["max_seq_len"], kwargs["flash"]))
                         or real_prefill(*args, **kwargs))
     metadata, slots = state._step([0, 1], [1, 7], rows_padded=2, tokens_padded=8, table=None)
     metadata = dataclasses.replace(metadata, prefill_max_seq_len=prefill_max_seq_len)

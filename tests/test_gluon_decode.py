@@ -5,16 +5,17 @@ it stages tiles in shared memory by cp.async instead; and the decode plan uses i
 where it does not apply.
 
 Its numbers are checked on the GPU against float64 references (bench/check_kernels_gpu.py: every decode case at
-head_dim 128 runs it) and against int2_split_kernel's split programs (bench/gluon_probe.py)."""
+head_dim 128 runs it)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from offline_probe import run_probe
 
 from vllm_oscar.kernels import triton_ops
 from vllm_oscar.kernels.layout import PageLayout
+
+from offline_probe import run_probe
 
 PROBE = r'''
 import json, re, sys
@@ -197,7 +198,8 @@ def test_window_prefetch_where_the_window_programs_are_few() -> None:
     assert not pays(auto, 8 * 8 * 6, 132) and not pays(auto, 133, 132)
     assert pays(triton_ops.AttentionConfig(gluon_window_prefetch=True), 8 * 8 * 6, 132)
     assert not pays(triton_ops.AttentionConfig(gluon_window_prefetch=False), 8, 132)
-    with pytest.raises(ValueError, match="gluon_window_prefetch=True is a hint of gluon_decode's window programs.*CUDA"):
+    with pytest.raises(ValueError,
+                       match="gluon_window_prefetch=True is a hint of gluon_decode's window programs.*CUDA"):
         _plan(triton_ops.AttentionConfig(gluon_window_prefetch=True))  # CPU tensors: no Gluon kernel here
 
 

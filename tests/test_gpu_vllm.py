@@ -24,15 +24,23 @@ import math
 import os
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
 import cuda_graph_probe
+from conftest import chat_prompts, greedy, oscar_status, running_llm, start_llm, stop_llm
 from openai_server import completion_and_chat, openai_server
-from conftest import chat_prompts, greedy, oscar_status, start_llm, stop_llm
-from smollm2_workloads import (LONG_TOKENS, QUESTIONS, WINDOW_ENGINE, agreement_report,
-                               assert_no_stale_window_row, assert_prefix_hits_change_nothing, window_workload)
+from smollm2_workloads import (
+    LONG_TOKENS,
+    QUESTIONS,
+    WINDOW_ENGINE,
+    agreement_report,
+    assert_no_stale_window_row,
+    assert_prefix_hits_change_nothing,
+    window_workload,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.model,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -121,8 +129,7 @@ def _engine_a(smollm2_path) -> dict:
     """OSCAR by kv_cache_dtype="oscar", default compilation and CUDA graphs."""
     import cloudpickle
 
-    llm = start_llm(smollm2_path, kv_cache_dtype="oscar", **GPU_COMMON)
-    try:
+    with running_llm(smollm2_path, kv_cache_dtype="oscar", **GPU_COMMON) as llm:
         cloudpickle.register_pickle_by_value(cuda_graph_probe)
         (captured,) = llm.collective_rpc(cuda_graph_probe.install)
         prompts = chat_prompts(llm, GPU_QUESTIONS)
@@ -133,8 +140,6 @@ def _engine_a(smollm2_path) -> dict:
         results["ppl"] = _perplexity(llm, _heldout_prompts(llm))
         results["status_after"] = oscar_status(llm)
         return results
-    finally:
-        stop_llm(llm)
 
 
 @pytest.fixture(scope="module")
@@ -144,15 +149,12 @@ def engine_b(smollm2_path) -> dict:
 
 def _engine_b(smollm2_path) -> dict:
     """vLLM's FLASH_ATTN with BF16 KV, A's options: batched and one prompt at a time."""
-    llm = start_llm(smollm2_path, attention_backend="FLASH_ATTN", **GPU_COMMON)
-    try:
+    with running_llm(smollm2_path, attention_backend="FLASH_ATTN", **GPU_COMMON) as llm:
         prompts = chat_prompts(llm, GPU_QUESTIONS)
         return {"status": oscar_status(llm), "long": greedy(llm, prompts, LONG_TOKENS, ignore_eos=True),
                 "long_alone": [greedy(llm, [p], LONG_TOKENS, ignore_eos=True)[0] for p in prompts],
                 "decode_s_per_token": _decode_seconds_per_token(llm, prompts[0]),
                 "ppl": _perplexity(llm, _heldout_prompts(llm))}
-    finally:
-        stop_llm(llm)
 
 
 @pytest.fixture(scope="module")
@@ -164,16 +166,9 @@ def _engine_c(smollm2_path) -> dict:
     """OSCAR by VLLM_ATTENTION_BACKEND=OSCAR, eager: batch-1 decode timing, then the window workload."""
     from vllm_oscar.config import ATTENTION_BACKEND_ENV
 
-    previous = os.environ.get(ATTENTION_BACKEND_ENV)
-    os.environ[ATTENTION_BACKEND_ENV] = "OSCAR"
-    try:
+    with mock.patch.dict(os.environ, {ATTENTION_BACKEND_ENV: "OSCAR"}):  # read while the engine starts
         llm = start_llm(smollm2_path, dtype="bfloat16", seed=0, max_num_seqs=4, enforce_eager=True,
                         disable_log_stats=False, gpu_memory_utilization=0.5, **WINDOW_ENGINE)
-    finally:
-        if previous is None:
-            os.environ.pop(ATTENTION_BACKEND_ENV)
-        else:
-            os.environ[ATTENTION_BACKEND_ENV] = previous
     try:
         status = oscar_status(llm)
         seconds = _decode_seconds_per_token(llm, chat_prompts(llm, GPU_QUESTIONS[:1])[0])

@@ -13,10 +13,23 @@ import torch
 from vllm_oscar.cli import main
 from vllm_oscar.commands.bench import fastest_configs
 from vllm_oscar.kernels import triton_ops
-from vllm_oscar.kernels.triton_ops import (MIN_TILES_PER_SPLIT, WINDOW_ROOM_SPLIT_TILES, AttentionConfig,
-                                          SmLimits, decode_splits, resident_programs)
-from vllm_oscar.kernels.benchmark import (ALLOCATOR_ENV, ALLOCATOR_SETTINGS, bf16_bytes, configure_allocator,
-                                          format_breakdown, summarize_kernels, window_blocks)
+from vllm_oscar.kernels.benchmark import (
+    ALLOCATOR_ENV,
+    ALLOCATOR_SETTINGS,
+    bf16_bytes,
+    configure_allocator,
+    format_breakdown,
+    summarize_kernels,
+    window_blocks,
+)
+from vllm_oscar.kernels.triton_ops import (
+    MIN_TILES_PER_SPLIT,
+    WINDOW_ROOM_SPLIT_TILES,
+    AttentionConfig,
+    SmLimits,
+    decode_splits,
+    resident_programs,
+)
 
 
 @pytest.mark.parametrize("length,bs,sink,recent", [(1, 16, 64, 256), (100, 16, 64, 256), (5000, 16, 64, 256),

@@ -7,6 +7,10 @@ import math
 import pytest
 import torch
 
+from vllm_oscar import kernels
+from vllm_oscar.config import GRID_REFIT_ITERATIONS
+from vllm_oscar.kernels import PageLayout, page_views, rotate_rows, torch_ops
+
 from kernels_reference import (
     check_write_case,
     random_paged_state,
@@ -21,9 +25,7 @@ from kernels_reference import (
     rows_with_outliers,
     write_case,
 )
-from vllm_oscar import kernels
-from vllm_oscar.config import GRID_REFIT_ITERATIONS
-from vllm_oscar.kernels import PageLayout, page_views, rotate_rows, torch_ops
+
 
 @pytest.mark.parametrize("dim,group,bs,scale_dtype,prerotated", [
     (64, 64, 16, torch.float16, False),
@@ -293,10 +295,12 @@ def test_bad_arguments_raise_clear_errors() -> None:
                                        1, 1, 0.1)  # a CUDA graph's padding request: nothing to read
     assert torch.equal(padding_row, torch.zeros_like(padding_row))
     with pytest.raises(ValueError, match="int2_cache must be uint8"):
-        kernels.oscar_decode(torch.randn(1, 2, 32), cache.float(), wk, wk, layout, table, table, torch.tensor([3]), 1, 1, 0.1)
+        kernels.oscar_decode(torch.randn(1, 2, 32), cache.float(), wk, wk, layout, table, table, torch.tensor([3]),
+                             1, 1, 0.1)
     with pytest.raises(ValueError, match="v_rotation is required"):
         kernels.oscar_write(torch.randn(2, 2, 32), torch.randn(2, 2, 32), torch.randn(2, 32, 32), None, 0.9, 0.9,
                             cache, layout, torch.arange(2), wk, wk, torch.full((2,), -1))
     with pytest.raises(ValueError, match="clip_k"):
-        kernels.oscar_write(torch.randn(2, 2, 32), torch.randn(2, 2, 32), torch.randn(2, 32, 32), torch.randn(2, 32, 32),
-                            1.5, 0.9, cache, layout, torch.arange(2), wk, wk, torch.full((2,), -1))
+        kernels.oscar_write(torch.randn(2, 2, 32), torch.randn(2, 2, 32), torch.randn(2, 32, 32),
+                            torch.randn(2, 32, 32), 1.5, 0.9, cache, layout, torch.arange(2), wk, wk,
+                            torch.full((2,), -1))

@@ -15,22 +15,23 @@ import os
 import pytest
 import torch
 
+from vllm_oscar.config import GRID_REFIT_ITERATIONS
+from vllm_oscar.kernels import PageLayout, torch_ops
+
 from kernels_reference import (
-    int8_rounded_query,
-    random_rotations,
+    POISON_BYTE,
     check_write_case,
+    int8_rounded_query,
     random_paged_state,
+    random_rotations,
     ref_decode,
     ref_prefill,
     ref_prefill_from_cache,
-    POISON_BYTE,
     relative_error,
-    rows_with_outliers,
     rotate_and_write_case,
+    rows_with_outliers,
     write_case,
 )
-from vllm_oscar.config import GRID_REFIT_ITERATIONS
-from vllm_oscar.kernels import PageLayout, torch_ops
 
 _previous = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
@@ -242,7 +243,8 @@ def test_triton_write_with_query_equals_the_write_and_the_query_rotation(dim, hk
     than the write tiles (GQA 4, 20 tokens), fewer, or as many, and past ROTATE_SMALL_ROWS (280 rows: the
     rotation in a launch of its own); q_rot against float64."""
     for flag_value in (0, 1):
-        separate, fused = (rotate_and_write_case(triton_ops, tokens, hkv, group, dim, flag_value, launch, seed=dim + tokens)
+        separate, fused = (rotate_and_write_case(triton_ops, tokens, hkv, group, dim, flag_value, launch,
+                                                 seed=dim + tokens)
                            for launch in (False, True))
         for name, a, b in zip(("int2", "window_k", "window_v", "q_rot"), separate[:4], fused[:4]):
             assert torch.equal(a, b), (name, flag_value)
@@ -327,11 +329,15 @@ def test_triton_write_with_refit_matches_reference(dim, group, bs, scale_dtype, 
         assert summary["error"] <= summary["plain_error"] * (1 + 1e-6), summary
 
 
-@pytest.mark.parametrize("rounds,floor", [(GRID_REFIT_ITERATIONS, (True, False)), ((0, GRID_REFIT_ITERATIONS), (True, False)),
-                                          (GRID_REFIT_ITERATIONS, (False, False)), (GRID_REFIT_ITERATIONS, (True, True))])
+@pytest.mark.parametrize("rounds,floor", [(GRID_REFIT_ITERATIONS, (True, False)),
+                                          ((0, GRID_REFIT_ITERATIONS), (True, False)),
+                                          (GRID_REFIT_ITERATIONS, (False, False)),
+                                          (GRID_REFIT_ITERATIONS, (True, True))])
 def test_triton_refit_write_agrees_with_torch_write(rounds, floor) -> None:
-    a = write_case(triton_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=rounds, refit_floor=floor)
-    b = write_case(torch_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=rounds, refit_floor=floor)
+    a = write_case(triton_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=rounds,
+                   refit_floor=floor)
+    b = write_case(torch_ops, 19, 2, 64, 32, 16, torch.float16, False, seed=8, refit_iterations=rounds,
+                   refit_floor=floor)
     differing = (a[8] != b[8]).float().mean().item()
     assert differing < 0.01
 
@@ -402,7 +408,8 @@ def decode_split_usage(monkeypatch, state, query, sink, recent, scale, max_seq_l
 
     def merge(part, lse, *args, **kwargs):
         seen["lse"] = lse.clone()
-        part[torch.isneginf(lse)] = float("nan")  # an empty split's partial may hold anything: the merge must not use it
+        # an empty split's partial may hold anything: the merge must not use it
+        part[torch.isneginf(lse)] = float("nan")
         return merge_partials(part, lse, *args, **kwargs)
 
     monkeypatch.setattr(triton_ops, "_merge_partials", merge)
@@ -671,7 +678,8 @@ def test_triton_decode_int8_key_path_needs_the_split_kernel() -> None:
 
 @pytest.mark.parametrize("window_block_t", [16, 64])
 def test_triton_decode_window_tile_sizes(window_block_t) -> None:
-    """Window programs of 16 and 64 positions (explicit: the default is 32, or 64 under the wide-window rule), some blocks without a BF16 copy."""
+    """Window programs of 16 and 64 positions (explicit: the default is 32, or 64 under the wide-window rule), some
+    blocks without a BF16 copy."""
     run_decode([150, 41, 7], 8, 2, 64, 64, 16, 20, 70, 1, 32, 2, seed=31 + window_block_t,
                window_block_t=window_block_t)
 
@@ -880,8 +888,9 @@ def test_triton_decode_float32_query() -> None:
     run_decode([60, 21], 4, 2, 64, 64, 16, 4, 12, 0, 16, 2, seed=9, qdtype=torch.float32)
 
 
-@pytest.mark.parametrize("prefill_rows,prefill_splits,apart", [(16, 1, True), (64, 1, True), (128, 1, True), (64, 3, True),
-                                                              (16, 2, None), (64, None, True), (64, 1, None)])
+@pytest.mark.parametrize("prefill_rows,prefill_splits,apart", [(16, 1, True), (64, 1, True), (128, 1, True),
+                                                              (64, 3, True), (16, 2, None), (64, None, True),
+                                                              (64, 1, None)])
 def test_triton_prefill_matches_reference(prefill_rows, prefill_splits, apart) -> None:
     """Ragged chunks over cached prefixes (and none), against the float64 reference; with 16, the
     default 64 and 128 MMA rows per program (4, 16 and 32 query tokens of the padded group of 4), and

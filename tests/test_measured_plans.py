@@ -135,7 +135,8 @@ def test_candidates_cover_counts_around_the_rules_and_the_flipped_hint() -> None
 def _row(context: int, plan, rule_ms=(1.0, 1.0), best_ms=(0.9, 0.9)) -> dict:
     return {"geometry": "qwen3-8b", "context": context, "batch": 8, "block_size": 64,
             "rule": {"splits": 32, "window_prefetch": False, "ms": {context: list(rule_ms), context // 2: [0.5]}},
-            "candidates": [{"splits": 30, "window_prefetch": True, "ms": {context: list(best_ms), context // 2: [0.4]}}],
+            "candidates": [{"splits": 30, "window_prefetch": True,
+                            "ms": {context: list(best_ms), context // 2: [0.4]}}],
             "plan": plan, "fastest_gain": 0.1, **({"best_gain": 0.1} if plan else {})}
 
 

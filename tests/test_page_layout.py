@@ -6,7 +6,8 @@ import torch
 from vllm_oscar.kernels.layout import PLANES, PageLayout, page_views
 
 
-@pytest.mark.parametrize("head_dim,group,block,dtype", [(128, 128, 16, torch.float16), (64, 64, 32, torch.bfloat16), (64, 32, 16, torch.float32), (256, 64, 128, torch.float16)])
+@pytest.mark.parametrize("head_dim,group,block,dtype", [(128, 128, 16, torch.float16), (64, 64, 32, torch.bfloat16),
+                                                        (64, 32, 16, torch.float32), (256, 64, 128, torch.float16)])
 def test_planes_tile_the_region_without_overlap(head_dim, group, block, dtype) -> None:
     layout = PageLayout(head_dim, group, block, dtype)
     sizes = {"k_codes": head_dim // 4, "v_codes": head_dim // 4}

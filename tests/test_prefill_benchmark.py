@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from vllm_oscar.kernels import torch_ops, triton_ops
-from vllm_oscar.kernels.prefill_benchmark import (attention_flops, format_prefill_table, make_prefill_case,
-                                                  prefill_call)
+from vllm_oscar.kernels.prefill_benchmark import attention_flops, format_prefill_table, make_prefill_case, prefill_call
 
 
 def test_attention_flops_count_the_causal_pairs() -> None:

@@ -254,9 +254,10 @@ def test_bad_input_raises_value_error_naming_the_problem(call, words) -> None:
 def test_refit_quantizer_matches_float64_reference(scale_dtype, dim, group, ratio, floor) -> None:
     """quantize_rows(refit) on float32 rows = the float64 refit of tests/kernels_reference.py
     (written from the formulas) in every group away from a tie; same storage as quantize."""
-    from kernels_reference import TIE_MARGIN, random_rotations, ref_refit, rows_with_outliers
     from vllm_oscar.config import GRID_REFIT_ITERATIONS
     from vllm_oscar.quant import quantize_rows
+
+    from kernels_reference import TIE_MARGIN, random_rotations, ref_refit, rows_with_outliers
 
     gen = torch.Generator().manual_seed(dim + group)
     rows = rows_with_outliers(300, 2, dim, gen)
@@ -336,10 +337,10 @@ def _refit_every_round(rows: torch.Tensor, initial, rounds: int, floor: bool):
 def test_refit_shortcuts_change_no_bit(monkeypatch, compact_from, rounds, floor, scale_dtype) -> None:
     """The refit's fixed-point exit and its gathering-out of settled groups give exactly what running every round
     on every group gives, for a batch of rows and for the one-token writes of a decode step."""
+    from vllm_oscar.quant import quantizer
+
     from kernels_reference import random_rotations
     from kernels_reference import rows_with_outliers as head_rows
-
-    from vllm_oscar.quant import quantizer
 
     monkeypatch.setattr(quantizer, "REFIT_COMPACT_MIN_VALUES", compact_from)
     gen = torch.Generator().manual_seed(rounds + compact_from % 7)

@@ -118,7 +118,8 @@ def test_nan_and_inf_are_rejected(saved, tmp_path: Path) -> None:
 
 def test_bad_clip_ratio_and_missing_tensor(saved, tmp_path: Path) -> None:
     _, path = saved
-    target = write_tensors(tmp_path / "clip.safetensors", path, {"clip_v": torch.tensor([0.9, 1.5, 0.9], dtype=torch.float64)})
+    target = write_tensors(tmp_path / "clip.safetensors", path,
+                           {"clip_v": torch.tensor([0.9, 1.5, 0.9], dtype=torch.float64)})
     with pytest.raises(ValueError, match="clip_v"):
         load_rotation_file(target)
     with safe_open(str(path), framework="pt") as handle:
@@ -168,7 +169,8 @@ def test_save_refuses_an_invalid_set(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
-def write_zoo(path: Path, version: int, rotations: list[torch.Tensor], eigen: list[torch.Tensor], objective: str) -> Path:
+def write_zoo(path: Path, version: int, rotations: list[torch.Tensor], eigen: list[torch.Tensor],
+              objective: str) -> Path:
     layers = {index: {"rotation": r, "eigenvalues": e} for index, (r, e) in enumerate(zip(rotations, eigen))}
     torch.save({"format_version": version, "objective": objective, "layers": layers}, path)
     return path
@@ -231,7 +233,8 @@ def test_find_shipped_rotation_by_identity(tmp_path: Path) -> None:
     (tmp_path / "broken.safetensors").write_text("junk")
     query = dataclasses.replace(IDENTITY, name="/root/.cache/vllm_oscar/tiny-model-instruct")
     assert find_shipped_rotation(query, [tmp_path]) == tmp_path / "b.safetensors"
-    assert find_shipped_rotation(dataclasses.replace(IDENTITY, name="tiny_model"), [tmp_path]) == tmp_path / "a.safetensors"
+    assert (find_shipped_rotation(dataclasses.replace(IDENTITY, name="tiny_model"), [tmp_path])
+            == tmp_path / "a.safetensors")
     assert find_shipped_rotation(dataclasses.replace(query, head_dim=32), [tmp_path]) is None
     assert find_shipped_rotation(dataclasses.replace(query, name="Other"), [tmp_path]) is None
 
@@ -249,7 +252,8 @@ def test_commands_report_bad_input_as_an_error_line(tmp_path: Path, capsys) -> N
     junk.write_text("junk")
     assert main(["info", str(junk)]) == 2
     assert "vllm-oscar info: error:" in capsys.readouterr().err
-    assert main(["calibrate", "--model", str(tmp_path / "absent"), "--data", str(junk), "--out", str(tmp_path / "o")]) == 2
+    assert main(["calibrate", "--model", str(tmp_path / "absent"), "--data", str(junk),
+                 "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["calibrate", "--model", "x", "--out", str(tmp_path / "o")]) == 2
     assert "--data FILE" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import torch
 from vllm_oscar.attention.settings import config_from_options
 from vllm_oscar.config import SERVED_REFIT_ITERATIONS
 from vllm_oscar.kernels import PageLayout, oscar_decode, oscar_prefill
+
 from kernels_reference import random_paged_state
 
 

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from offline_probe import run_probe
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))

@@ -10,8 +10,9 @@ import pytest
 import requests
 import torch
 
-from openai_server import completion_and_chat, openai_server
 from vllm_oscar.config import ATTENTION_BACKEND_ENV
+
+from openai_server import completion_and_chat, openai_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

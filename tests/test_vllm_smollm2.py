@@ -27,8 +27,15 @@ import json
 import pytest
 
 from conftest import chat_prompts, greedy, oscar_status, start_llm, stop_llm
-from smollm2_workloads import (LONG_TOKENS, QUESTIONS, WINDOW_ENGINE, agreement_report,
-                               assert_no_stale_window_row, assert_prefix_hits_change_nothing, window_workload)
+from smollm2_workloads import (
+    LONG_TOKENS,
+    QUESTIONS,
+    WINDOW_ENGINE,
+    agreement_report,
+    assert_no_stale_window_row,
+    assert_prefix_hits_change_nothing,
+    window_workload,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import greedy, make_tiny_qwen3, oscar_status, start_llm, stop_llm
 from vllm_oscar.calibration.files import save_rotation_file
 from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.calibration.rotations import LayerRotation, RotationSet
 from vllm_oscar.config import ATTENTION_BACKEND_ENV
+
+from conftest import greedy, make_tiny_qwen3, oscar_status, start_llm, stop_llm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -97,7 +98,8 @@ def test_contradictory_requests_fail_before_start(tiny_qwen3_path, monkeypatch):
     from vllm.engine.arg_utils import EngineArgs
 
     with pytest.raises(ValueError, match="needs the OSCAR attention backend"):
-        EngineArgs(model=str(tiny_qwen3_path), kv_cache_dtype="oscar", attention_backend="CPU_ATTN").create_engine_config()
+        EngineArgs(model=str(tiny_qwen3_path), kv_cache_dtype="oscar",
+                   attention_backend="CPU_ATTN").create_engine_config()
     monkeypatch.setenv(ATTENTION_BACKEND_ENV, "OSCAR")
     with pytest.raises(ValueError, match="cannot be combined"):
         EngineArgs(model=str(tiny_qwen3_path), kv_cache_dtype="fp8").create_engine_config()

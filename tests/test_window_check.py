@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import torch
 
-import window_check
 from vllm_oscar.config import SERVED_REFIT_ITERATIONS
 from vllm_oscar.kernels import PageLayout, oscar_write
+
+import window_check
 
 D, HKV, HQ, BS = 64, 3, 9, 16
 

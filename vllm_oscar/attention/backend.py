@@ -41,8 +41,14 @@ from vllm_oscar.attention.settings import current_oscar_config
 from vllm_oscar.attention.step import LayerCaches, OscarMetadata, layer_step
 from vllm_oscar.attention.step_buffers import WindowPlanBuffers
 from vllm_oscar.calibration.identity import ModelIdentity
-from vllm_oscar.config import (BACKEND_NAME, GPU_DECODE_BLOCK_SIZE, INT8_MMA_MIN_HEAD_DIM, KERNEL_BLOCK_MULTIPLE,
-                                KV_CACHE_DTYPE_NAME, OscarConfig)
+from vllm_oscar.config import (
+    BACKEND_NAME,
+    GPU_DECODE_BLOCK_SIZE,
+    INT8_MMA_MIN_HEAD_DIM,
+    KERNEL_BLOCK_MULTIPLE,
+    KV_CACHE_DTYPE_NAME,
+    OscarConfig,
+)
 from vllm_oscar.kernels import PageLayout
 from vllm_oscar.kernels.flash_plan import PrefillPlan, flash_unavailable
 

@@ -221,8 +221,8 @@ def _window_stores_too_large(vllm_config: Any, planned: int, uncounted: int, bud
     return (f"OSCAR's BF16 window stores ({uncounted / 2**30:.2f} GiB) do not fit the KV cache budget "
             f"({budget / 2**30:.2f} GiB): they hold the sink and recent windows of max_num_seqs={requests} requests "
             f"({per_request / 2**20:.1f} MiB each) and the new tokens of one step of max_num_batched_tokens="
-            f"{step_tokens} ({step / 2**30:.2f} GiB). Raise the budget (kv_cache_memory_bytes, gpu_memory_utilization; on CPU "
-            f"VLLM_CPU_KVCACHE_SPACE), or {lower}.")
+            f"{step_tokens} ({step / 2**30:.2f} GiB). Raise the budget (kv_cache_memory_bytes, "
+            f"gpu_memory_utilization; on CPU VLLM_CPU_KVCACHE_SPACE), or {lower}.")
 
 
 def _wrap_weight_processing() -> None:

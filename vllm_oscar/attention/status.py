@@ -3,8 +3,8 @@
     llm.collective_rpc(worker_status)      # LLM(...); needs VLLM_ALLOW_INSECURE_SERIALIZATION=1
                                            # (vLLM refuses to ship a function to workers otherwise)
 
-returns, per worker, the KV pool (blocks, bytes, block size), the attention impl class of every attention layer (the backend
-that actually runs), where the rotations came from, how many layers have R_V folded into their weights
+returns, per worker, the KV pool (blocks, bytes, block size), the attention impl class of every attention layer (the
+backend that actually runs), where the rotations came from, how many layers have R_V folded into their weights
 (vllm_oscar.attention.fold), how many defer the side-stream INT2 writes of captured decode steps to the end of the
 forward (vllm_oscar.attention.deferred_writes), the window-store counters
 (fallback_positions: BF16-window positions served from INT2; evictions) and bytes, the table of measured decode

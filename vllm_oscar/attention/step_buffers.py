@@ -39,8 +39,8 @@ class WindowPlanBuffers:
 
     def load(self, plan: WindowPlan, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Write one step's plan (and its serial_write flag); return its (window block table [B, max_blocks],
-        window slot mapping [num_tokens]) as views of the buffers. num_tokens >= the plan's tokens: the step's token count
-        including any CUDA-graph padding, whose slots are -1."""
+        window slot mapping [num_tokens]) as views of the buffers. num_tokens >= the plan's tokens: the step's token
+        count including any CUDA-graph padding, whose slots are -1."""
         rows, width = plan.table_shape
         planned = plan.window_slot_mapping.numel()
         if self.table is None:

@@ -64,8 +64,8 @@ from vllm_oscar.calibration.files import (
 from vllm_oscar.calibration.identity import ModelIdentity
 from vllm_oscar.calibration.model_loading import LoadedModel, load_model
 from vllm_oscar.calibration.pipeline import CalibrationOptions, calibrate
-from vllm_oscar.calibration.rotationzoo import import_rotationzoo
 from vllm_oscar.calibration.rotations import LayerRotation, RotationSet, build_rotations
+from vllm_oscar.calibration.rotationzoo import import_rotationzoo
 from vllm_oscar.calibration.statistics import ActivationSamples, CalibrationStats, collect_statistics
 
 __all__ = [

@@ -169,7 +169,8 @@ def load_rotation_file(
     clip_k, clip_v = tensors["clip_k"], tensors["clip_v"]
     if clip_k.shape != (identity.num_layers,) or clip_v.shape != (identity.num_layers,):
         raise _not_ours(
-            file, f"clip_k/clip_v have shapes {tuple(clip_k.shape)}/{tuple(clip_v.shape)}, expected ({identity.num_layers},)"
+            file,
+            f"clip_k/clip_v have shapes {tuple(clip_k.shape)}/{tuple(clip_v.shape)}, expected ({identity.num_layers},)",
         )
     layers = [
         LayerRotation(

@@ -71,7 +71,8 @@ class RotationSet:
             raise ValueError(
                 f"need one clip ratio per layer ({len(self.layers)}); got {len(clip_k)} for K, {len(clip_v)} for V."
             )
-        layers = [dataclasses.replace(l, clip_k=float(a), clip_v=float(b)) for l, a, b in zip(self.layers, clip_k, clip_v)]
+        layers = [dataclasses.replace(l, clip_k=float(a), clip_v=float(b))
+                  for l, a, b in zip(self.layers, clip_k, clip_v)]
         return RotationSet(self.identity, layers, {**self.metadata, "clip_search": note})
 
     def validate(self, source: str = "rotation set") -> None:

@@ -37,7 +37,8 @@ def _load_zoo(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or "layers" not in data or "format_version" not in data:
         keys = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{path} is not a RotationZoo file: expected keys format_version, objective, layers; got {keys}.")
+        raise ValueError(f"{path} is not a RotationZoo file: expected keys format_version, objective, layers; "
+                         f"got {keys}.")
     if data["format_version"] not in ROTATIONZOO_VERSIONS:
         raise ValueError(
             f"{path} has RotationZoo format_version {data['format_version']!r}; supported: {ROTATIONZOO_VERSIONS}."
@@ -45,7 +46,8 @@ def _load_zoo(path: Path) -> dict[str, Any]:
     return data
 
 
-def _layer_tensors(path: Path, data: dict[str, Any], identity: ModelIdentity) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _layer_tensors(path: Path, data: dict[str, Any],
+                   identity: ModelIdentity) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (rotation [Hkv, D, D] float32, eigenvalues [Hkv, D] float64)."""
     layers = {int(key): value for key, value in data["layers"].items()}
     expected_ids = list(range(identity.num_layers))

@@ -114,7 +114,8 @@ class StatisticsAccumulator:
         ]
         self.scaling = [0.0] * layers
 
-    def _check(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor) -> None:
+    def _check(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               output: torch.Tensor) -> None:
         ident = self.identity
         batch, _, tokens, _ = query.shape
         expected = {

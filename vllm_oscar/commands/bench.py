@@ -24,11 +24,15 @@ from vllm_oscar.provenance import source_digest
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from vllm_oscar.config import GPU_DECODE_BLOCK_SIZE, SERVED_REFIT_ITERATIONS
     from vllm_oscar.kernels.benchmark import ALLOCATOR_ENV, ALLOCATOR_SETTINGS, BATCHES, CONTEXTS, GEOMETRIES
-    from vllm_oscar.kernels.prefill_benchmark import PREFILL_BATCHES, PREFILL_CHUNKS, PREFILL_PREFIXES
-    from vllm_oscar.kernels.triton_ops import (CLIP_SEARCHES, DEFAULT_WRITE, MIN_TILES_PER_SPLIT, PREFILL_ROWS,
-                                               ROTATION_PRECISIONS)
-
     from vllm_oscar.kernels.plan_tuning import DEFAULT_MARGIN, DEFAULT_ROUNDS
+    from vllm_oscar.kernels.prefill_benchmark import PREFILL_BATCHES, PREFILL_CHUNKS, PREFILL_PREFIXES
+    from vllm_oscar.kernels.triton_ops import (
+        CLIP_SEARCHES,
+        DEFAULT_WRITE,
+        MIN_TILES_PER_SPLIT,
+        PREFILL_ROWS,
+        ROTATION_PRECISIONS,
+    )
 
     parser.add_argument("mode", choices=("decode", "tune", "prefill", "plans"),
                         help="decode: full comparison; tune: config sweep; prefill: chunked prefill comparison; "
@@ -64,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill tune: programs per query tile sharing the INT2 prefix (split-K; auto = "
                              "the product's rule)")
     parser.add_argument("--prefill-int2-apart", nargs="+", default=["auto"], choices=("auto", "0", "1"),
-                        help="prefill tune: the pure INT2 prefix in its own launch (AttentionConfig.prefill_int2_apart)")
+                        help="prefill tune: the pure INT2 prefix in its own launch "
+                             "(AttentionConfig.prefill_int2_apart)")
     parser.add_argument("--prefill-flash", nargs="+", default=["auto"], choices=("auto", "0", "1"),
                         help="prefill: the served read by FlashAttention over gathered rows (1), by the Triton "
                              "prefill kernel (0), or by the product's rule (auto: FlashAttention from "
@@ -89,8 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill: read the chunk from its new BF16 rows, not back from the caches (the "
                              "served path reads the caches)")
     parser.add_argument("--block-size", type=int, default=GPU_DECODE_BLOCK_SIZE,
-                        help=f"KV block size in tokens (default {GPU_DECODE_BLOCK_SIZE}, what OSCAR asks vLLM for on CUDA; "
-                             f"vLLM's own default is 16)")
+                        help=f"KV block size in tokens (default {GPU_DECODE_BLOCK_SIZE}, what OSCAR asks vLLM for "
+                             f"on CUDA; vLLM's own default is 16)")
     parser.add_argument("--reps", type=int, default=20, help="timed graph replays per measurement (median)")
     parser.add_argument("--write-tokens", type=int, nargs="*", default=[64, 8192],
                         help="decode: also time oscar_write on this many new tokens per layer")
@@ -98,9 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode: warps per write program to time (0 = the default)")
     parser.add_argument("--write-clip", nargs="+", default=[DEFAULT_WRITE.clip_search], choices=CLIP_SEARCHES,
                         help="decode: clip threshold searches of the write to time (WriteConfig.clip_search)")
-    parser.add_argument("--write-rotation", nargs="+", default=[DEFAULT_WRITE.rotation_precision], choices=ROTATION_PRECISIONS,
+    parser.add_argument("--write-rotation", nargs="+", default=[DEFAULT_WRITE.rotation_precision],
+                        choices=ROTATION_PRECISIONS,
                         help="decode: rotation dot precisions of the write to time (WriteConfig.rotation_precision)")
-    parser.add_argument("--write-unroll", type=int, nargs="+", default=[int(DEFAULT_WRITE.unroll_refit)], choices=(0, 1),
+    parser.add_argument("--write-unroll", type=int, nargs="+", default=[int(DEFAULT_WRITE.unroll_refit)],
+                        choices=(0, 1),
                         help="decode: 1 = refit rounds unrolled, 0 = a loop (WriteConfig.unroll_refit)")
     parser.add_argument("--write-refit", type=refit_rounds, nargs="+",
                         default=[0, "/".join(map(str, SERVED_REFIT_ITERATIONS))], metavar="N|K/V",
@@ -136,7 +143,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune: maxnreg of the INT2 split programs (0 = the default: the compiler's choice, "
                              "triton_ops.GLUON_MAX_REGISTERS for the Gluon kernel)")
     parser.add_argument("--prefetch", nargs="+", default=["auto"],
-                        help="tune: L2 prefetch distance of the INT2 split programs in tiles (0 = off; auto = the default)")
+                        help="tune: L2 prefetch distance of the INT2 split programs in tiles "
+                             "(0 = off; auto = the default)")
     parser.add_argument("--window-block-t", nargs="+", default=["auto"],
                         help="tune: positions per window program of the INT2 split launch (auto = the default)")
     parser.add_argument("--merge-block-d", nargs="+", default=["auto"],
@@ -386,11 +394,13 @@ def run(args: argparse.Namespace) -> int:
                                           f"splits={r['oscar']['splits']}")
                 if r.get("oscar", {}).get("empty_splits"):
                     line += f" ({r['oscar']['empty_splits']} of them without tiles at this context)"
-                print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} w={c['num_warps']}/{c['split_warps']} "
+                print(f"{geometry} ctx={context} B={batch} bs={args.block_size} bt={c['block_t']} "
+                      f"w={c['num_warps']}/{c['split_warps']} "
                       f"s={c['num_stages']} unpack={c['unpack']} pps={c['programs_per_sm']} "
                       f"tiles>={c['min_tiles_per_split']} int8k={c['int8_keys']} "
                       f"reg={c['max_registers']} pf={c['prefetch']} wbt={c['window_block_t']} "
-                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} tma={c['tma_stages']} ls={c['long_splits']} "
+                      f"mbd={c['merge_block_d']} wf={c['windows_first']} ft={c['full_tiles']} pdl={c['merge_pdl']} "
+                      f"tma={c['tma_stages']} ls={c['long_splits']} "
                       f"copy={c['gluon_copy_stages']} fold={c['fold_tiles']} f16={c['gluon_f16_values']} "
                       f"wpf={c['gluon_window_prefetch']} ctma={c['gluon_copy_tma']}: {line}",
                       flush=True)

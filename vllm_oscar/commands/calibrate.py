@@ -84,7 +84,8 @@ def _import(args: argparse.Namespace) -> int:
         source = Path(args.model)
     kwargs = {"gguf_file": source.name} if source.is_file() else {}
     config = AutoConfig.from_pretrained(source.parent if source.is_file() else source, **kwargs)
-    identity = ModelIdentity.from_hf_config(config, args.model_name or (source.stem if source.is_file() else source.name))
+    identity = ModelIdentity.from_hf_config(config,
+                                            args.model_name or (source.stem if source.is_file() else source.name))
     if not identity.architecture:
         raise ValueError(f"{source}: its config names no architecture; use a model folder with config.json.")
     rotation_set = import_rotationzoo(args.import_rotationzoo[0], args.import_rotationzoo[1], identity)
@@ -117,8 +118,9 @@ def _run(args: argparse.Namespace) -> int:
         use_bit_reversal=not args.no_bit_reversal, value_form=args.value_form, clip_search=not args.no_clip_search,
         clip_sequences=args.clip_sequences, clip_grid=tuple(args.clip_grid), clip_sink=args.clip_sink,
         clip_key_grid=tuple(args.clip_grid_k) if args.clip_grid_k else None,
-        clip_recent=args.clip_recent, clip_refit_iterations=(args.clip_refit_iterations[0] if len(args.clip_refit_iterations) == 1
-                                                else tuple(args.clip_refit_iterations)), progress=not args.quiet,
+        clip_recent=args.clip_recent,
+        clip_refit_iterations=(args.clip_refit_iterations[0] if len(args.clip_refit_iterations) == 1
+                               else tuple(args.clip_refit_iterations)), progress=not args.quiet,
     )
     loaded = load_model(args.model, args.device, _DTYPES[args.dtype], args.model_name)
     print(f"model: {loaded.identity.describe()} from {loaded.source}")

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Hugging Face model folder (e.g. from smollm2_folder())")
     parser.add_argument("--rotations", default=None, help="rotation file for the method oscar-file")
     parser.add_argument("--data", nargs="+", required=True, help="text corpora (.txt or .txt.xz); held-out part used")
-    parser.add_argument("--calib-data", nargs="+", default=None, help="corpora for the OSCAR variants' calibration (default: --data)")
+    parser.add_argument("--calib-data", nargs="+", default=None,
+                        help="corpora for the OSCAR variants' calibration (default: --data)")
     parser.add_argument("--json", required=True, help="output JSON; .md and .png are written beside it")
     parser.add_argument("--methods", nargs="+", default=list(BASELINES), choices=ALL_METHODS, metavar="METHOD",
                         help=f"methods (default: the baselines); known: {' '.join(ALL_METHODS)}")
@@ -27,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-seqs", type=int, default=4)
     parser.add_argument("--sink", type=int, default=DEFAULT_SINK_TOKENS)
     parser.add_argument("--recent", type=int, default=DEFAULT_RECENT_TOKENS)
-    parser.add_argument("--stress", action="store_true", help="also measure with the stress windows (4 sink / 16 recent)")
+    parser.add_argument("--stress", action="store_true",
+                        help="also measure with the stress windows (4 sink / 16 recent)")
     parser.add_argument("--calib-tokens", type=int, default=32768)
     parser.add_argument("--calib-seq-len", type=int, default=DEFAULT_CALIBRATION_SEQ_LEN)
     parser.add_argument("--clip-sequences", type=int, default=4, help="calibration sequences kept for the clip search")

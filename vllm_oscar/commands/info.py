@@ -37,7 +37,8 @@ def _run(args: argparse.Namespace) -> int:
     ident = rotation_set.identity
     extra = rotation_set.metadata
     print(f"file:       {args.file}")
-    print(f"format:     {metadata['format']} v{metadata['format_version']} (vllm_oscar {metadata.get('package_version')})")
+    print(f"format:     {metadata['format']} v{metadata['format_version']} "
+          f"(vllm_oscar {metadata.get('package_version')})")
     print(f"model:      {ident.describe()}")
     print(f"weights:    sha256 {ident.weights_sha256 or 'unknown'}")
     print(f"method:     {json.dumps(extra.get('method', {}), sort_keys=True)}")
@@ -67,5 +68,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{'layer':>5} {'clip_k':>7} {'clip_v':>7} {f'K top-{top} share':>15} {f'V top-{top} share':>15}")
         for index, layer in enumerate(rotation_set.layers):
             print(f"{index:>5} {layer.clip_k:>7.3f} {layer.clip_v:>7.3f} "
-                  f"{_spectrum_share(layer.k_eigenvalues, top):>15.3f} {_spectrum_share(layer.v_eigenvalues, top):>15.3f}")
+                  f"{_spectrum_share(layer.k_eigenvalues, top):>15.3f} "
+                  f"{_spectrum_share(layer.v_eigenvalues, top):>15.3f}")
     return 0

@@ -107,7 +107,8 @@ def gaussian_lloyd_max(bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     centroids = torch.linspace(-2.0, 2.0, levels, dtype=torch.float64)
     for _ in range(_LLOYD_MAX_ITERATIONS):
         boundaries = 0.5 * (centroids[1:] + centroids[:-1])
-        edges = torch.cat([torch.tensor([-math.inf], dtype=torch.float64), boundaries, torch.tensor([math.inf], dtype=torch.float64)])
+        edges = torch.cat([torch.tensor([-math.inf], dtype=torch.float64), boundaries,
+                           torch.tensor([math.inf], dtype=torch.float64)])
         mass = _normal_cdf(edges[1:]) - _normal_cdf(edges[:-1])
         centroids = (_normal_pdf(edges[:-1]) - _normal_pdf(edges[1:])) / mass
     return centroids, 0.5 * (centroids[1:] + centroids[:-1])

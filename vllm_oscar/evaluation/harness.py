@@ -111,7 +111,8 @@ def mixed_attention(
         if q_len == kv_len:
             out = F.scaled_dot_product_attention(q, exact_k, exact_v, is_causal=True, scale=scaling, enable_gqa=gqa)
         else:
-            causal = torch.arange(kv_len, device=q.device)[None, :] <= torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None]
+            causal = (torch.arange(kv_len, device=q.device)[None, :]
+                      <= torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None])
             out = F.scaled_dot_product_attention(q, exact_k, exact_v, attn_mask=causal, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).to(query.dtype).contiguous()
     chunks = _chunk_masks(state, q_len, kv_len, query.device)

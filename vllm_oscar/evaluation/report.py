@@ -27,8 +27,8 @@ def markdown_table(doc: dict[str, Any]) -> str:
     for name, m in methods.items():  # methods not measured (yet) show "-"
         delta = f"{100 * (m['ppl'] / base_ppl - 1):+.1f}%" if "ppl" in m and base_ppl else "-"
         row = [
-            f"`{name}`", f"{m['body_bits']:.3f}", f"{m['bpe']:.3f}", _fmt(m.get("kld"), ".4f"), _fmt(m.get("ppl"), ".3f"),
-            delta, _fmt(m.get("top1"), ".3f"),
+            f"`{name}`", f"{m['body_bits']:.3f}", f"{m['bpe']:.3f}", _fmt(m.get("kld"), ".4f"),
+            _fmt(m.get("ppl"), ".3f"), delta, _fmt(m.get("top1"), ".3f"),
         ]
         if has_stress:
             s = m.get("stress", {})
@@ -81,7 +81,8 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
     settings = doc["settings"]
     fig.suptitle(
         f"{Path(settings['model']).name}: {settings['num_seqs']} x {settings['seq_len']} held-out tokens, "
-        f"windows {settings['sink']}/{settings['recent']} (stress {settings['stress_sink']}/{settings['stress_recent']}); "
+        f"windows {settings['sink']}/{settings['recent']} "
+        f"(stress {settings['stress_sink']}/{settings['stress_recent']}); "
         f"{doc['meta']['device']}, {doc['meta']['commit']}"
     , fontsize=9)
     fig.tight_layout()

@@ -78,14 +78,16 @@ def passkey_accuracy(model, cases: list[PasskeyCase], method: KVMethod, sink: in
     hits: dict[str, list[bool]] = {}
     for case in cases:
         answer_logits = method_logits(
-            model, case.input_ids[None].to(device), method, sink, recent, keep=len(case.input_ids) - case.answer_start + 1
+            model, case.input_ids[None].to(device), method, sink, recent,
+            keep=len(case.input_ids) - case.answer_start + 1,
         )[0]
         hits.setdefault(str(case.length), []).append(passkey_correct(answer_logits, case))
     return {length: sum(h) / len(h) for length, h in hits.items()}
 
 
 @torch.no_grad()
-def greedy_tokens(model, prompts: torch.Tensor, new_tokens: int, method: KVMethod, sink: int, recent: int) -> torch.Tensor:
+def greedy_tokens(model, prompts: torch.Tensor, new_tokens: int, method: KVMethod, sink: int,
+                  recent: int) -> torch.Tensor:
     """[B, new_tokens] greedy continuations of ``prompts`` [B, T] (equal lengths, no padding),
     decoded together with a KV cache under ``method``."""
     device = next(model.parameters()).device

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from vllm_oscar.calibration.data import sha256_file
 from vllm_oscar.config import (
     DEFAULT_CALIBRATION_SEQ_LEN,
     DEFAULT_RECENT_TOKENS,
@@ -28,7 +29,6 @@ from vllm_oscar.config import (
     EVAL_STRESS_RECENT_TOKENS,
     EVAL_STRESS_SINK_TOKENS,
 )
-from vllm_oscar.calibration.data import sha256_file
 from vllm_oscar.evaluation.data import heldout_sequences
 from vllm_oscar.evaluation.harness import method_logits
 from vllm_oscar.evaluation.methods import KVMethod
@@ -159,7 +159,8 @@ def window_metrics(
     for index, start in enumerate(range(0, len(sequences), batch_size)):
         ids = sequences[start : start + batch_size].to(device)
         ref = reference.log_probs[index][:, first - reference.first :]
-        logits = None if method.is_exact else method_logits(model, ids, method, sink, recent, keep=ids.shape[1] - first)[:, :-1]
+        logits = (None if method.is_exact
+                  else method_logits(model, ids, method, sink, recent, keep=ids.shape[1] - first)[:, :-1])
         totals.add(log_prob_stats(ref, logits, ids[:, first + 1 :]))
     return totals.summary()
 
@@ -195,7 +196,8 @@ def run_evaluation(
         name: {
             "description": getattr(m, "description", name),
             "body_bits": m.body_bits(geometry.head_dim),
-            "bpe": m.bits_per_element(settings.seq_len, geometry.head_dim, geometry.num_layers, settings.sink, settings.recent),
+            "bpe": m.bits_per_element(settings.seq_len, geometry.head_dim, geometry.num_layers, settings.sink,
+                                      settings.recent),
         }
         for name, m in methods.items()
     }
@@ -252,10 +254,12 @@ def run_evaluation(
         if settings.stress:
             results[name]["stress"] = {
                 **window_metrics(
-                    model, sequences, reference, method, settings.stress_sink, settings.stress_recent, settings.batch_size
+                    model, sequences, reference, method, settings.stress_sink, settings.stress_recent,
+                    settings.batch_size,
                 ),
                 "bpe": method.bits_per_element(
-                    settings.seq_len, geometry.head_dim, geometry.num_layers, settings.stress_sink, settings.stress_recent
+                    settings.seq_len, geometry.head_dim, geometry.num_layers, settings.stress_sink,
+                    settings.stress_recent,
                 ),
             }
         method_done(name, "metrics", time.time() - clock)

@@ -53,14 +53,14 @@ from vllm_oscar.config import (
     DEFAULT_CLIP_RATIO_K,
     DEFAULT_CLIP_RATIO_V,
     GRID_REFIT_ITERATIONS,
-    OscarConfig,
     KIVI_GROUP_SIZE,
     REFIT_SCALE_FLOOR,
     SERVED_REFIT_ITERATIONS,
-    refit_pair,
     TURBOQUANT_PRESETS,
     VALUE_FORM_LOGIT_ENERGY,
     VALUE_FORM_OUTPUT,
+    OscarConfig,
+    refit_pair,
 )
 from vllm_oscar.evaluation.baselines import KiviMethod, TurboQuantMethod
 from vllm_oscar.evaluation.methods import (
@@ -70,7 +70,6 @@ from vllm_oscar.evaluation.methods import (
     hadamard_layers,
     identity_layers,
 )
-
 
 BASELINES = (
     "bf16", "int2-naive", "int2-quarot", "int2-hadamard-clip", "int2-hadamard-refit", "int2-hadamard-served", "kivi2",
@@ -94,7 +93,9 @@ FILE_VARIANTS: dict[str, tuple[Optional[tuple[int, int]], Optional[tuple[bool, b
     "oscar-file-minmax": ((0, 0), _FREE, None, "clipped min/max grid on K and V"),
     "oscar-file-vrefit": ((0, _R), _FREE, None, "min/max keys, refit values"),
     "oscar-file-krefit": ((_R, 0), _FREE, None, "free key refit, min/max values"),
-    "oscar-file-k84-refit": ((_R, _R), _FREE, 0.84, "key clip 0.84, free refit on K and V: the quantizer served before issue 6 (its file: V clip 1.0)"),
+    "oscar-file-k84-refit": ((_R, _R), _FREE, 0.84,
+                             "key clip 0.84, free refit on K and V: the quantizer served before issue 6 "
+                             "(its file: V clip 1.0)"),
     "oscar-file-k84-minmax": ((0, 0), _FREE, 0.84, "key clip 0.84, min/max grid: the default before the refit"),
     # Fewer refit rounds than served (the write kernel's cost grows with them); floors and
     # clips as served (None), only the rounds differ.
@@ -153,13 +154,15 @@ def baseline_method(name: str, geometry: Geometry) -> KVMethod:
     if name == "int2-naive":
         return RowMethod(name, "per-token INT2, fp16 scale/offset per row, no rotation", identity_layers(g.num_layers))
     if name == "int2-quarot":
-        return RowMethod(name, "QuaRot-INT2: Hadamard, per-token INT2", hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim))
+        return RowMethod(name, "QuaRot-INT2: Hadamard, per-token INT2",
+                         hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim))
     if name == "int2-hadamard-clip":
         layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
         return RowMethod(name, "Hadamard + clip 0.96/0.92, per-token INT2", layers)
     if name == "int2-hadamard-refit":
         layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
-        return RowMethod(name, "Hadamard + least-squares grid refit, per-token INT2", layers, refit_iterations=GRID_REFIT_ITERATIONS)
+        return RowMethod(name, "Hadamard + least-squares grid refit, per-token INT2", layers,
+                         refit_iterations=GRID_REFIT_ITERATIONS)
     if name == "int2-hadamard-served":
         layers = hadamard_layers(g.num_layers, g.num_kv_heads, g.head_dim, DEFAULT_CLIP_RATIO_K, DEFAULT_CLIP_RATIO_V)
         return RowMethod(name, "Hadamard + the served quantizer (floored key refit), per-token INT2", layers,
@@ -217,14 +220,17 @@ def oscar_methods(
             rs = rotations("noH", lambda: build_rotations(stats, use_hadamard=False))
             built[name] = RowMethod(name, "OSCAR per-head without Hadamard", _layers_from(rs))
         elif name == "oscar-head-lm":
-            built[name] = RowMethod(name, "OSCAR per-head, Lloyd-Max levels on K and V", _layers_from(head()), lloyd_max=True)
+            built[name] = RowMethod(name, "OSCAR per-head, Lloyd-Max levels on K and V", _layers_from(head()),
+                                    lloyd_max=True)
         elif name == "oscar-head-clip":
             built[name] = RowMethod(name, "OSCAR per-head, searched clip ratios", _layers_from(clipped()))
         elif name == "oscar-head-center":
-            built[name] = RowMethod(name, "OSCAR per-head, K/V mean centering", _layers_from(head(), sample_means(stats)))
+            built[name] = RowMethod(name, "OSCAR per-head, K/V mean centering",
+                                    _layers_from(head(), sample_means(stats)))
         elif name == "oscar-head-refit":
             built[name] = RowMethod(
-                name, "OSCAR per-head, least-squares grid refit", _layers_from(head()), refit_iterations=GRID_REFIT_ITERATIONS
+                name, "OSCAR per-head, least-squares grid refit", _layers_from(head()),
+                refit_iterations=GRID_REFIT_ITERATIONS,
             )
         elif name == "oscar-head-center-refit":
             built[name] = RowMethod(

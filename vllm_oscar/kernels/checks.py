@@ -100,7 +100,8 @@ def check_rotate_args(x: torch.Tensor, rotation: torch.Tensor, out: torch.Tensor
         or _shape(rotation)[1:] != (dim, dim)
         or not rotation.is_floating_point()
     ):
-        raise ValueError(f"rotation must be a float tensor [Hr, {dim}, {dim}]; got {getattr(rotation, 'shape', rotation)!r}.")
+        raise ValueError(f"rotation must be a float tensor [Hr, {dim}, {dim}]; "
+                         f"got {getattr(rotation, 'shape', rotation)!r}.")
     groups = rotation.shape[0]
     if groups == 0 or heads % groups != 0:
         raise ValueError(f"rotation heads ({groups}) must divide the heads of x ({heads}).")
@@ -203,7 +204,8 @@ def check_attention_common(
     check_cache(int2_cache, layout, hkv)
     check_windows(window_k, window_v, layout, hkv)
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-        raise ValueError(f"block_table must be [B, max_blocks]; got {_shape(block_table) if isinstance(block_table, torch.Tensor) else block_table!r}.")
+        raise ValueError("block_table must be [B, max_blocks]; "
+                         f"got {_shape(block_table) if isinstance(block_table, torch.Tensor) else block_table!r}.")
     b = block_table.shape[0]
     check_index("block_table", block_table, _shape(block_table))
     check_index("window_block_table", window_block_table, _shape(block_table))
@@ -236,7 +238,8 @@ def check_prefill_extra(
     check_index("query_start_loc", query_start_loc, (num_requests + 1,))
     if chunk_from_cache:
         if key_rot is not None or value_rot is not None:
-            raise ValueError("chunk_from_cache=True reads the chunk from the caches: pass key_rot=None, value_rot=None.")
+            raise ValueError("chunk_from_cache=True reads the chunk from the caches: "
+                             "pass key_rot=None, value_rot=None.")
         return
     t = query_rot.shape[0]
     check_rows3("key_rot", key_rot, num_kv_heads, head_dim)

@@ -37,7 +37,6 @@ from vllm_oscar.kernels.flash_plan import PrefillPlan
 from vllm_oscar.kernels.layout import PageLayout
 from vllm_oscar.kernels.triton_common import TL_DTYPES
 
-
 #: Positions per gather program.
 GATHER_BLOCK = 32
 #: Query rows per merge program.

@@ -59,9 +59,9 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from vllm_oscar.kernels.triton_common import BIAS, FOLD_TILES
 from vllm_oscar.kernels.triton_decode_int2 import INT8_QUERY_MAX, PREFETCH_LINE, RESCALE_SLACK

@@ -231,7 +231,8 @@ def format_row(row: dict) -> str:
             f"(window prefetch {rule['window_prefetch']}) {statistics.median(rule['ms'][row['context']]):.4f} ms")
     if row["plan"] is None:
         return line + (f"; kept the rules (fastest candidate {100 * row['fastest_gain']:+.1f}%, fastest within "
-                       f"{100 * SERVED_TOLERANCE:.0f}% at every served context {100 * row.get('best_gain', 0.0):+.1f}%)")
+                       f"{100 * SERVED_TOLERANCE:.0f}% at every served context "
+                       f"{100 * row.get('best_gain', 0.0):+.1f}%)")
     plan = row["plan"]
     return line + (f"; measured plan {plan['splits']} splits (window prefetch {plan['window_prefetch']}) "
                    f"{100 * row['best_gain']:.1f}% faster")

@@ -20,8 +20,14 @@ from typing import Callable
 import torch
 
 from vllm_oscar.config import DEFAULT_RECENT_TOKENS, DEFAULT_SINK_TOKENS
-from vllm_oscar.kernels.benchmark import (OscarCase, error_summary, geometry_heads, make_oscar_case, time_eager,
-                                          time_graph)
+from vllm_oscar.kernels.benchmark import (
+    OscarCase,
+    error_summary,
+    geometry_heads,
+    make_oscar_case,
+    time_eager,
+    time_graph,
+)
 
 PREFILL_PREFIXES: tuple[int, ...] = (0, 4096, 32768)
 PREFILL_CHUNKS: tuple[int, ...] = (512, 2048)
@@ -125,8 +131,9 @@ def run_prefill_case(geometry: str, prefix: int, chunk: int, batch: int, block_s
     v4 = torch.randn_like(k4)
     mask = causal_lower_right(chunk, total)
 
+    # F821 silenced below: bf16 runs before `del q4, k4, v4` frees GPU memory (ruff false positive).
     def bf16() -> object:
-        return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
+        return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)  # noqa: F821
 
     result["bf16_sdpa"] = _timed(bf16, reps, flops, eager, layers)
     del q4, k4, v4

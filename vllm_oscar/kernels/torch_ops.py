@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from vllm_oscar.config import CODES_PER_BYTE, REFIT_SCALE_FLOOR, TORCH_QUERY_CHUNK, RefitIterations, refit_pair
 from vllm_oscar.kernels.checks import (
     check_attention_common,
     check_prefill_extra,
@@ -28,7 +29,6 @@ from vllm_oscar.kernels.checks import (
 )
 from vllm_oscar.kernels.layout import PageLayout, PageViews, page_views
 from vllm_oscar.kernels.rotate import rotate_rows
-from vllm_oscar.config import CODES_PER_BYTE, REFIT_SCALE_FLOOR, TORCH_QUERY_CHUNK, RefitIterations, refit_pair
 from vllm_oscar.quant import code_plane, pack_codes, quantize_rows
 
 
@@ -108,7 +108,8 @@ def oscar_write(
         slots = slot_mapping[keep].long()
         blocks, offsets = slots // bs, slots % bs
         if int(blocks.max()) >= int2_cache.shape[0]:
-            raise ValueError(f"slot_mapping addresses block {int(blocks.max())} but int2_cache has {int2_cache.shape[0]}.")
+            raise ValueError(f"slot_mapping addresses block {int(blocks.max())} but int2_cache has "
+                             f"{int2_cache.shape[0]}.")
         views = page_views(int2_cache, layout)
         _store_int2(k_rot[keep], clip_k, layout, blocks, offsets, views.k_codes, views.k_scale, views.k_offset,
                     refit_k, bool(refit_floor[0]))
@@ -119,7 +120,8 @@ def oscar_write(
     if bool(in_window.any()):
         slots = window_slot_mapping[in_window].long()
         if int(slots.max()) >= window_k.shape[0] * bs:
-            raise ValueError(f"window_slot_mapping addresses slot {int(slots.max())} but the window store has {window_k.shape[0] * bs}.")
+            raise ValueError(f"window_slot_mapping addresses slot {int(slots.max())} but the window store has "
+                             f"{window_k.shape[0] * bs}.")
         window_k[slots // bs, slots % bs] = k_rot[in_window].to(window_k.dtype)
         window_v[slots // bs, slots % bs] = v_rot[in_window].to(window_v.dtype)
     return None if query is None else rotate_rows(query, k_rotation, out_dtype=torch.float32)
@@ -313,7 +315,8 @@ def oscar_decode(
         prefix = _prefix_rows(request, length, int2_cache, window_k, window_v, layout, block_table,
                               window_block_table)
         position = torch.tensor([length - 1], device=query_rot.device)
-        results.append(_attend(query_rot[request : request + 1], position, prefix, None, None, sink, recent, softmax_scale))
+        results.append(_attend(query_rot[request : request + 1], position, prefix, None, None, sink, recent,
+                               softmax_scale))
     return _finish(torch.cat(results, dim=0), query_rot, out)
 
 
@@ -361,7 +364,8 @@ def oscar_prefill(
         begin, end = starts[request], starts[request + 1]
         chunk, length = end - begin, lengths[request]
         prefix_len = length - chunk
-        if chunk < 0 or prefix_len < 0 or end > query_rot.shape[0] or -(-length // layout.block_size) > block_table.shape[1]:
+        if (chunk < 0 or prefix_len < 0 or end > query_rot.shape[0]
+                or -(-length // layout.block_size) > block_table.shape[1]):
             raise ValueError(
                 f"request {request}: query_start_loc [{begin}, {end}) and seq_len {length} are inconsistent "
                 f"(need 0 <= chunk <= seq_len, rows within {query_rot.shape[0]}, blocks within {block_table.shape[1]})."

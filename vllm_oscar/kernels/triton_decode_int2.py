@@ -60,8 +60,17 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from vllm_oscar.kernels.triton_common import (BIAS, FOLD_TILES, int8_mma, mma, plane_codes_int8, plane_factor, round_to,
-                                              unpack_pair_plane, unpack_plane)
+from vllm_oscar.kernels.triton_common import (
+    BIAS,
+    FOLD_TILES,
+    int8_mma,
+    mma,
+    plane_codes_int8,
+    plane_factor,
+    round_to,
+    unpack_pair_plane,
+    unpack_plane,
+)
 
 #: Lazy online softmax: the running max (log2 units) moves only when a tile's max exceeds it
 #: by more than this, so most tiles skip the accumulator rescale; p stays <= 2^8, exact in

@@ -23,12 +23,23 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vllm_oscar.config import INT8_MMA_MIN_HEAD_DIM, REFIT_SCALE_FLOOR, SCALE_EPS, RefitIterations, refit_pair
 from vllm_oscar.intmath import cdiv, next_power_of_2
-from vllm_oscar.kernels.checks import (check_attention_common, check_prefill_extra, check_rotate_args, check_write_args,
-                                      check_write_query)
-from vllm_oscar.kernels.layout import PLANES, PageLayout
-from vllm_oscar.kernels.flash_plan import (FLASH_SPLIT_MIN_KEYS, FLASH_SPLIT_PROGRAMS_PER_SM, CallSize, PrefillPlan,
-                                           flash_unavailable, full_tile_programs)
+from vllm_oscar.kernels.checks import (
+    check_attention_common,
+    check_prefill_extra,
+    check_rotate_args,
+    check_write_args,
+    check_write_query,
+)
+from vllm_oscar.kernels.flash_plan import (
+    FLASH_SPLIT_MIN_KEYS,
+    FLASH_SPLIT_PROGRAMS_PER_SM,
+    CallSize,
+    PrefillPlan,
+    flash_unavailable,
+    full_tile_programs,
+)
 from vllm_oscar.kernels.flash_prefill import PagedCaches, flash_prefill
+from vllm_oscar.kernels.layout import PLANES, PageLayout
 from vllm_oscar.kernels.measured_plans import MeasuredPlan, PlanCell, active_table
 from vllm_oscar.kernels.triton_attention import LOG2E, attention_kernel, merge_kernel
 from vllm_oscar.kernels.triton_common import FOLD_TILES, TL_DTYPES, UNPACK_PORTABLE, UNPACK_PTX
@@ -205,7 +216,8 @@ BESIDE_WRITE_MAX_BATCH: int = 1
 #: (H200, docs/decisions.md V14: Qwen3-8B 4K B=8 24 -> 12 splits, 0.0237 -> 0.0197 ms).
 SHORT_SPLIT_TILES: int = 4
 #: Splits of SHORT_SPLIT_TILES up to WINDOW_ROOM_SPLIT_TILES tiles make the same room for the window programs, but only
-#: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/decisions.md): SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
+#: where that drops at most a quarter of them. H200, graph replays, blocks of 64, ms at 4 / 8 (docs/decisions.md):
+#: SmolLM2 32K B=8 (85 -> 73 splits) 0.0154-0.0155 / 0.0148, 16K B=16 (42 -> 36) 0.0155-0.0157 /
 #: 0.0149-0.0150, Qwen3-8B 16K B=8 (32 -> 26) 0.0355 / 0.0350; without the quarter limit SmolLM2 4K B=64 (10 -> 5)
 #: 0.0179 / 0.0186. Not in small-merge plans, whose split count is capped below the SM's residency (the windows fit
 #: anyway): Qwen3-8B B=1 32K 127 -> 102 splits 4% faster but 64K 128 -> 114 2.4% slower. gluon_decode's plans only
@@ -265,7 +277,8 @@ WINDOW_BLOCK_T: int = 32
 #: with fewer pairs the longer window program sets the time).
 #: H200, SmolLM2-135M geometry, blocks of 64, graph replays, window tiles 32 / 64 (docs/decisions.md V35): 4K
 #: B=24 / 32 / 64 -3..-8% / -8% / -3%, B=8 / 16 +4% / +2% (hence the pair floor); 8K B=24 / 32 / 64 +6% / +1% / -5%
-#: and 16K-128K equal or +1% (hence the context cap). Re-tuned with int8 keys (session 16, docs/decisions.md): single cases +-4-13% either way, rule unchanged.
+#: and 16K-128K equal or +1% (hence the context cap). Re-tuned with int8 keys (session 16, docs/decisions.md):
+#: single cases +-4-13% either way, rule unchanged.
 WIDE_WINDOW_BLOCK_T: int = 64
 WIDE_WINDOW_MAX_HEAD_DIM: int = 64
 WIDE_WINDOW_MAX_CONTEXT: int = 4096
@@ -358,8 +371,8 @@ class AttentionConfig:
     """Launch knobs of the attention kernel (the benchmark sweeps them).
 
     block_t: cached positions per tile, None = DECODE_BLOCK_T; num_warps: warps of the window
-    and prefill programs; split_warps: warps of the pure-INT2 split programs; unpack: UNPACK_PTX / UNPACK_PORTABLE, None =
-    PTX on CUDA, portable under the interpreter; num_splits: decode split-K count, None =
+    and prefill programs; split_warps: warps of the pure-INT2 split programs; unpack: UNPACK_PTX / UNPACK_PORTABLE,
+    None = PTX on CUDA, portable under the interpreter; num_splits: decode split-K count, None =
     sized from max_seq_len and the SM count; tokens_on_m: decode runs its pure-INT2 splits
     in triton_decode_int2 (tokens on the MMA M side; one group per row, G = D) instead of
     the general kernel (query rows on M, padded to 16). Same function, different speed.
@@ -438,7 +451,8 @@ class AttentionConfig:
     GLUON_COPY_STAGES (2 or 3) = they copy tiles that many minus one ahead into shared memory (cp.async) and read
     them from there (needs gluon_decode's kernel, so it runs that kernel wherever it applies); None (the default) =
     GLUON_AUTO_COPY_STAGES where gluon_decode runs anyway and staging_pays (head_dim 64, or bandwidth-bound plans at
-    head_dim 128, or batch-1 plans whose splits walk >= 4 tiles), else 0. H200 (docs/decisions.md): 3-17% faster at head_dim 64, 4-5% at head_dim 128 from 32K and batch 8 on, 5-10% at head_dim 128
+    head_dim 128, or batch-1 plans whose splits walk >= 4 tiles), else 0. H200 (docs/decisions.md): 3-17% faster at
+    head_dim 64, 4-5% at head_dim 128 from 32K and batch 8 on, 5-10% at head_dim 128
     batch 1 from 48K on, 4-5% slower at head_dim 128 batch 1 16K-32K (hence the rule); fold_tiles: the INT2 split
     programs move the BIAS part of their V sums out of the tensor-core accumulators every this many tiles (a power of
     two; None = triton_common.FOLD_TILES, 8, or GLUON_F16_FOLD_TILES with gluon_f16_values): longer periods cost
@@ -545,7 +559,8 @@ def _check_triton_layout(layout: PageLayout) -> None:
     if d < MIN_TRITON_HEAD_DIM:
         raise ValueError(f"the Triton kernels need head_dim >= {MIN_TRITON_HEAD_DIM}; got {d}.")
     if g not in (d, d // 2, d // 4):
-        raise ValueError(f"the Triton kernels support group_size in {{{d}, {d // 2}, {d // 4}}} for head_dim {d}; got {g}.")
+        raise ValueError(f"the Triton kernels support group_size in {{{d}, {d // 2}, {d // 4}}} for head_dim {d}; "
+                         f"got {g}.")
 
 
 def _check_last_dim_contiguous(**tensors: torch.Tensor) -> None:
@@ -564,8 +579,10 @@ def _tile_descriptors(int2_cache: torch.Tensor, layout: PageLayout, block_t: int
     region, bs, width = layout.head_region_bytes, layout.block_size, layout.code_bytes
     offsets = _plane_offsets(layout)
     pairs = flat[offsets["V_CODES"]:].view(torch.int16)
-    descriptors = [TensorDescriptor(flat[offsets["K_CODES"]:], [regions, bs, width], [region, width, 1], [1, block_t, width]),
-                   TensorDescriptor(pairs, [regions, bs, width // 2], [region // 2, width // 2, 1], [1, block_t, width // 2])]
+    descriptors = [TensorDescriptor(flat[offsets["K_CODES"]:], [regions, bs, width], [region, width, 1],
+                                    [1, block_t, width]),
+                   TensorDescriptor(pairs, [regions, bs, width // 2], [region // 2, width // 2, 1],
+                                    [1, block_t, width // 2])]
     entry = layout.param_bytes
     for plane in ("K_SCALE", "K_ZERO", "V_SCALE", "V_ZERO"):
         values = flat[offsets[plane]:].view(layout.scale_dtype)
@@ -658,7 +675,8 @@ def oscar_write(
     _check_triton_layout(layout)
     _check_last_dim_contiguous(key=key, value=value, window_k=window_k, window_v=window_v)
     if window_k.stride() != window_v.stride():
-        raise ValueError(f"window_k and window_v must have the same strides; got {window_k.stride()} and {window_v.stride()}.")
+        raise ValueError(f"window_k and window_v must have the same strides; got {window_k.stride()} and "
+                         f"{window_v.stride()}.")
     n, hkv, d = key.shape
     if n == 0:
         return q_rot
@@ -1352,7 +1370,8 @@ def _plan_decode(query_rot, int2_cache, window_k, window_v, layout: PageLayout, 
         raise ValueError(
             f"int8_keys needs the INT2 split kernel (tokens_on_m=True, one group per row) and head_dim >= "
             f"{INT8_MMA_MIN_HEAD_DIM} (an int8 MMA takes K >= 32 = head_dim / 4 per code plane); got head_dim "
-            f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. Leave int8_keys off.")
+            f"{layout.head_dim}, group_size {layout.group_size}, tokens_on_m={config.tokens_on_m}. "
+            "Leave int8_keys off.")
     if full_tiles and not split_int2:
         raise ValueError("full_tiles applies to the INT2 split kernel only (tokens_on_m=True, one group per row); "
                          f"got group_size {layout.group_size}, head_dim {layout.head_dim}, "
@@ -1577,7 +1596,8 @@ def _prefill_int2_apart(config: AttentionConfig, max_seq_len: Optional[int], max
     overflows one wave of that launch's compiled kernel (one_launch_per_sm() programs per SM)."""
     if config.prefill_int2_apart is not None:
         return config.prefill_int2_apart
-    if max_seq_len is None or max_seq_len - max_query_len < PREFILL_APART_PREFIX_RATIO * (sink + recent + max_query_len):
+    if (max_seq_len is None
+            or max_seq_len - max_query_len < PREFILL_APART_PREFIX_RATIO * (sink + recent + max_query_len)):
         return False
     return programs > one_launch_per_sm() * _device_sms(device)
 

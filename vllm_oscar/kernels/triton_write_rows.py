@@ -114,8 +114,8 @@ def oscar_write_rows_kernel(
     if side == 0:
         _quantize_row(k_ptr + n.to(tl.int64) * stride_kn + h * stride_kh, rk_ptr + h * stride_rh, stride_rr, rot_ptr,
                       stride_on, stride_oh, n, h, side, slot, valid, cache_ptr, stride_cb, stride_ch, D, G, BS,
-                      SCALE_T, EPS, EMU, K_CODES, K_SCALE, K_ZERO, DO_CLIP_K, CLIP_K, CLIP_TOP_K, REFIT_K, FLOOR_K, True,
-                      ROTATION_AHEAD, FROM_ROTATED)
+                      SCALE_T, EPS, EMU, K_CODES, K_SCALE, K_ZERO, DO_CLIP_K, CLIP_K, CLIP_TOP_K, REFIT_K, FLOOR_K,
+                      True, ROTATION_AHEAD, FROM_ROTATED)
     else:
         _quantize_row(v_ptr + n.to(tl.int64) * stride_vn + h * stride_vh, rv_ptr + h * stride_rh, stride_rr, rot_ptr,
                       stride_on, stride_oh, n, h, side, slot, valid, cache_ptr, stride_cb, stride_ch, D, G, BS,

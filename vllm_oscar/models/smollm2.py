@@ -129,7 +129,8 @@ def _write_folder(source: Path, target: Path) -> None:
     config.architectures = list(ARCHITECTURES)
     config.to_json_file(str(target / "config.json"))
     if not _is_current_config(target):
-        raise RuntimeError(f"config.json in {target} lacks architectures {ARCHITECTURES} or keeps the GGUF quantization_config")
+        raise RuntimeError(f"config.json in {target} lacks architectures {ARCHITECTURES} or keeps the GGUF "
+                           "quantization_config")
     generation = {"eos_token_id": eos_id, "bos_token_id": None, "pad_token_id": eos_id}
     (target / "generation_config.json").write_text(json.dumps(generation, indent=2))
     state = {
