@@ -102,7 +102,9 @@ def test_documented_command_is_accepted(document: str, command: str) -> None:
         for path in tokens[3:]:
             if not path.startswith("-") and "/" in path:
                 assert (REPO / path).exists(), f"{document}: {path} does not exist"
-    elif program in ("pip", "git", "echo", "sed"):
+    elif program == "cp":
+        assert (REPO / tokens[-2]).exists(), f"{document}: {tokens[-2]} does not exist"
+    elif program in ("pip", "git", "echo", "sed", "mkdir"):
         return  # installs and checkout housekeeping: not runnable in a test
     else:
         pytest.fail(f"{document}: no check for the command {command!r}; add one here")
