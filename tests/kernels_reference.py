@@ -1,6 +1,6 @@
 """Float64 references and random fixtures for the kernel tests (torch ops and Triton).
 
-Written from the formulas of method.md / docs/design.md, not from the kernels' helpers:
+Written from the formulas of docs/method.md / docs/design.md, not from the kernels' helpers:
 rotation x @ R in float64, clip at torch.quantile(|x|, r, interpolation="higher"),
 uniform INT2 with scale = max(max - min, eps) / 3 and offset = min rounded to the storage
 dtype, codes unpacked bit by bit from the documented byte layout, attention by an explicit

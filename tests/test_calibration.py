@@ -357,3 +357,22 @@ def test_weights_hash_covers_the_tensors_not_the_file_bytes(tmp_path) -> None:
     save_file({"c.bias" if k == "a.bias" else k: v for k, v in state.items()}, str(renamed / "model.safetensors"))
     assert weights_sha256(renamed) != weights_sha256(changed)
     assert weights_sha256(tmp_path / "empty_folder_that_does_not_exist") == ""
+
+
+def test_calibrate_fixes_the_key_clip_by_default() -> None:
+    """A fresh calibration keeps r_K at the reference clip (the search's choice, 0.84 on SmolLM2, lost passkey
+    retrieval); several --clip-grid-k values still search among them."""
+    import argparse
+
+    from vllm_oscar.calibration.pipeline import CalibrationOptions
+    from vllm_oscar.commands import calibrate as command
+    from vllm_oscar.config import DEFAULT_CLIP_RATIO_K
+
+    assert CalibrationOptions().clip_key_grid == (DEFAULT_CLIP_RATIO_K,)
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    assert parser.parse_args(["--model", "m", "--data", "d.txt", "--out", "o.safetensors"]).clip_grid_k == [
+        DEFAULT_CLIP_RATIO_K]
+    searched = parser.parse_args(["--model", "m", "--data", "d.txt", "--out", "o.safetensors",
+                                  "--clip-grid-k", "0.84", "0.96"])
+    assert searched.clip_grid_k == [0.84, 0.96]

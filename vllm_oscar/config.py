@@ -1,6 +1,6 @@
 """OSCAR configuration: every method constant is named here, once.
 
-The numbers come from ``shared/spec/method.md`` (the OSCAR design). Modules import
+The numbers come from ``docs/method.md`` (the OSCAR design). Modules import
 these names instead of repeating literals, so a change of default happens in one place.
 """
 
@@ -21,12 +21,12 @@ NUM_LEVELS: int = 1 << CODE_BITS
 CODES_PER_BYTE: int = 8 // CODE_BITS
 #: Smallest range a group may have, so the scale never becomes 0 (constant groups).
 SCALE_EPS: float = 1e-6
-#: Gaussian 4-level Lloyd-Max decision boundaries, in standard deviations (method.md 3).
+#: Gaussian 4-level Lloyd-Max decision boundaries, in standard deviations (docs/method.md 3).
 LLOYD_MAX_BOUNDARY: float = 0.9811
 #: Least-squares grid refit (quant.quantizer.refit_grid): fit/assign rounds that refit each
 #: group's (scale, offset) to its UNCLIPPED values, starting from the clipped min/max grid.
-#: Same storage, same decode; 0 = plain (clipped) min/max. The default of
-#: OscarConfig.refit_iterations and of the clip search. SmolLM2 held-out KL (shipped file,
+#: Same storage, same decode; 0 = plain (clipped) min/max. The rounds of the evaluation variants
+#: (the served rounds are SERVED_REFIT_ITERATIONS). SmolLM2 held-out KL (shipped file,
 #: CPU, docs/notes/quality.md): 0 rounds 0.0228, 1: 0.0138, 2: 0.0121, 3: 0.0115, 4: 0.0117.
 GRID_REFIT_ITERATIONS: int = 4
 #: The served (key rounds, value rounds) of the refit: OscarConfig's default, the clip
@@ -115,7 +115,7 @@ CLIP_RATIO_GRID: tuple[float, ...] = (0.70, 0.75, 0.80, 0.84, 0.88, 0.90, 0.92, 
 #: Per-layer clip ratios are kept only if they lower the held-out attention-output error
 #: of one ratio pair per model by at least this relative amount.
 CLIP_PER_LAYER_MIN_GAIN: float = 0.01
-#: Value targets (method.md 2): the paper's score-weighted output second moment
+#: Value targets (docs/method.md 2): the paper's score-weighted output second moment
 #: V^T S^T S V, and the reference code's logit-energy-weighted V^T W V.
 VALUE_FORM_OUTPUT: str = "attention_output"
 VALUE_FORM_LOGIT_ENERGY: str = "logit_energy"

@@ -2,7 +2,7 @@
 
 Every OSCAR layer stores its values rotated by R_V[h] per KV head h (rows, v_rot = v @ R_V[h]), so attention
 over the cache returns o_rot = o @ R_V[h] for each query head of the group. Unfolded, one launch per layer
-step un-rotates the output (@ R_V^T). Folded, the weights carry the rotations, once, at load (method.md
+step un-rotates the output (@ R_V^T). Folded, the weights carry the rotations, once, at load (docs/method.md
 section 2, architecture.md "Kernel facts"):
 
     o_proj, the columns W_o[:, j] [hidden, D] of query head j of KV head h:   W_o[:, j] <- W_o[:, j] @ R_V[h]

@@ -1,4 +1,4 @@
-"""Calibration of OSCAR rotations from a real model, and rotation files (method.md 2).
+"""Calibration of OSCAR rotations from a real model, and rotation files (docs/method.md 2).
 
 Python API (all CPU/CUDA torch; transformers is imported only by the functions that
 load or run a model):

@@ -69,7 +69,7 @@ def load_model(
     Args:
         spec: a model folder, a .gguf file, or "smollm2".
         device: "cpu" or "cuda" (or "cuda:N").
-        dtype: weights dtype; default float32 on CPU, bfloat16 on CUDA (method.md: BF16).
+        dtype: weights dtype; default float32 on CPU, bfloat16 on CUDA (docs/method.md: BF16).
         name: model name stored in the identity; default: the folder name / GGUF stem.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer

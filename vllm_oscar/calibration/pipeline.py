@@ -19,6 +19,7 @@ from vllm_oscar.config import (
     CLIP_RATIO_GRID,
     DEFAULT_CALIBRATION_SEQ_LEN,
     DEFAULT_CALIBRATION_TOKENS,
+    DEFAULT_CLIP_RATIO_K,
     DEFAULT_CLIP_SEARCH_SEQUENCES,
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
@@ -46,8 +47,9 @@ class CalibrationOptions:
     clip_sink: int = DEFAULT_SINK_TOKENS
     clip_recent: int = DEFAULT_RECENT_TOKENS
     clip_refit_iterations: RefitIterations = SERVED_REFIT_ITERATIONS
-    #: key-side candidates of the clip search (None: clip_grid); see search_clip_ratios.
-    clip_key_grid: Optional[tuple[float, ...]] = None
+    #: key-side candidates of the clip search (None: clip_grid); see search_clip_ratios. Fixed at the reference
+    #: key clip: the output-error search prefers aggressive key clips that lose passkey retrieval (docs/decisions.md).
+    clip_key_grid: Optional[tuple[float, ...]] = (DEFAULT_CLIP_RATIO_K,)
     progress: bool = True
 
 

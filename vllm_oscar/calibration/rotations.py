@@ -1,6 +1,6 @@
 """RotationSet: per (layer, KV head) K/V rotations and clip ratios, and how to build them.
 
-Convention (method.md 2, vllm_oscar.quant.rotation): rows are rotated as
+Convention (docs/method.md 2, vllm_oscar.quant.rotation): rows are rotated as
 ``x_rot = x @ R``; R = U . H . P_br with U the eigenvectors of the target sorted by
 descending eigenvalue, H the normalised Hadamard matrix, P_br the bit-reversal placement.
 """

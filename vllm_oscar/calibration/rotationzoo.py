@@ -7,7 +7,7 @@ Published layout (one file for K, one for V), read with torch.load(weights_only=
      "layers": {layer_id: {"rotation": float32 [D, D] (v1, per layer) | [Hkv, D, D] (v2),
                            "eigenvalues": [D] | [Hkv, D]}}}
 
-We assume the published rotations use our row convention (x_rot = x @ R), as method.md
+We assume the published rotations use our row convention (x_rot = x @ R), as docs/method.md
 states for R = U . H . P_br. Clip ratios are not in those files: the imported set gets
 the reference defaults (config.DEFAULT_CLIP_RATIO_K/V), recorded in its metadata.
 """

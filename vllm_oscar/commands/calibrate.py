@@ -19,6 +19,7 @@ from vllm_oscar.config import (
     CLIP_RATIO_GRID,
     DEFAULT_CALIBRATION_SEQ_LEN,
     DEFAULT_CALIBRATION_TOKENS,
+    DEFAULT_CLIP_RATIO_K,
     DEFAULT_CLIP_SEARCH_SEQUENCES,
     DEFAULT_RECENT_TOKENS,
     DEFAULT_SINK_TOKENS,
@@ -53,10 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-sequences", type=int, default=DEFAULT_CLIP_SEARCH_SEQUENCES,
                         help="calibration sequences kept for the clip search (half select, half judge)")
     parser.add_argument("--clip-grid", type=float, nargs="+", default=list(CLIP_RATIO_GRID))
-    parser.add_argument("--clip-grid-k", type=float, nargs="+", default=None, metavar="R",
-                        help="key-side clip candidates (default: --clip-grid); one value fixes r_K. The "
-                             "output-error search prefers aggressive key clips that cost passkey "
-                             "retrieval (docs/QUALITY.md, 'Passkey and the grid refit')")
+    parser.add_argument("--clip-grid-k", type=float, nargs="+", default=[DEFAULT_CLIP_RATIO_K], metavar="R",
+                        help=f"key-side clip candidates (default: {DEFAULT_CLIP_RATIO_K} fixed; several values "
+                             "search among them). The output-error search prefers aggressive key clips that "
+                             "cost passkey retrieval (docs/QUALITY.md, 'Passkey and the grid refit')")
     parser.add_argument("--clip-sink", type=int, default=DEFAULT_SINK_TOKENS, help="BF16 sink in the clip search")
     parser.add_argument("--clip-recent", type=int, default=DEFAULT_RECENT_TOKENS,
                         help="BF16 recent window in the clip search")

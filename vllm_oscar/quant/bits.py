@@ -1,4 +1,4 @@
-"""Bits-per-element accounting (method.md section 3), windows included.
+"""Bits-per-element accounting (docs/method.md section 3), windows included.
 
 Body (INT2 history): CODE_BITS per element plus a scale and an offset per group of G:
     body_bits = 2 + 2 * scale_bits / G        (2.25 for G=128 fp16, 2.5 for G=64 fp16)

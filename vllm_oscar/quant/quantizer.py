@@ -5,7 +5,7 @@ D / G groups of G consecutive channels; each group has its own (scale, offset):
 
     code = clamp(round((x - offset) / scale), 0, 3)        x^ = code * scale + offset
 
-This is method.md's asymmetric quantizer written with ``offset = min`` instead of the
+This is docs/method.md's asymmetric quantizer written with ``offset = min`` instead of the
 zero point ``z = -min / scale`` (the two are the same grid: ``z = -offset / scale``).
 Storing the offset in value units keeps its fp16 rounding error relative to the data,
 and the decode kernel uses it directly: ``q . k^ = scale * (q . codes) + offset * sum(q)``.

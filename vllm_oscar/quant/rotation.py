@@ -1,4 +1,4 @@
-"""Composition of the OSCAR rotation R = U . H . P_br (method.md section 2).
+"""Composition of the OSCAR rotation R = U . H . P_br (docs/method.md section 2).
 
 Rotations act on row vectors: ``x_rot = x @ R``. R is orthogonal, so
 ``(q @ R) . (k @ R) = q . k``.
