@@ -61,6 +61,5 @@ for part in "$WORK"/bundle.tar.xz.part*; do
 done
 echo "$n" > "$OUT_DIR/NUM_PARTS"
 for d in "$OUT_DIR"/part*; do echo "$n" > "$d/NUM_PARTS"; done
-grep -qx '/.gpu_bundle/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.gpu_bundle/' >> "$ROOT/.git/info/exclude"
 ls -la "$OUT_DIR"/part*/
 echo "== $n parts in $OUT_DIR: carry .gpu_bundle/part1 ... part$n, one per GPU run (docs/gpu-vllm.md)"
